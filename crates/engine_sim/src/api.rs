@@ -1,0 +1,387 @@
+//! Bodies of the three inference routes, and the JSON shapes of their answers
+//! (SGLang-native `/generate`, OpenAI completions and chat, whole or as stream chunks).
+
+use std::time::Instant;
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::SimConfig;
+use crate::error::ApiError;
+use crate::scheduler::{Event, Finish};
+use crate::tokenizer;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Api {
+    Generate,
+    Completion,
+    Chat,
+}
+
+/// What every inference request comes down to.
+#[derive(Debug)]
+pub(crate) struct Request {
+    pub(crate) prompt: Vec<u32>,
+    pub(crate) max_new_tokens: usize,
+    pub(crate) stream: bool,
+    pub(crate) include_usage: bool,
+    pub(crate) rid: Option<String>,
+    pub(crate) dp_rank: Option<usize>,
+    pub(crate) model: Option<String>,
+}
+
+/// Fields every route accepts.
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct Common {
+    stream: Option<bool>,
+    stream_options: Option<StreamOptions>,
+    rid: Option<String>,
+    routed_dp_rank: Option<usize>,
+    /// Deprecated alias of `routed_dp_rank`.
+    data_parallel_rank: Option<usize>,
+    model: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct StreamOptions {
+    include_usage: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Prompt {
+    Text(String),
+    Ids(Vec<u32>),
+    Texts(Vec<String>),
+    IdLists(Vec<Vec<u32>>),
+}
+
+#[derive(Deserialize)]
+struct GenerateBody {
+    text: Option<Prompt>,
+    input_ids: Option<Prompt>,
+    #[serde(default)]
+    sampling_params: SamplingParams,
+    #[serde(flatten)]
+    common: Common,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct SamplingParams {
+    max_new_tokens: Option<usize>,
+}
+
+#[derive(Deserialize)]
+struct CompletionBody {
+    prompt: Option<Prompt>,
+    max_tokens: Option<usize>,
+    #[serde(flatten)]
+    common: Common,
+}
+
+#[derive(Deserialize)]
+struct ChatBody {
+    messages: Option<Vec<Message>>,
+    max_tokens: Option<usize>,
+    max_completion_tokens: Option<usize>,
+    #[serde(flatten)]
+    common: Common,
+}
+
+#[derive(Deserialize)]
+struct Message {
+    role: String,
+    content: Option<Content>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Content {
+    Text(String),
+    Parts(Vec<Part>),
+}
+
+/// A content part; only text parts carry tokens here.
+#[derive(Deserialize)]
+struct Part {
+    text: Option<String>,
+}
+
+fn bad(message: impl Into<String>) -> ApiError {
+    ApiError::BadRequest(message.into())
+}
+
+pub(crate) fn json_body<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| bad(format!("invalid request body: {e}")))
+}
+
+/// Parses and checks an inference body, tokenizing its prompt.
+pub(crate) fn parse(api: Api, body: &[u8], cfg: &SimConfig) -> Result<Request, ApiError> {
+    let (prompt, max_new, common) = match api {
+        Api::Generate => {
+            let b: GenerateBody = json_body(body)?;
+            let prompt = match (b.text, b.input_ids) {
+                (Some(p), None) | (None, Some(p)) => single(p)?,
+                _ => return Err(bad("Either text or input_ids should be provided.")),
+            };
+            (prompt, b.sampling_params.max_new_tokens, b.common)
+        }
+        Api::Completion => {
+            let b: CompletionBody = json_body(body)?;
+            let prompt = single(b.prompt.ok_or_else(|| bad("prompt is required"))?)?;
+            (prompt, b.max_tokens, b.common)
+        }
+        Api::Chat => {
+            let b: ChatBody = json_body(body)?;
+            let messages = b.messages.filter(|m| !m.is_empty());
+            let messages = messages.ok_or_else(|| bad("messages must be a non-empty list"))?;
+            let texts: Vec<(String, String)> =
+                messages.into_iter().map(|m| (m.role, content_text(m.content))).collect();
+            let text = tokenizer::render_chat(texts.iter().map(|(r, c)| (r.as_str(), c.as_str())));
+            let max_new = b.max_completion_tokens.or(b.max_tokens);
+            (tokenizer::encode(&text), max_new, b.common)
+        }
+    };
+    if prompt.is_empty() {
+        return Err(bad("The prompt is empty."));
+    }
+    let max_new_tokens = max_new.unwrap_or(cfg.default_max_new_tokens);
+    if prompt.len() + max_new_tokens > cfg.context_length {
+        return Err(bad(format!(
+            "Requested token count exceeds the model's maximum context length of {} tokens. \
+             You requested a total of {} tokens: {} tokens from the input messages and {} \
+             tokens for the completion.",
+            cfg.context_length,
+            prompt.len() + max_new_tokens,
+            prompt.len(),
+            max_new_tokens
+        )));
+    }
+    let dp_rank = common.routed_dp_rank.or(common.data_parallel_rank);
+    Ok(Request {
+        prompt,
+        max_new_tokens,
+        stream: common.stream.unwrap_or(false),
+        include_usage: common.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
+        rid: common.rid,
+        dp_rank,
+        model: common.model,
+    })
+}
+
+fn single(prompt: Prompt) -> Result<Vec<u32>, ApiError> {
+    let one = |n: usize| {
+        bad(format!("got a batch of {n} prompts; the simulator serves one prompt per request"))
+    };
+    Ok(match prompt {
+        Prompt::Text(t) => tokenizer::encode(&t),
+        Prompt::Ids(ids) => ids,
+        Prompt::Texts(mut v) if v.len() == 1 => tokenizer::encode(&v.remove(0)),
+        Prompt::IdLists(mut v) if v.len() == 1 => v.remove(0),
+        Prompt::Texts(v) => return Err(one(v.len())),
+        Prompt::IdLists(v) => return Err(one(v.len())),
+    })
+}
+
+fn content_text(content: Option<Content>) -> String {
+    match content {
+        None => String::new(),
+        Some(Content::Text(t)) => t,
+        Some(Content::Parts(parts)) => {
+            parts.into_iter().filter_map(|p| p.text).collect::<Vec<_>>().join("\n")
+        }
+    }
+}
+
+/// The answer being built for one request, fed by scheduler events.
+#[derive(Debug)]
+pub(crate) struct Reply {
+    api: Api,
+    rid: String,
+    model: String,
+    created: u64,
+    include_usage: bool,
+    started: Instant,
+    prompt_tokens: usize,
+    cached_tokens: usize,
+    text: String,
+    output_ids: Vec<u32>,
+    finish: Option<Finish>,
+}
+
+impl Reply {
+    pub(crate) fn new(
+        api: Api,
+        rid: String,
+        model: String,
+        include_usage: bool,
+        prompt_tokens: usize,
+    ) -> Self {
+        Self {
+            api,
+            rid,
+            model,
+            created: crate::engine::unix_now() as u64,
+            include_usage,
+            started: Instant::now(),
+            prompt_tokens,
+            cached_tokens: 0,
+            text: String::new(),
+            output_ids: Vec::new(),
+            finish: None,
+        }
+    }
+
+    pub(crate) fn finished(&self) -> bool {
+        self.finish.is_some()
+    }
+
+    /// Records an event; returns the text of a new token.
+    pub(crate) fn apply(&mut self, event: Event) -> Option<&'static str> {
+        match event {
+            Event::Admitted { cached_tokens } => {
+                self.cached_tokens = cached_tokens;
+                None
+            }
+            Event::Token { id, finish } => {
+                let piece = tokenizer::piece(id);
+                self.text.push_str(piece);
+                self.output_ids.push(id);
+                self.finish = finish;
+                Some(piece)
+            }
+            Event::Done(finish) => {
+                self.finish = Some(finish);
+                None
+            }
+        }
+    }
+
+    /// Records an event; returns the stream chunks it produces.
+    pub(crate) fn stream_chunks(&mut self, event: Event) -> Vec<Value> {
+        let first = self.output_ids.is_empty();
+        let piece = self.apply(event);
+        let mut chunks = Vec::new();
+        match self.api {
+            Api::Generate => {
+                if piece.is_some() || self.finished() {
+                    chunks.push(self.body());
+                }
+                return chunks;
+            }
+            Api::Chat if first && piece.is_some() => {
+                chunks.push(self.chunk(json!({"role": "assistant", "content": ""}), None));
+            }
+            _ => {}
+        }
+        if let Some(piece) = piece {
+            chunks.push(match self.api {
+                Api::Chat => self.chunk(json!({ "content": piece }), None),
+                _ => self.chunk(json!(piece), None),
+            });
+        }
+        if let Some(finish) = self.finish {
+            let last = match self.api {
+                Api::Chat => json!({}),
+                _ => json!(""),
+            };
+            chunks.push(self.chunk(last, Some(finish)));
+            if self.include_usage {
+                let mut usage = self.chunk(Value::Null, None);
+                usage["choices"] = json!([]);
+                usage["usage"] = self.usage();
+                chunks.push(usage);
+            }
+        }
+        chunks
+    }
+
+    /// The whole answer (also the cumulative `/generate` stream chunk).
+    pub(crate) fn body(&self) -> Value {
+        match self.api {
+            Api::Generate => json!({
+                "text": self.text,
+                "output_ids": self.output_ids,
+                "meta_info": {
+                    "id": self.rid,
+                    "finish_reason": self.finish.map(|f| match f {
+                        Finish::Length => json!({"type": "length", "length": self.output_ids.len()}),
+                        Finish::Abort => json!({"type": "abort", "message": "Abort request"}),
+                    }),
+                    "prompt_tokens": self.prompt_tokens,
+                    "completion_tokens": self.output_ids.len(),
+                    "cached_tokens": self.cached_tokens,
+                    "e2e_latency": self.started.elapsed().as_secs_f64(),
+                },
+            }),
+            Api::Completion => json!({
+                "id": self.rid,
+                "object": "text_completion",
+                "created": self.created,
+                "model": self.model,
+                "choices": [{
+                    "index": 0,
+                    "text": self.text,
+                    "logprobs": null,
+                    "finish_reason": self.finish.map(openai_finish),
+                    "matched_stop": null,
+                }],
+                "usage": self.usage(),
+            }),
+            Api::Chat => json!({
+                "id": self.rid,
+                "object": "chat.completion",
+                "created": self.created,
+                "model": self.model,
+                "choices": [{
+                    "index": 0,
+                    "message": {"role": "assistant", "content": self.text, "tool_calls": null},
+                    "logprobs": null,
+                    "finish_reason": self.finish.map(openai_finish),
+                    "matched_stop": null,
+                }],
+                "usage": self.usage(),
+            }),
+        }
+    }
+
+    /// One OpenAI stream chunk; `delta` is the chat delta or the completion text.
+    fn chunk(&self, delta: Value, finish: Option<Finish>) -> Value {
+        let (object, key) = match self.api {
+            Api::Chat => ("chat.completion.chunk", "delta"),
+            _ => ("text_completion", "text"),
+        };
+        json!({
+            "id": self.rid,
+            "object": object,
+            "created": self.created,
+            "model": self.model,
+            "choices": [{
+                "index": 0,
+                key: delta,
+                "logprobs": null,
+                "finish_reason": finish.map(openai_finish),
+            }],
+        })
+    }
+
+    fn usage(&self) -> Value {
+        let completion = self.output_ids.len();
+        json!({
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": self.prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        })
+    }
+}
+
+fn openai_finish(finish: Finish) -> &'static str {
+    match finish {
+        Finish::Length => "length",
+        Finish::Abort => "abort",
+    }
+}

@@ -1,0 +1,175 @@
+//! One simulated engine: its ranks, its fault, its identity, and the operations the
+//! routes and the [`EngineHandle`](crate::EngineHandle) share.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::scheduler::{Event, Job, Rank, Snapshot};
+use crate::{Fault, SimConfig};
+
+/// A copy of an engine's counters (`GET /sim/stats`). Counts survive flushes and restarts;
+/// `running`, `waiting` and `cache_tokens` are the current values.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(default)]
+pub struct EngineStats {
+    /// Inference requests accepted (health probes and faulted requests excluded).
+    pub requests: u64,
+    /// Requests that generated all their tokens.
+    pub completed: u64,
+    /// Requests aborted: client gone, `/abort_request`, or a restart.
+    pub aborted: u64,
+    /// Prompt tokens of admitted requests.
+    pub prompt_tokens: u64,
+    /// Prompt tokens served from the prefix cache, summed over admitted requests.
+    pub cached_tokens: u64,
+    pub running: u64,
+    pub waiting: u64,
+    /// Successful `/flush_cache` calls.
+    pub flushes: u64,
+    pub generated_tokens: u64,
+    /// Tokens resident in the prefix caches of all ranks.
+    pub cache_tokens: u64,
+    pub restarts: u64,
+}
+
+#[derive(Debug)]
+pub(crate) struct Engine {
+    pub(crate) cfg: Arc<SimConfig>,
+    pub(crate) ranks: Vec<Arc<Rank>>,
+    index: usize,
+    fault: Mutex<Fault>,
+    startup_time: Mutex<f64>,
+    flushes: AtomicU64,
+    restarts: AtomicU64,
+    next_rid: AtomicU64,
+}
+
+impl Engine {
+    pub(crate) fn new(index: usize, cfg: SimConfig) -> Self {
+        let cfg = Arc::new(cfg);
+        let ranks = (0..cfg.dp_size).map(|r| Arc::new(Rank::new(r, Arc::clone(&cfg)))).collect();
+        Self {
+            cfg,
+            ranks,
+            index,
+            fault: Mutex::new(Fault::None),
+            startup_time: Mutex::new(unix_now()),
+            flushes: AtomicU64::new(0),
+            restarts: AtomicU64::new(0),
+            next_rid: AtomicU64::new(0),
+        }
+    }
+
+    /// Spawns one step loop per rank on the current actix runtime.
+    pub(crate) fn start_schedulers(&self) {
+        for rank in &self.ranks {
+            actix_rt::spawn(Arc::clone(rank).run());
+        }
+    }
+
+    pub(crate) fn fault(&self) -> Fault {
+        self.fault.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    pub(crate) fn set_fault(&self, fault: Fault) {
+        *self.fault.lock().unwrap_or_else(PoisonError::into_inner) = fault;
+    }
+
+    pub(crate) fn health_down(&self) -> bool {
+        matches!(self.fault(), Fault::HealthDown)
+    }
+
+    pub(crate) fn startup_time(&self) -> f64 {
+        *self.startup_time.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A request id shaped like SGLang's (32 hex digits), unique within this engine.
+    pub(crate) fn new_rid(&self) -> String {
+        let n = self.next_rid.fetch_add(1, Ordering::Relaxed);
+        format!("{:08x}{n:024x}", self.index)
+    }
+
+    /// The rank a request runs on: the pinned one, else the one with fewest running + waiting.
+    /// `None` when the pin is out of range.
+    pub(crate) fn rank(&self, pinned: Option<usize>) -> Option<&Arc<Rank>> {
+        match pinned {
+            Some(r) => self.ranks.get(r),
+            None => self.ranks.iter().min_by_key(|r| r.queue_len()),
+        }
+    }
+
+    /// Empties every rank's cache, as SGLang does only when no request is in flight.
+    pub(crate) fn flush(&self) -> bool {
+        if self.ranks.iter().any(|r| r.queue_len() > 0) {
+            return false;
+        }
+        self.ranks.iter().for_each(|r| r.clear_cache());
+        self.flushes.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    pub(crate) fn restart(&self) {
+        self.ranks.iter().for_each(|r| r.restart());
+        let mut startup = self.startup_time.lock().unwrap_or_else(PoisonError::into_inner);
+        // Strictly later, so a poller always sees the change.
+        *startup = unix_now().max(*startup + 1e-3);
+        self.restarts.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn abort(&self, rid: &str) -> bool {
+        self.ranks.iter().any(|r| r.abort(rid))
+    }
+
+    /// SGLang's `/health_generate`: a one-token generation (`input_ids=[0]`) on every idle rank.
+    pub(crate) async fn health_generate(&self) {
+        let probes: Vec<_> = self
+            .ranks
+            .iter()
+            .filter(|r| r.queue_len() == 0)
+            .map(|r| {
+                let job =
+                    Job { rid: self.new_rid(), prompt: vec![0], max_new_tokens: 1, probe: true };
+                r.submit(job)
+            })
+            .collect();
+        for mut probe in probes {
+            while let Some(event) = probe.next().await {
+                if matches!(event, Event::Token { finish: Some(_), .. } | Event::Done(_)) {
+                    break;
+                }
+            }
+        }
+    }
+
+    pub(crate) fn snapshots(&self) -> Vec<Snapshot> {
+        self.ranks.iter().map(|r| r.snapshot()).collect()
+    }
+
+    pub(crate) fn stats(&self) -> EngineStats {
+        let mut stats = EngineStats {
+            flushes: self.flushes.load(Ordering::Relaxed),
+            restarts: self.restarts.load(Ordering::Relaxed),
+            ..EngineStats::default()
+        };
+        for s in self.snapshots() {
+            let c = s.counters;
+            stats.requests += c.requests;
+            stats.completed += c.completed;
+            stats.aborted += c.aborted;
+            stats.prompt_tokens += c.prompt_tokens;
+            stats.cached_tokens += c.cached_tokens;
+            stats.generated_tokens += c.generated_tokens;
+            stats.running += s.running as u64;
+            stats.waiting += s.waiting as u64;
+            stats.cache_tokens += s.cache_tokens as u64;
+        }
+        stats
+    }
+}
+
+pub(crate) fn unix_now() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}

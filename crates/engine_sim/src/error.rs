@@ -1,0 +1,45 @@
+//! The one place route errors become HTTP answers.
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpResponse, ResponseError};
+use serde_json::json;
+
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ApiError {
+    /// The client sent something the engine refuses; retrying the same body cannot help.
+    #[error("{0}")]
+    BadRequest(String),
+    /// No such route (or not in this flavour).
+    #[error("Not Found")]
+    NotFound,
+    /// The engine stopped while the request was in flight; another engine may serve it.
+    #[error("the engine stopped before the request finished")]
+    Unavailable,
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::NotFound => StatusCode::NOT_FOUND,
+            ApiError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        let status = self.status_code();
+        let body = match self {
+            // FastAPI's shape, which is what SGLang and vLLM answer for unknown routes.
+            ApiError::NotFound => json!({"detail": "Not Found"}),
+            _ => json!({"error": {
+                "message": self.to_string(),
+                "type": match self {
+                    ApiError::BadRequest(_) => "BadRequestError",
+                    _ => "ServiceUnavailableError",
+                },
+                "code": status.as_u16(),
+            }}),
+        };
+        HttpResponse::build(status).json(body)
+    }
+}

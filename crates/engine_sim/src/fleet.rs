@@ -1,0 +1,154 @@
+//! Starting and stopping engines: each on its own thread with its own actix System, so a
+//! fleet can be started from any runtime or none.
+
+use std::io;
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+
+use actix_web::dev::ServerHandle;
+
+use crate::engine::Engine;
+use crate::{EngineStats, Fault, SimConfig, routes};
+
+/// A running set of simulated engines. Dropping it stops them.
+#[derive(Debug)]
+pub struct SimFleet {
+    engines: Vec<EngineHandle>,
+    servers: Vec<(ServerHandle, Option<JoinHandle<()>>)>,
+}
+
+/// One running engine, as a test or the demo drives it. Cheap to call from any thread.
+#[derive(Debug)]
+pub struct EngineHandle {
+    url: String,
+    engine: Arc<Engine>,
+}
+
+impl SimFleet {
+    /// Starts `n` engines on 127.0.0.1, each on a port the OS picks.
+    pub fn start(n: usize, cfg: SimConfig) -> io::Result<SimFleet> {
+        Self::start_on("127.0.0.1", 0, n, cfg)
+    }
+
+    /// Starts `n` engines on `host`; `base_port` 0 lets the OS pick each port, `P > 0`
+    /// takes ports `P, P+1, ...`.
+    pub fn start_on(host: &str, base_port: u16, n: usize, cfg: SimConfig) -> io::Result<SimFleet> {
+        Self::start_each(host, base_port, vec![cfg; n])
+    }
+
+    /// Starts one engine per config, in order (heterogeneous fleets, e.g. one slow engine).
+    pub fn start_each(host: &str, base_port: u16, cfgs: Vec<SimConfig>) -> io::Result<SimFleet> {
+        let mut fleet = SimFleet { engines: Vec::new(), servers: Vec::new() };
+        for (i, cfg) in cfgs.into_iter().enumerate() {
+            cfg.validate()?;
+            let port = match base_port {
+                0 => 0,
+                base => u16::try_from(i)
+                    .ok()
+                    .and_then(|i| base.checked_add(i))
+                    .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "ports run past 65535"))?,
+            };
+            // On error `fleet` drops here and stops the engines already started.
+            let (handle, server) = spawn_engine(i, host, port, cfg)?;
+            fleet.engines.push(handle);
+            fleet.servers.push(server);
+        }
+        Ok(fleet)
+    }
+
+    /// `http://HOST:PORT` of each engine, in start order, no trailing slash.
+    pub fn urls(&self) -> Vec<String> {
+        self.engines.iter().map(|e| e.url.clone()).collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.engines.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.engines.is_empty()
+    }
+
+    /// The `i`th engine; panics when `i >= len()`.
+    pub fn engine(&self, i: usize) -> &EngineHandle {
+        &self.engines[i]
+    }
+
+    /// Stops every engine gracefully (in-flight requests get up to a second) and waits.
+    pub fn stop(self) {
+        drop(self); // `Drop` does the work, so a forgotten `stop` still stops.
+    }
+
+    fn shutdown(&mut self) {
+        for (handle, _) in &self.servers {
+            // The stop command is sent eagerly; the returned future only awaits completion.
+            drop(handle.stop(true));
+        }
+        for (_, thread) in &mut self.servers {
+            if let Some(thread) = thread.take() {
+                let _ = thread.join();
+            }
+        }
+    }
+}
+
+impl Drop for SimFleet {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+impl EngineHandle {
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Replaces the current fault; [`Fault::None`] clears it.
+    pub fn set_fault(&self, fault: Fault) {
+        self.engine.set_fault(fault);
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        self.engine.stats()
+    }
+
+    /// Simulates an engine restart: requests in flight are aborted, the cache is emptied and
+    /// `startup_time` changes. Counters are kept.
+    pub fn restart(&self) {
+        self.engine.restart();
+    }
+}
+
+type Started = (EngineHandle, (ServerHandle, Option<JoinHandle<()>>));
+
+fn spawn_engine(index: usize, host: &str, port: u16, cfg: SimConfig) -> io::Result<Started> {
+    let engine = Arc::new(Engine::new(index, cfg));
+    let (tx, rx) = mpsc::channel();
+    let (host, shared) = (host.to_owned(), Arc::clone(&engine));
+    let thread = std::thread::Builder::new().name(format!("kvgate-sim-{index}")).spawn(move || {
+        actix_rt::System::new().block_on(async move {
+            match routes::bind(Arc::clone(&shared), &host, port) {
+                Ok((server, addr)) => {
+                    shared.start_schedulers();
+                    let _ = tx.send(Ok((server.handle(), addr)));
+                    let _ = server.await;
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                }
+            }
+        });
+    })?;
+    let bound = rx.recv().map_err(|_| io::Error::other("engine thread exited before binding"));
+    match bound.and_then(|b| b) {
+        Ok((handle, addr)) => {
+            let url = format!("http://{addr}");
+            Ok((EngineHandle { url, engine }, (handle, Some(thread))))
+        }
+        Err(e) => {
+            let _ = thread.join();
+            Err(e)
+        }
+    }
+}

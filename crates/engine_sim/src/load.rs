@@ -1,0 +1,210 @@
+//! What an engine reports about its load: the `/v1/loads` body and the Prometheus text of
+//! `/metrics` (SGLang `sglang_`/`sglang:` gauges or vLLM `vllm:` series) and
+//! `/v1/loads?format=prometheus`.
+
+use std::fmt::Write;
+use std::time::SystemTime;
+
+use serde::Serialize;
+
+use crate::engine::{Engine, unix_now};
+use crate::scheduler::Snapshot;
+use crate::{Flavor, SimConfig};
+
+/// `GET /v1/loads`, field for field as SGLang 0.5.23 writes it.
+#[derive(Serialize, Debug)]
+pub(crate) struct LoadsBody {
+    timestamp: String,
+    version: &'static str,
+    accelerator: Option<String>,
+    num_accelerators: u32,
+    loads: Vec<RankLoad>,
+}
+
+#[derive(Serialize, Debug)]
+struct RankLoad {
+    timestamp: f64,
+    dp_rank: usize,
+    num_running_reqs: usize,
+    num_waiting_reqs: usize,
+    num_waiting_uncached_tokens: usize,
+    num_used_tokens: usize,
+    num_total_tokens: usize,
+    num_active_tokens: usize,
+    num_prealloc_ready_tokens: usize,
+    max_total_num_tokens: usize,
+    max_running_requests: usize,
+    token_usage: f64,
+    gen_throughput: f64,
+    cache_hit_rate: f64,
+    utilization: f64,
+    total_prefill_uncached_tokens: u64,
+    total_prefill_busy_us: u64,
+    decode_moments: Option<Vec<f64>>,
+}
+
+pub(crate) const SGLANG_VERSION: &str = "0.5.23";
+
+/// The body for all ranks, or only `dp_rank`.
+pub(crate) fn loads(engine: &Engine, dp_rank: Option<usize>) -> LoadsBody {
+    let now = unix_now();
+    let loads = engine
+        .snapshots()
+        .iter()
+        .enumerate()
+        .filter(|(rank, _)| dp_rank.is_none_or(|r| r == *rank))
+        .map(|(rank, s)| rank_load(&engine.cfg, rank, s, now))
+        .collect();
+    LoadsBody {
+        timestamp: iso8601(SystemTime::now()),
+        version: SGLANG_VERSION,
+        accelerator: None,
+        num_accelerators: 0,
+        loads,
+    }
+}
+
+fn rank_load(cfg: &SimConfig, dp_rank: usize, s: &Snapshot, now: f64) -> RankLoad {
+    let usage = token_usage(cfg, s);
+    RankLoad {
+        timestamp: now,
+        dp_rank,
+        num_running_reqs: s.running,
+        num_waiting_reqs: s.waiting,
+        num_waiting_uncached_tokens: s.waiting_uncached_tokens,
+        num_used_tokens: s.used_tokens,
+        num_total_tokens: s.used_tokens,
+        num_active_tokens: 0,
+        num_prealloc_ready_tokens: 0,
+        max_total_num_tokens: cfg.cache_capacity_tokens,
+        max_running_requests: cfg.max_running_requests,
+        token_usage: usage,
+        gen_throughput: s.gen_throughput,
+        cache_hit_rate: cache_hit_rate(s),
+        utilization: usage,
+        total_prefill_uncached_tokens: s.total_prefill_uncached_tokens,
+        total_prefill_busy_us: s.total_prefill_busy_us,
+        decode_moments: None,
+    }
+}
+
+fn token_usage(cfg: &SimConfig, s: &Snapshot) -> f64 {
+    if cfg.cache_capacity_tokens == 0 {
+        return 0.0;
+    }
+    (s.used_tokens as f64 / cfg.cache_capacity_tokens as f64).min(1.0)
+}
+
+fn cache_hit_rate(s: &Snapshot) -> f64 {
+    let c = s.counters;
+    if c.prompt_tokens == 0 { 0.0 } else { c.cached_tokens as f64 / c.prompt_tokens as f64 }
+}
+
+/// `/v1/loads?format=prometheus`: every numeric field as `sglang_<field>{dp_rank="N"}`.
+pub(crate) fn loads_prometheus(body: &LoadsBody) -> String {
+    let mut out = String::new();
+    for load in &body.loads {
+        let Ok(serde_json::Value::Object(fields)) = serde_json::to_value(load) else { continue };
+        for (field, value) in fields {
+            if field != "dp_rank"
+                && let Some(v) = value.as_f64()
+            {
+                let _ = writeln!(out, "sglang_{field}{{dp_rank=\"{}\"}} {v}", load.dp_rank);
+            }
+        }
+    }
+    out
+}
+
+struct Metric {
+    name: &'static str,
+    help: &'static str,
+    counter: bool,
+    value: fn(&SimConfig, &Snapshot) -> f64,
+}
+
+const SGLANG_METRICS: &[Metric] = &[
+    Metric { name: "num_running_reqs", help: "Running requests.", counter: false, value: |_, s| s.running as f64 },
+    Metric { name: "num_queue_reqs", help: "Waiting requests.", counter: false, value: |_, s| s.waiting as f64 },
+    Metric { name: "num_used_tokens", help: "KV tokens in use.", counter: false, value: |_, s| s.used_tokens as f64 },
+    Metric { name: "token_usage", help: "KV usage, 0..1.", counter: false, value: token_usage },
+    Metric { name: "gen_throughput", help: "Decode tokens/s over the last interval.", counter: false, value: |_, s| s.gen_throughput },
+    Metric { name: "cache_hit_rate", help: "Prefix cache hit rate.", counter: false, value: |_, s| cache_hit_rate(s) },
+    Metric { name: "utilization", help: "Utilization, 0..1.", counter: false, value: token_usage },
+    Metric { name: "prompt_tokens_total", help: "Prompt tokens.", counter: true, value: |_, s| s.counters.prompt_tokens as f64 },
+    Metric { name: "generation_tokens_total", help: "Generated tokens.", counter: true, value: |_, s| s.counters.generated_tokens as f64 },
+    Metric { name: "cached_tokens_total", help: "Prompt tokens served from the cache.", counter: true, value: |_, s| s.counters.cached_tokens as f64 },
+];
+
+const VLLM_METRICS: &[Metric] = &[
+    Metric { name: "num_requests_running", help: "Running requests.", counter: false, value: |_, s| s.running as f64 },
+    Metric { name: "num_requests_waiting", help: "Waiting requests.", counter: false, value: |_, s| s.waiting as f64 },
+    Metric { name: "kv_cache_usage_perc", help: "KV cache usage, 0..1.", counter: false, value: token_usage },
+    Metric { name: "prompt_tokens_total", help: "Prompt tokens.", counter: true, value: |_, s| s.counters.prompt_tokens as f64 },
+    Metric { name: "generation_tokens_total", help: "Generated tokens.", counter: true, value: |_, s| s.counters.generated_tokens as f64 },
+    Metric { name: "prefix_cache_queries_total", help: "Prefix cache queries, in tokens.", counter: true, value: |_, s| s.counters.prompt_tokens as f64 },
+    Metric { name: "prefix_cache_hits_total", help: "Prefix cache hits, in tokens.", counter: true, value: |_, s| s.counters.cached_tokens as f64 },
+];
+
+/// `GET /metrics` in the flavour's names, one series per rank.
+pub(crate) fn metrics(engine: &Engine) -> String {
+    let (prefix, rank_label, table) = match engine.cfg.flavor {
+        Flavor::Sglang => ("sglang_", "dp_rank", SGLANG_METRICS),
+        Flavor::SglangLegacy => ("sglang:", "dp_rank", SGLANG_METRICS),
+        Flavor::Vllm => ("vllm:", "engine", VLLM_METRICS),
+    };
+    let snapshots = engine.snapshots();
+    let model = &engine.cfg.model;
+    let mut out = String::new();
+    for m in table {
+        let kind = if m.counter { "counter" } else { "gauge" };
+        // prometheus_client names a counter family without its `_total` suffix.
+        let family = m.name.strip_suffix("_total").unwrap_or(m.name);
+        let _ = writeln!(out, "# HELP {prefix}{family} {}", m.help);
+        let _ = writeln!(out, "# TYPE {prefix}{family} {kind}");
+        for (rank, s) in snapshots.iter().enumerate() {
+            let v = (m.value)(&engine.cfg, s);
+            let _ = writeln!(
+                out,
+                "{prefix}{}{{model_name=\"{model}\",{rank_label}=\"{rank}\"}} {v}",
+                m.name
+            );
+        }
+    }
+    out
+}
+
+/// `2026-12-02T16:00:00.000000+00:00`, as Python's `datetime.isoformat()` writes UTC.
+fn iso8601(t: SystemTime) -> String {
+    let d = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs();
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    // Days to civil date (proleptic Gregorian), after Howard Hinnant's algorithm.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:06}+00:00",
+        rem / 3_600,
+        rem / 60 % 60,
+        rem % 60,
+        d.subsec_micros()
+    )
+}
+
+#[cfg(test)]
+#[test]
+fn iso8601_matches_python() {
+    use std::time::Duration;
+    let t = SystemTime::UNIX_EPOCH + Duration::from_micros(1_796_227_200_000_001);
+    assert_eq!(iso8601(t), "2026-12-02T16:00:00.000001+00:00");
+    assert_eq!(iso8601(SystemTime::UNIX_EPOCH), "1970-01-01T00:00:00.000000+00:00");
+    let leap = SystemTime::UNIX_EPOCH + Duration::from_secs(951_782_400);
+    assert_eq!(iso8601(leap), "2000-02-29T00:00:00.000000+00:00");
+}

@@ -1,0 +1,142 @@
+//! `kvgate-sim`: runs a simulated engine fleet until Ctrl-C (or SIGTERM).
+//!
+//! Settings come from `--config` (TOML or JSON, the fields of `SimConfig`), then flags
+//! override them; both go through `SimConfig`'s own deserializer, so a bad value fails the
+//! same way from either.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use clap::Parser;
+use kvgate_engine_sim::{SimConfig, SimFleet};
+use serde_json::{Map, Value};
+
+/// Simulated SGLang/vLLM engines for kvgate.
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Args {
+    /// How many engines to start.
+    #[arg(long, default_value_t = 1)]
+    engines: usize,
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// First port; engines take consecutive ports. 0 lets the OS pick each.
+    #[arg(long, default_value_t = 8000)]
+    base_port: u16,
+    /// A TOML (`.toml`) or JSON file with `SimConfig` fields.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    #[arg(long)]
+    model: Option<String>,
+    /// sglang | sglang-legacy | vllm
+    #[arg(long)]
+    flavor: Option<String>,
+    #[arg(long)]
+    max_running_requests: Option<usize>,
+    #[arg(long)]
+    dp_size: Option<usize>,
+    #[arg(long)]
+    page_size: Option<usize>,
+    #[arg(long)]
+    cache_capacity_tokens: Option<usize>,
+    #[arg(long)]
+    prefill_tokens_per_sec: Option<f64>,
+    /// With a unit, e.g. `10ms`.
+    #[arg(long)]
+    decode_step_base: Option<String>,
+    /// With a unit, e.g. `500us`.
+    #[arg(long)]
+    decode_step_per_req: Option<String>,
+    #[arg(long)]
+    default_max_new_tokens: Option<usize>,
+    /// Idle ranks show this `gen_throughput` (SGLang's stale residual, e.g. 0.36).
+    #[arg(long)]
+    idle_residual: Option<f64>,
+    /// Canned replies, no scheduling: for measuring a gateway's own overhead.
+    #[arg(long)]
+    fixed_response: bool,
+    #[arg(long)]
+    seed: Option<u64>,
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .init();
+    let args = Args::parse();
+    let cfg = config(&args)?;
+    let fleet = SimFleet::start_on(&args.host, args.base_port, args.engines, cfg.clone())
+        .context("starting the fleet")?;
+    eprintln!(
+        "kvgate-sim: {} {:?} engine(s), dp_size {}, model {}",
+        fleet.len(),
+        cfg.flavor,
+        cfg.dp_size,
+        cfg.model
+    );
+    for url in fleet.urls() {
+        println!("{url}");
+    }
+    wait_for_shutdown()?;
+    eprintln!("kvgate-sim: stopping");
+    fleet.stop();
+    Ok(())
+}
+
+fn config(args: &Args) -> anyhow::Result<SimConfig> {
+    let mut value = match &args.config {
+        Some(path) => read_file(path)?,
+        None => Value::Object(Map::new()),
+    };
+    let Some(fields) = value.as_object_mut() else {
+        bail!("the config file must hold a table of SimConfig fields");
+    };
+    let mut set = |key: &str, v: Option<Value>| {
+        if let Some(v) = v {
+            fields.insert(key.to_owned(), v);
+        }
+    };
+    set("model", args.model.clone().map(Value::from));
+    set("flavor", args.flavor.clone().map(Value::from));
+    set("max_running_requests", args.max_running_requests.map(Value::from));
+    set("dp_size", args.dp_size.map(Value::from));
+    set("page_size", args.page_size.map(Value::from));
+    set("cache_capacity_tokens", args.cache_capacity_tokens.map(Value::from));
+    set("prefill_tokens_per_sec", args.prefill_tokens_per_sec.map(Value::from));
+    set("decode_step_base", args.decode_step_base.clone().map(Value::from));
+    set("decode_step_per_req", args.decode_step_per_req.clone().map(Value::from));
+    set("default_max_new_tokens", args.default_max_new_tokens.map(Value::from));
+    set("idle_gen_throughput_residual", args.idle_residual.map(Value::from));
+    set("seed", args.seed.map(Value::from));
+    if args.fixed_response {
+        set("fixed_response", Some(Value::Bool(true)));
+    }
+    serde_json::from_value(value).context("invalid simulator settings")
+}
+
+fn read_file(path: &Path) -> anyhow::Result<Value> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let value = if path.extension().is_some_and(|e| e == "toml") {
+        toml::from_str(&text).with_context(|| format!("parsing {} as TOML", path.display()))?
+    } else {
+        serde_json::from_str(&text).with_context(|| format!("parsing {} as JSON", path.display()))?
+    };
+    Ok(value)
+}
+
+fn wait_for_shutdown() -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    rt.block_on(async {
+        #[cfg(unix)]
+        {
+            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+            tokio::select! {
+                r = tokio::signal::ctrl_c() => r,
+                _ = term.recv() => Ok(()),
+            }
+        }
+        #[cfg(not(unix))]
+        tokio::signal::ctrl_c().await
+    })?;
+    Ok(())
+}

@@ -1,0 +1,354 @@
+//! The HTTP surface of one engine, per flavour, and the server that carries it.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use actix_web::dev::Server;
+use actix_web::http::StatusCode;
+use actix_web::http::header::{CACHE_CONTROL, ContentType};
+use actix_web::web::{self, Bytes, Data, ServiceConfig};
+use actix_web::{App, HttpResponse, HttpServer, ResponseError};
+use futures_util::{Stream, stream};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::api::{self, Api, Reply};
+use crate::engine::Engine;
+use crate::error::ApiError;
+use crate::load::{self, SGLANG_VERSION};
+use crate::scheduler::{Event, Finish, Job, Ticket};
+use crate::{Fault, Flavor};
+
+type Answer = Result<HttpResponse, ApiError>;
+
+/// Binds one engine's server (one worker thread) on `host:port`; run it on an actix System.
+pub(crate) fn bind(engine: Arc<Engine>, host: &str, port: u16) -> std::io::Result<(Server, SocketAddr)> {
+    let flavor = engine.cfg.flavor;
+    let data = Data::from(engine);
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(Data::clone(&data))
+            .configure(|cfg| routes(cfg, flavor))
+            .default_service(web::to(|| async { ApiError::NotFound.error_response() }))
+    })
+    .workers(1)
+    .disable_signals()
+    .shutdown_timeout(1)
+    // Without this a client that goes away is only noticed on the next write, so a pending
+    // non-streaming request would keep its slot.
+    .h1_allow_half_closed(false)
+    .bind((host, port))?;
+    let addr = server.addrs().first().copied().ok_or_else(|| std::io::Error::other("bound no address"))?;
+    Ok((server.run(), addr))
+}
+
+fn routes(cfg: &mut ServiceConfig, flavor: Flavor) {
+    cfg.route("/health", web::get().to(health))
+        .route("/v1/models", web::get().to(models))
+        .route("/v1/completions", web::post().to(completions))
+        .route("/v1/chat/completions", web::post().to(chat))
+        .route("/metrics", web::get().to(metrics))
+        .route("/sim/stats", web::get().to(sim_stats))
+        .route("/sim/fault", web::post().to(sim_fault))
+        .route("/sim/restart", web::post().to(sim_restart));
+    match flavor {
+        Flavor::Sglang | Flavor::SglangLegacy => {
+            cfg.route("/health_generate", web::get().to(health_generate))
+                .route("/ready", web::get().to(ready))
+                .route("/server_info", web::get().to(server_info))
+                .route("/get_server_info", web::get().to(server_info))
+                .route("/model_info", web::get().to(model_info))
+                .route("/get_model_info", web::get().to(model_info))
+                .route("/generate", web::post().to(generate))
+                .route("/flush_cache", web::route().to(flush_cache))
+                .route("/abort_request", web::post().to(abort_request));
+            if flavor == Flavor::Sglang {
+                cfg.route("/v1/loads", web::get().to(loads));
+            }
+        }
+        Flavor::Vllm => {
+            cfg.route("/version", web::get().to(|| async { HttpResponse::Ok().json(json!({"version": "0.11.0"})) }))
+                .route("/reset_prefix_cache", web::post().to(flush_cache));
+        }
+    }
+}
+
+fn health_answer(e: &Engine) -> HttpResponse {
+    if e.health_down() { HttpResponse::ServiceUnavailable().finish() } else { HttpResponse::Ok().finish() }
+}
+
+async fn health(e: Data<Engine>) -> HttpResponse {
+    health_answer(&e)
+}
+
+async fn ready(e: Data<Engine>) -> HttpResponse {
+    health_answer(&e)
+}
+
+async fn health_generate(e: Data<Engine>) -> HttpResponse {
+    if !e.health_down() {
+        e.health_generate().await;
+    }
+    health_answer(&e)
+}
+
+async fn models(e: Data<Engine>) -> HttpResponse {
+    let owned_by = if e.cfg.flavor == Flavor::Vllm { "vllm" } else { "sglang" };
+    HttpResponse::Ok().json(json!({"object": "list", "data": [{
+        "id": e.cfg.model,
+        "object": "model",
+        "created": e.startup_time() as u64,
+        "owned_by": owned_by,
+        "root": e.cfg.model,
+        "max_model_len": e.cfg.context_length,
+    }]}))
+}
+
+async fn server_info(e: Data<Engine>) -> HttpResponse {
+    let c = &e.cfg;
+    let internal_states: Vec<Value> = e
+        .snapshots()
+        .iter()
+        .enumerate()
+        .map(|(rank, s)| json!({"dp_rank": rank, "last_gen_throughput": s.gen_throughput}))
+        .collect();
+    HttpResponse::Ok().json(json!({
+        "model_path": c.model,
+        "tokenizer_path": c.model,
+        "served_model_name": c.model,
+        "tp_size": 1,
+        "dp_size": c.dp_size,
+        "page_size": c.page_size,
+        "max_running_requests": c.max_running_requests,
+        "max_total_num_tokens": c.cache_capacity_tokens,
+        "context_length": c.context_length,
+        "disaggregation_mode": "null",
+        "startup_time": e.startup_time(),
+        "internal_states": internal_states,
+        "version": SGLANG_VERSION,
+        "kv_events": null,
+    }))
+}
+
+async fn model_info(e: Data<Engine>) -> HttpResponse {
+    HttpResponse::Ok().json(json!({
+        "model_path": e.cfg.model,
+        "tokenizer_path": e.cfg.model,
+        "is_generation": true,
+        "preferred_sampling_params": null,
+        "weight_version": "default",
+        "has_image_understanding": false,
+        "has_audio_understanding": false,
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+    }))
+}
+
+#[derive(Deserialize)]
+struct LoadsQuery {
+    /// Accepted; only the core section is served.
+    #[serde(rename = "include")]
+    _include: Option<String>,
+    dp_rank: Option<usize>,
+    format: Option<String>,
+}
+
+async fn loads(e: Data<Engine>, q: Result<web::Query<LoadsQuery>, actix_web::Error>) -> Answer {
+    let q = q.map_err(|err| ApiError::BadRequest(err.to_string()))?;
+    if let Some(r) = q.dp_rank.filter(|r| *r >= e.ranks.len()) {
+        return Err(ApiError::BadRequest(format!("dp_rank {r} is out of range (dp_size {})", e.ranks.len())));
+    }
+    let body = load::loads(&e, q.dp_rank);
+    Ok(match q.format.as_deref() {
+        Some("prometheus") => HttpResponse::Ok().content_type(ContentType::plaintext()).body(load::loads_prometheus(&body)),
+        _ => HttpResponse::Ok().json(body),
+    })
+}
+
+async fn metrics(e: Data<Engine>) -> HttpResponse {
+    HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(load::metrics(&e))
+}
+
+async fn flush_cache(e: Data<Engine>) -> HttpResponse {
+    // SGLang's own text; it refuses while requests are in flight.
+    const TEXT: &str = "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n";
+    let status = if e.flush() { StatusCode::OK } else { StatusCode::BAD_REQUEST };
+    HttpResponse::build(status).content_type(ContentType::plaintext()).body(TEXT)
+}
+
+#[derive(Deserialize)]
+struct AbortBody {
+    rid: String,
+}
+
+async fn abort_request(e: Data<Engine>, body: Bytes) -> Answer {
+    let b: AbortBody = api::json_body(&body)?;
+    e.abort(&b.rid);
+    Ok(HttpResponse::Ok().finish())
+}
+
+async fn sim_stats(e: Data<Engine>) -> HttpResponse {
+    HttpResponse::Ok().json(e.stats())
+}
+
+async fn sim_fault(e: Data<Engine>, body: Bytes) -> Answer {
+    let fault: Fault = api::json_body(&body)?;
+    if let Fault::ErrorStatus { status, .. } = &fault
+        && StatusCode::from_u16(*status).is_err()
+    {
+        return Err(ApiError::BadRequest(format!("{status} is not an HTTP status")));
+    }
+    e.set_fault(fault.clone());
+    Ok(HttpResponse::Ok().json(fault))
+}
+
+async fn sim_restart(e: Data<Engine>) -> HttpResponse {
+    e.restart();
+    HttpResponse::Ok().json(json!({"startup_time": e.startup_time()}))
+}
+
+async fn generate(e: Data<Engine>, body: Bytes) -> Answer {
+    infer(e, Api::Generate, body).await
+}
+
+async fn completions(e: Data<Engine>, body: Bytes) -> Answer {
+    infer(e, Api::Completion, body).await
+}
+
+async fn chat(e: Data<Engine>, body: Bytes) -> Answer {
+    infer(e, Api::Chat, body).await
+}
+
+/// The inference path shared by the three routes: faults, parse, schedule, answer.
+async fn infer(e: Data<Engine>, api: Api, body: Bytes) -> Answer {
+    let fault = e.fault();
+    match &fault {
+        Fault::Latency(delay) => tokio::time::sleep(*delay).await,
+        Fault::ErrorStatus { status, body } => {
+            let status = StatusCode::from_u16(*status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            let json = serde_json::from_str::<serde::de::IgnoredAny>(body).is_ok();
+            let kind = if json { ContentType::json() } else { ContentType::plaintext() };
+            return Ok(HttpResponse::build(status).content_type(kind).body(body.clone()));
+        }
+        // Dropped with the connection when the client gives up.
+        Fault::Hang => std::future::pending::<()>().await,
+        _ => {}
+    }
+    if e.cfg.fixed_response {
+        return canned(&e, api, &body);
+    }
+    let req = api::parse(api, &body, &e.cfg)?;
+    let rank = e.rank(req.dp_rank).ok_or_else(|| {
+        ApiError::BadRequest(format!("routed_dp_rank is out of range (dp_size {})", e.cfg.dp_size))
+    })?;
+    let rid = req.rid.unwrap_or_else(|| e.new_rid());
+    let model = req.model.unwrap_or_else(|| e.cfg.model.clone());
+    let mut reply = Reply::new(api, rid.clone(), model, req.include_usage, req.prompt.len());
+    let job = Job { rid, prompt: req.prompt, max_new_tokens: req.max_new_tokens, probe: false };
+    let mut ticket = rank.submit(job);
+    let crash_after = match fault {
+        Fault::CrashMidStream { after_chunks } => Some(after_chunks),
+        _ => None,
+    };
+    let malformed = fault == Fault::MalformedBody;
+    if req.stream {
+        return Ok(sse(Sse { ticket, reply, queue: VecDeque::new(), sent: 0, crash_after, malformed, done: false }));
+    }
+    while !reply.finished() {
+        let event = ticket.next().await.ok_or(ApiError::Unavailable)?;
+        reply.apply(event);
+    }
+    let body = Bytes::from(reply.body().to_string());
+    let half = body.slice(..body.len() / 2);
+    Ok(if malformed {
+        HttpResponse::Ok().content_type(ContentType::json()).body(half)
+    } else if crash_after.is_some() {
+        let chunks = [Ok(half), Err(SimulatedCrash)];
+        HttpResponse::Ok().content_type(ContentType::json()).streaming(stream::iter(chunks))
+    } else {
+        HttpResponse::Ok().content_type(ContentType::json()).body(body)
+    })
+}
+
+/// `fixed_response`: a canned one-token answer, no tokenizing, no scheduling. Body faults
+/// (crash, malformed) do not apply.
+fn canned(e: &Engine, api: Api, body: &[u8]) -> Answer {
+    #[derive(Deserialize)]
+    struct Flags {
+        stream: Option<bool>,
+    }
+    let flags: Flags = api::json_body(body)?;
+    if let Some(rank) = e.ranks.first() {
+        rank.count_canned();
+    }
+    let mut reply = Reply::new(api, "canned".to_owned(), e.cfg.model.clone(), false, 1);
+    let token = Event::Token { id: 0, finish: Some(Finish::Length) };
+    if flags.stream.unwrap_or(false) {
+        let mut text = String::new();
+        for chunk in reply.stream_chunks(token) {
+            text.push_str(&format!("data: {chunk}\n\n"));
+        }
+        text.push_str("data: [DONE]\n\n");
+        return Ok(HttpResponse::Ok().content_type("text/event-stream").body(text));
+    }
+    reply.apply(token);
+    Ok(HttpResponse::Ok().json(reply.body()))
+}
+
+/// The error that ends a body abruptly: actix closes the connection without the last chunk.
+#[derive(Debug, thiserror::Error)]
+#[error("simulated engine crash")]
+struct SimulatedCrash;
+
+/// A streaming answer in progress. It owns the ticket, so a client that goes away drops it
+/// and aborts the request.
+struct Sse {
+    ticket: Ticket,
+    reply: Reply,
+    queue: VecDeque<Bytes>,
+    sent: usize,
+    crash_after: Option<usize>,
+    malformed: bool,
+    done: bool,
+}
+
+fn sse(state: Sse) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/event-stream")
+        .insert_header((CACHE_CONTROL, "no-cache"))
+        .streaming(sse_frames(state))
+}
+
+fn sse_frames(state: Sse) -> impl Stream<Item = Result<Bytes, SimulatedCrash>> {
+    stream::unfold(state, |mut s| async move {
+        loop {
+            if let Some(frame) = s.queue.pop_front() {
+                if s.crash_after == Some(s.sent) {
+                    s.queue.clear();
+                    s.done = true;
+                    s.crash_after = None;
+                    return Some((Err(SimulatedCrash), s));
+                }
+                s.sent += 1;
+                return Some((Ok(frame), s));
+            }
+            if s.done {
+                return None;
+            }
+            // `None`: the engine stopped; end without `[DONE]`.
+            let Some(event) = s.ticket.next().await else { return None };
+            for chunk in s.reply.stream_chunks(event) {
+                s.queue.push_back(if s.malformed {
+                    Bytes::from_static(b"data: {\"choices\": [{\"delta\": \n\n")
+                } else {
+                    Bytes::from(format!("data: {chunk}\n\n"))
+                });
+            }
+            if s.reply.finished() {
+                s.queue.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+                s.done = true;
+            }
+        }
+    })
+}

@@ -1,0 +1,195 @@
+//! The gateway's one configuration type, loaded as file < environment < flags.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use kvgate_policies::PolicyConfig;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// A configuration that cannot be used; the message names the key.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("config: {0}")]
+    Load(#[from] config::ConfigError),
+    #[error("config: invalid value for '{key}': {reason}")]
+    Invalid { key: &'static str, reason: String },
+    #[error("config: {0}")]
+    Policy(#[from] kvgate_policies::ConfigError),
+}
+
+/// Everything the gateway reads at startup. Keys are the flag names with `_` for `-`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GatewayConfig {
+    pub host: String,
+    pub port: u16,
+    /// Workers registered at startup (more can be added through the admin API).
+    pub worker_urls: Vec<String>,
+    /// Where persistent state lives.
+    pub data_dir: PathBuf,
+    pub log_level: String,
+    pub log_json: bool,
+    /// Largest request body accepted, in bytes (413 above it).
+    pub max_payload_size: usize,
+    /// Total time allowed for one upstream request, streams included.
+    #[serde(rename = "request_timeout_secs", with = "secs")]
+    pub request_timeout: Duration,
+    #[serde(rename = "connect_timeout_secs", with = "secs")]
+    pub connect_timeout: Duration,
+    /// Time a client has to send its request head; stalled connections are closed.
+    #[serde(rename = "header_read_timeout_secs", with = "secs")]
+    pub header_read_timeout: Duration,
+    #[serde(rename = "health_check_interval_secs", with = "secs")]
+    pub health_check_interval: Duration,
+    #[serde(rename = "health_check_timeout_secs", with = "secs")]
+    pub health_check_timeout: Duration,
+    /// Consecutive failed checks before a worker is marked unhealthy.
+    pub health_failure_threshold: u32,
+    /// Consecutive passing checks before an unhealthy worker is healthy again.
+    pub health_success_threshold: u32,
+    /// HTTP worker threads; `None` means one per core.
+    pub http_workers: Option<usize>,
+    pub policy: PolicyConfig,
+    /// Run simulated engines in-process and route to them.
+    pub demo: bool,
+    pub demo_engines: usize,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        GatewayConfig {
+            host: "127.0.0.1".into(),
+            port: 30000,
+            worker_urls: Vec::new(),
+            data_dir: PathBuf::from("./kvgate-data"),
+            log_level: "info".into(),
+            log_json: false,
+            max_payload_size: 64 * 1024 * 1024,
+            request_timeout: Duration::from_secs(1800),
+            connect_timeout: Duration::from_secs(10),
+            header_read_timeout: Duration::from_secs(10),
+            health_check_interval: Duration::from_secs(5),
+            health_check_timeout: Duration::from_secs(3),
+            health_failure_threshold: 3,
+            health_success_threshold: 2,
+            http_workers: None,
+            policy: PolicyConfig::default(),
+            demo: false,
+            demo_engines: 4,
+        }
+    }
+}
+
+/// Overrides given on the command line, as `key → value` in config-key form.
+pub type Overrides = Vec<(String, config::Value)>;
+
+impl GatewayConfig {
+    /// Loads from an optional TOML file, then `KVGATE_*` variables from `env`, then
+    /// `overrides` (the flags). Nested keys use `__` in variables: `KVGATE_POLICY__KIND`.
+    pub fn load(
+        file: Option<&Path>,
+        env: &HashMap<String, String>,
+        overrides: Overrides,
+    ) -> Result<GatewayConfig, ConfigError> {
+        let mut b = config::Config::builder();
+        if let Some(path) = file {
+            b = b.add_source(config::File::from(path).format(config::FileFormat::Toml));
+        }
+        let vars: HashMap<String, String> = env
+            .iter()
+            .filter(|(k, _)| k.starts_with("KVGATE_") && k.as_str() != "KVGATE_CONFIG")
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        b = b.add_source(
+            config::Environment::with_prefix("KVGATE")
+                .prefix_separator("_")
+                .separator("__")
+                .try_parsing(true)
+                .list_separator(" ")
+                .with_list_parse_key("worker_urls")
+                .source(Some(vars)),
+        );
+        for (k, v) in overrides {
+            b = b.set_override(k, v)?;
+        }
+        let cfg: GatewayConfig = b.build()?.try_deserialize()?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks every value once, at startup.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key, reason: &str| {
+            Err(ConfigError::Invalid {
+                key,
+                reason: reason.to_owned(),
+            })
+        };
+        if self.host.is_empty() {
+            return invalid("host", "must not be empty");
+        }
+        for u in &self.worker_urls {
+            if let Err(e) = crate::registry::normalize_url(u) {
+                return Err(ConfigError::Invalid {
+                    key: "worker_urls",
+                    reason: e.to_string(),
+                });
+            }
+        }
+        if self.max_payload_size == 0 {
+            return invalid("max_payload_size", "must be at least 1 byte");
+        }
+        for (key, d) in [
+            ("request_timeout_secs", self.request_timeout),
+            ("connect_timeout_secs", self.connect_timeout),
+            ("header_read_timeout_secs", self.header_read_timeout),
+            ("health_check_interval_secs", self.health_check_interval),
+            ("health_check_timeout_secs", self.health_check_timeout),
+        ] {
+            if d.is_zero() {
+                return invalid(key, "must be greater than 0");
+            }
+        }
+        if self.health_failure_threshold == 0 {
+            return invalid("health_failure_threshold", "must be at least 1");
+        }
+        if self.health_success_threshold == 0 {
+            return invalid("health_success_threshold", "must be at least 1");
+        }
+        if self.http_workers == Some(0) {
+            return invalid("http_workers", "must be at least 1");
+        }
+        if self.demo && self.demo_engines == 0 {
+            return invalid("demo_engines", "must be at least 1");
+        }
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log_level) {
+            return Err(ConfigError::Invalid {
+                key: "log_level",
+                reason: e.to_string(),
+            });
+        }
+        self.policy.validate()?;
+        Ok(())
+    }
+}
+
+/// `Duration` as a number of seconds (fractions allowed), for `*_secs` keys.
+pub(crate) mod secs {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(d.as_secs_f64())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let v = f64::deserialize(d)?;
+        Duration::try_from_secs_f64(v).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,65 @@
+use std::collections::HashMap;
+use std::io::Write;
+
+use super::*;
+
+fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+fn toml_file(text: &str) -> tempfile::NamedTempFile {
+    let mut f = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+    f
+}
+
+#[test]
+fn file_then_env_then_flags() {
+    let f = toml_file("port = 1000\nlog_level = \"debug\"\nhost = \"0.0.0.0\"\nworker_urls = [\"http://f:1\"]\n");
+    let from_file = GatewayConfig::load(Some(f.path()), &HashMap::new(), vec![]).unwrap();
+    assert_eq!((from_file.port, from_file.log_level.as_str(), from_file.host.as_str()), (1000, "debug", "0.0.0.0"));
+    assert_eq!(from_file.worker_urls, vec!["http://f:1"]);
+
+    let e = env(&[("KVGATE_PORT", "2000"), ("KVGATE_WORKER_URLS", "http://e:1 http://e:2"), ("OTHER", "x")]);
+    let from_env = GatewayConfig::load(Some(f.path()), &e, vec![]).unwrap();
+    assert_eq!((from_env.port, from_env.log_level.as_str()), (2000, "debug"));
+    assert_eq!(from_env.worker_urls, vec!["http://e:1", "http://e:2"]);
+
+    let flags = vec![("port".to_string(), config::Value::from(3000))];
+    let from_flags = GatewayConfig::load(Some(f.path()), &e, flags).unwrap();
+    assert_eq!((from_flags.port, from_flags.log_level.as_str(), from_flags.host.as_str()), (3000, "debug", "0.0.0.0"));
+}
+
+#[test]
+fn nested_policy_and_durations() {
+    let f = toml_file("request_timeout_secs = 2.5\n[policy]\nkind = \"random\"\n");
+    let c = GatewayConfig::load(Some(f.path()), &HashMap::new(), vec![]).unwrap();
+    assert_eq!(c.request_timeout, Duration::from_millis(2500));
+    assert_eq!(c.policy.kind, kvgate_policies::PolicyKind::Random);
+    let e = env(&[("KVGATE_POLICY__KIND", "round_robin")]);
+    let c = GatewayConfig::load(Some(f.path()), &e, vec![]).unwrap();
+    assert_eq!(c.policy.kind, kvgate_policies::PolicyKind::RoundRobin);
+}
+
+fn load_err(file: &str, e: &[(&str, &str)]) -> String {
+    let f = toml_file(file);
+    GatewayConfig::load(Some(f.path()), &env(e), vec![]).unwrap_err().to_string()
+}
+
+#[test]
+fn bad_config_names_the_key() {
+    assert!(load_err("prot = 1\n", &[]).contains("prot"));
+    assert!(load_err("port = \"abc\"\n", &[]).contains("port"));
+    assert!(load_err("", &[("KVGATE_PORT", "99999")]).contains("port"));
+    assert!(load_err("", &[("KVGATE_BOGUS", "1")]).contains("bogus"));
+    assert!(load_err("worker_urls = [\"ftp://x\"]\n", &[]).contains("worker_urls"));
+    assert!(load_err("health_check_interval_secs = 0\n", &[]).contains("health_check_interval_secs"));
+    assert!(load_err("[policy]\nkind = \"fastest\"\n", &[]).contains("kind"));
+    assert!(load_err("port = [\n", &[]).contains("port") || load_err("port = [\n", &[]).contains("TOML"));
+}
+
+#[test]
+fn defaults_are_valid() {
+    let c = GatewayConfig::load(None, &HashMap::new(), vec![]).unwrap();
+    assert_eq!(c, GatewayConfig::default());
+}

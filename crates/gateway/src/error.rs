@@ -1,0 +1,86 @@
+//! The one place where gateway errors become HTTP responses.
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpResponse, ResponseError};
+use serde_json::json;
+use thiserror::Error;
+
+/// Every error the gateway itself answers with. Upstream error bodies never pass through
+/// here: they are relayed unchanged.
+#[derive(Debug, Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("request body is not valid JSON: {0}")]
+    InvalidJson(String),
+    #[error("request body of {size} bytes exceeds the limit of {limit} bytes")]
+    PayloadTooLarge { size: u64, limit: usize },
+    #[error("the model '{0}' is not served by any worker")]
+    ModelNotFound(String),
+    #[error("no route for {0}")]
+    RouteNotFound(String),
+    #[error("method {method} is not allowed on {path}")]
+    MethodNotAllowed { method: String, path: String },
+    #[error("worker not found: {0}")]
+    WorkerNotFound(String),
+    #[error("worker already registered: {0}")]
+    WorkerExists(String),
+    #[error("no healthy worker is available{0}")]
+    NoWorker(String),
+    #[error("upstream worker {worker} failed: {reason}")]
+    Upstream { worker: String, reason: String },
+    #[error("upstream worker {worker} did not answer within {secs:.1}s")]
+    UpstreamTimeout { worker: String, secs: f64 },
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    /// The OpenAI-style `type` and a stable snake_case `code`.
+    fn kind(&self) -> (&'static str, &'static str) {
+        match self {
+            ApiError::BadRequest(_) => ("invalid_request_error", "invalid_request"),
+            ApiError::InvalidJson(_) => ("invalid_request_error", "json_parse_error"),
+            ApiError::PayloadTooLarge { .. } => ("invalid_request_error", "payload_too_large"),
+            ApiError::ModelNotFound(_) => ("invalid_request_error", "model_not_found"),
+            ApiError::RouteNotFound(_) => ("invalid_request_error", "route_not_found"),
+            ApiError::MethodNotAllowed { .. } => ("invalid_request_error", "method_not_allowed"),
+            ApiError::WorkerNotFound(_) => ("invalid_request_error", "worker_not_found"),
+            ApiError::WorkerExists(_) => ("invalid_request_error", "worker_already_exists"),
+            ApiError::NoWorker(_) => ("service_unavailable", "no_available_workers"),
+            ApiError::Upstream { .. } => ("upstream_error", "upstream_failed"),
+            ApiError::UpstreamTimeout { .. } => ("upstream_error", "upstream_timeout"),
+            ApiError::Internal(_) => ("internal_error", "internal_error"),
+        }
+    }
+
+    /// The JSON body, also used for the SSE error event that ends a broken stream.
+    pub fn body(&self) -> serde_json::Value {
+        let (kind, code) = self.kind();
+        json!({"error": {"message": self.to_string(), "type": kind, "code": code}})
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest(_) | ApiError::InvalidJson(_) => StatusCode::BAD_REQUEST,
+            ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::ModelNotFound(_)
+            | ApiError::RouteNotFound(_)
+            | ApiError::WorkerNotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::WorkerExists(_) => StatusCode::CONFLICT,
+            ApiError::NoWorker(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Upstream { .. } => StatusCode::BAD_GATEWAY,
+            ApiError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        HttpResponse::build(self.status_code())
+            .insert_header(("x-kvgate-error-code", self.kind().1))
+            .json(self.body())
+    }
+}

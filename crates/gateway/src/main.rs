@@ -1,0 +1,175 @@
+//! The `kvgate` binary: flags on top of env on top of the config file.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use clap::Parser;
+use kvgate_gateway::{Gateway, GatewayConfig, Overrides};
+use tracing_subscriber::EnvFilter;
+
+/// A cache-aware gateway for LLM inference engines (SGLang, vLLM, OpenAI-compatible).
+#[derive(Debug, Parser)]
+#[command(name = "kvgate", version, about)]
+struct Cli {
+    /// TOML config file (also KVGATE_CONFIG).
+    #[arg(long, env = "KVGATE_CONFIG")]
+    config: Option<PathBuf>,
+    #[arg(long)]
+    host: Option<String>,
+    #[arg(long)]
+    port: Option<u16>,
+    /// One or more worker URLs, space-separated.
+    #[arg(long, num_args = 1..)]
+    worker_urls: Option<Vec<String>>,
+    /// Routing policy: round_robin, random (more with the routing work).
+    #[arg(long)]
+    policy: Option<String>,
+    /// Where persistent state lives.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// A tracing filter: error, warn, info, debug, trace, or per-target directives.
+    #[arg(long)]
+    log_level: Option<String>,
+    /// Log as JSON lines.
+    #[arg(long)]
+    log_json: bool,
+    /// Largest request body in bytes.
+    #[arg(long)]
+    max_payload_size: Option<u64>,
+    #[arg(long)]
+    request_timeout_secs: Option<f64>,
+    #[arg(long)]
+    header_read_timeout_secs: Option<f64>,
+    #[arg(long)]
+    health_check_interval_secs: Option<f64>,
+    /// Start simulated engines in-process and route to them (no GPUs needed).
+    #[arg(long)]
+    demo: bool,
+    /// How many simulated engines `--demo` starts.
+    #[arg(long)]
+    demo_engines: Option<u64>,
+}
+
+impl Cli {
+    fn overrides(&self) -> Overrides {
+        let mut o: Overrides = Vec::new();
+        let mut put = |k: &str, v: config::Value| o.push((k.to_owned(), v));
+        if let Some(v) = &self.host {
+            put("host", v.clone().into());
+        }
+        if let Some(v) = self.port {
+            put("port", i64::from(v).into());
+        }
+        if let Some(v) = &self.worker_urls {
+            put("worker_urls", v.clone().into());
+        }
+        if let Some(v) = &self.policy {
+            put("policy.kind", v.clone().into());
+        }
+        if let Some(v) = &self.data_dir {
+            put("data_dir", v.display().to_string().into());
+        }
+        if let Some(v) = &self.log_level {
+            put("log_level", v.clone().into());
+        }
+        if self.log_json {
+            put("log_json", true.into());
+        }
+        if let Some(v) = self.max_payload_size {
+            put("max_payload_size", v.into());
+        }
+        for (k, v) in [
+            ("request_timeout_secs", self.request_timeout_secs),
+            ("header_read_timeout_secs", self.header_read_timeout_secs),
+            ("health_check_interval_secs", self.health_check_interval_secs),
+        ] {
+            if let Some(v) = v {
+                put(k, v.into());
+            }
+        }
+        if self.demo {
+            put("demo", true.into());
+        }
+        if let Some(v) = self.demo_engines {
+            put("demo_engines", v.into());
+        }
+        o
+    }
+}
+
+fn init_logging(cfg: &GatewayConfig) {
+    let filter = EnvFilter::try_from_env("RUST_LOG")
+        .or_else(|_| EnvFilter::try_new(&cfg.log_level))
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    if cfg.log_json {
+        builder.json().flatten_event(true).init();
+    } else {
+        builder.init();
+    }
+}
+
+fn wait_for_signal() -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("signal runtime")?;
+    rt.block_on(async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .context("SIGTERM handler")?;
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => r.context("SIGINT handler")?,
+            _ = term.recv() => {}
+        }
+        Ok(())
+    })
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let env: HashMap<String, String> = std::env::vars().collect();
+    let mut cfg = GatewayConfig::load(cli.config.as_deref(), &env, cli.overrides())?;
+    init_logging(&cfg);
+
+    let fleet = if cfg.demo {
+        let fleet = kvgate_engine_sim::SimFleet::start(
+            cfg.demo_engines,
+            kvgate_engine_sim::SimConfig::default(),
+        )
+        .context("starting the simulated engines")?;
+        cfg.worker_urls.extend(fleet.urls());
+        Some(fleet)
+    } else {
+        None
+    };
+
+    let gw = Gateway::start(cfg.clone())?;
+    if fleet.is_some() {
+        print_demo(&gw, &cfg);
+    }
+    wait_for_signal()?;
+    tracing::info!("shutting down: draining in-flight requests");
+    gw.stop();
+    if let Some(f) = fleet {
+        f.stop();
+    }
+    Ok(())
+}
+
+fn print_demo(gw: &Gateway, cfg: &GatewayConfig) {
+    let url = gw.url();
+    println!();
+    println!("kvgate demo: {} simulated SGLang engines behind {url}", cfg.demo_engines);
+    println!("  workers:  {}", cfg.worker_urls.join(" "));
+    println!("  policy:   {}    state: {}", cfg.policy.kind, cfg.data_dir.display());
+    println!();
+    println!("Try it:");
+    println!(
+        "  curl -s {url}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\":\"kvgate-sim-model\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'"
+    );
+    println!("  curl -s {url}/workers");
+    println!();
+    println!("OpenAI client settings:  base_url=\"{url}/v1\"  api_key=\"none\"  model=\"kvgate-sim-model\"");
+    println!("Ctrl-C stops it.");
+}

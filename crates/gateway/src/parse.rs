@@ -1,0 +1,198 @@
+//! Reads only what routing needs from a request body: model, stream flag, and the prompt
+//! as text or token ids. The body itself is forwarded unchanged.
+
+use std::borrow::Cow;
+use std::fmt::Write as _;
+
+use kvgate_policies::{RequestFacts, RoutingText};
+use serde::Deserialize;
+
+use crate::error::ApiError;
+
+/// The inference routes kvgate proxies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Chat,
+    Completions,
+    Generate,
+}
+
+impl Endpoint {
+    pub fn path(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "/v1/chat/completions",
+            Endpoint::Completions => "/v1/completions",
+            Endpoint::Generate => "/generate",
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct ChatBody<'a> {
+    #[serde(default, borrow)]
+    model: Option<Cow<'a, str>>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(borrow)]
+    messages: Vec<Message<'a>>,
+}
+
+#[derive(Deserialize)]
+struct Message<'a> {
+    #[serde(borrow)]
+    role: Cow<'a, str>,
+    #[serde(default, borrow)]
+    content: Option<Content<'a>>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Content<'a> {
+    Text(#[serde(borrow)] Cow<'a, str>),
+    Parts(#[serde(borrow)] Vec<Part<'a>>),
+}
+
+#[derive(Deserialize)]
+struct Part<'a> {
+    #[serde(default, borrow)]
+    text: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct CompletionBody<'a> {
+    #[serde(default, borrow)]
+    model: Option<Cow<'a, str>>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(borrow)]
+    prompt: Prompt<'a>,
+}
+
+#[derive(Deserialize)]
+struct GenerateBody<'a> {
+    #[serde(default, borrow)]
+    model: Option<Cow<'a, str>>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(default, borrow)]
+    text: Option<Prompt<'a>>,
+    #[serde(default)]
+    input_ids: Option<Prompt<'a>>,
+}
+
+/// A prompt in any of the OpenAI/SGLang shapes.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Prompt<'a> {
+    Text(#[serde(borrow)] Cow<'a, str>),
+    Texts(#[serde(borrow)] Vec<Cow<'a, str>>),
+    Tokens(Vec<u32>),
+    TokenLists(Vec<Vec<u32>>),
+}
+
+impl Prompt<'_> {
+    fn into_routing(self) -> RoutingText {
+        match self {
+            Prompt::Text(t) => RoutingText::Text(t.into_owned()),
+            // A batch goes to one worker; its prompts are recorded as one sequence.
+            Prompt::Texts(ts) => RoutingText::Text(ts.join("\n")),
+            Prompt::Tokens(t) => RoutingText::Tokens(t),
+            Prompt::TokenLists(ls) => RoutingText::Tokens(ls.concat()),
+        }
+    }
+}
+
+fn json_error(e: serde_json::Error) -> ApiError {
+    if e.is_data() {
+        ApiError::BadRequest(format!("invalid request body: {e}"))
+    } else {
+        ApiError::InvalidJson(e.to_string())
+    }
+}
+
+/// Extracts the routing facts of a request body for `endpoint`.
+pub fn request_facts(endpoint: Endpoint, body: &[u8]) -> Result<RequestFacts, ApiError> {
+    // Reject non-objects early: untagged enums would otherwise give vague messages.
+    let first = body.iter().find(|b| !b.is_ascii_whitespace());
+    if first != Some(&b'{') {
+        return Err(if first.is_none() {
+            ApiError::InvalidJson("empty body".into())
+        } else {
+            // Let serde report invalid JSON as such; valid JSON that is not an object is a 400.
+            match serde_json::from_slice::<serde::de::IgnoredAny>(body) {
+                Err(e) => json_error(e),
+                Ok(_) => ApiError::BadRequest("request body must be a JSON object".into()),
+            }
+        });
+    }
+    match endpoint {
+        Endpoint::Chat => {
+            let b: ChatBody<'_> = serde_json::from_slice(body).map_err(json_error)?;
+            Ok(RequestFacts {
+                model: b.model.map(Cow::into_owned),
+                key: RoutingText::Text(render_chat(&b.messages)),
+                routing_key: None,
+                stream: b.stream.unwrap_or(false),
+            })
+        }
+        Endpoint::Completions => {
+            let b: CompletionBody<'_> = serde_json::from_slice(body).map_err(json_error)?;
+            Ok(RequestFacts {
+                model: b.model.map(Cow::into_owned),
+                key: b.prompt.into_routing(),
+                routing_key: None,
+                stream: b.stream.unwrap_or(false),
+            })
+        }
+        Endpoint::Generate => {
+            let b: GenerateBody<'_> = serde_json::from_slice(body).map_err(json_error)?;
+            let key = match (b.text, b.input_ids) {
+                (Some(t), _) => t.into_routing(),
+                (None, Some(ids @ (Prompt::Tokens(_) | Prompt::TokenLists(_)))) => {
+                    ids.into_routing()
+                }
+                (None, Some(_)) => {
+                    return Err(ApiError::BadRequest(
+                        "input_ids must be an array of token ids".into(),
+                    ));
+                }
+                (None, None) => {
+                    return Err(ApiError::BadRequest(
+                        "one of 'text' or 'input_ids' is required".into(),
+                    ));
+                }
+            };
+            Ok(RequestFacts {
+                model: b.model.map(Cow::into_owned),
+                key,
+                routing_key: None,
+                stream: b.stream.unwrap_or(false),
+            })
+        }
+    }
+}
+
+/// Chat as routing text: each message's role and content, in order, so conversations that
+/// differ only in roles do not look identical.
+fn render_chat(messages: &[Message<'_>]) -> String {
+    let mut out = String::new();
+    for m in messages {
+        let _ = write!(out, "<|{}|>\n", m.role);
+        match &m.content {
+            Some(Content::Text(t)) => out.push_str(t),
+            Some(Content::Parts(parts)) => {
+                for p in parts {
+                    if let Some(t) = &p.text {
+                        out.push_str(t);
+                    }
+                }
+            }
+            None => {}
+        }
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,550 @@
+//! The registry actor: owns the worker records, detects what each worker is, and settles
+//! health with hysteresis. Every change is pushed whole to the subscribers.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use actix::prelude::*;
+use kvgate_policies::WorkerId;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+use tracing::{info, warn};
+
+/// What kind of engine answered at registration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Runtime {
+    Sglang,
+    Vllm,
+    Unknown,
+}
+
+/// A worker's lifecycle state. Only `Ready` is routable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkerStatus {
+    /// Registered, not yet detected (its `/v1/models` did not answer yet).
+    Pending,
+    Ready,
+    /// Failed its health checks; probed until it passes again.
+    Unhealthy,
+}
+
+/// Where a worker came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkerSource {
+    Config,
+    Api,
+}
+
+/// Everything kvgate knows about one worker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerRecord {
+    pub id: WorkerId,
+    pub url: String,
+    pub models: Vec<String>,
+    pub status: WorkerStatus,
+    pub runtime: Runtime,
+    pub source: WorkerSource,
+    pub max_running_requests: Option<u64>,
+    pub dp_size: Option<u64>,
+    pub page_size: Option<u64>,
+    /// From `/server_info`; a change means the engine restarted with an empty cache.
+    pub startup_time: Option<f64>,
+    /// The `kv_events` block of `/server_info`, kept for event subscription.
+    pub kv_events: Option<serde_json::Value>,
+    /// Seconds since the Unix epoch when it was registered.
+    pub added_at: f64,
+    pub consecutive_failures: u32,
+    pub consecutive_successes: u32,
+    pub last_error: Option<String>,
+}
+
+impl WorkerRecord {
+    pub fn healthy(&self) -> bool {
+        self.status == WorkerStatus::Ready
+    }
+}
+
+/// The registry's whole state as subscribers see it.
+pub type Fleet = Arc<Vec<WorkerRecord>>;
+
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum RegistryError {
+    #[error("invalid worker url '{url}': {reason}")]
+    InvalidUrl { url: String, reason: String },
+    #[error("worker already registered: {0}")]
+    Exists(String),
+    #[error("worker not found: {0}")]
+    NotFound(String),
+}
+
+/// Canonical form of a worker URL: scheme and host lowercased, no trailing slash.
+pub fn normalize_url(url: &str) -> Result<String, RegistryError> {
+    let bad = |reason: &str| RegistryError::InvalidUrl {
+        url: url.to_owned(),
+        reason: reason.to_owned(),
+    };
+    let trimmed = url.trim().trim_end_matches('/');
+    let (scheme, rest) = trimmed
+        .split_once("://")
+        .ok_or_else(|| bad("expected http://host:port"))?;
+    let scheme = scheme.to_ascii_lowercase();
+    if scheme != "http" {
+        return Err(bad("only http:// workers are supported"));
+    }
+    let (authority, path) = match rest.find('/') {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    if authority.is_empty() || authority.contains(['@', '?', '#', ' ']) {
+        return Err(bad("missing or malformed host"));
+    }
+    if let Some((_, port)) = authority.rsplit_once(':')
+        && !authority.ends_with(']')
+        && port.parse::<u16>().is_err()
+    {
+        return Err(bad("port must be a number from 0 to 65535"));
+    }
+    if path.contains(['?', '#']) {
+        return Err(bad("must not carry a query or fragment"));
+    }
+    Ok(format!("{scheme}://{}{path}", authority.to_ascii_lowercase()))
+}
+
+/// What registration learned from the worker's own routes.
+#[derive(Debug, Clone, Default)]
+pub struct Detected {
+    pub models: Vec<String>,
+    pub runtime: Option<Runtime>,
+    pub max_running_requests: Option<u64>,
+    pub dp_size: Option<u64>,
+    pub page_size: Option<u64>,
+    pub startup_time: Option<f64>,
+    pub kv_events: Option<serde_json::Value>,
+}
+
+#[derive(Deserialize)]
+struct ModelList {
+    data: Vec<ModelCard>,
+}
+
+#[derive(Deserialize)]
+struct ModelCard {
+    id: String,
+    #[serde(default)]
+    owned_by: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+struct ServerInfo {
+    #[serde(default)]
+    max_running_requests: Option<u64>,
+    #[serde(default)]
+    dp_size: Option<u64>,
+    #[serde(default)]
+    page_size: Option<u64>,
+    #[serde(default)]
+    startup_time: Option<f64>,
+    #[serde(default)]
+    kv_events: Option<serde_json::Value>,
+}
+
+async fn get_json<T: serde::de::DeserializeOwned>(
+    client: &awc::Client,
+    url: &str,
+    timeout: Duration,
+) -> Result<T, String> {
+    let mut resp = client
+        .get(url)
+        .timeout(timeout)
+        .send()
+        .await
+        .map_err(|e| format!("GET {url}: {e}"))?;
+    if !resp.status().is_success() {
+        return Err(format!("GET {url}: status {}", resp.status().as_u16()));
+    }
+    let body = resp
+        .body()
+        .limit(4 * 1024 * 1024)
+        .await
+        .map_err(|e| format!("GET {url}: {e}"))?;
+    serde_json::from_slice(&body).map_err(|e| format!("GET {url}: {e}"))
+}
+
+/// Probes `/v1/models`, then `/server_info` (falling back to `/get_server_info`).
+pub async fn detect(client: &awc::Client, url: &str, timeout: Duration) -> Result<Detected, String> {
+    let models: ModelList = get_json(client, &format!("{url}/v1/models"), timeout).await?;
+    let runtime = models.data.iter().find_map(|m| match m.owned_by.as_deref() {
+        Some("sglang") | Some("nvidia") => Some(Runtime::Sglang),
+        Some("vllm") => Some(Runtime::Vllm),
+        _ => None,
+    });
+    let mut d = Detected {
+        models: models.data.into_iter().map(|m| m.id).collect(),
+        runtime,
+        ..Detected::default()
+    };
+    // vLLM has no server_info: that is not a failure.
+    let info = match get_json::<ServerInfo>(client, &format!("{url}/server_info"), timeout).await {
+        Ok(i) => Some(i),
+        Err(_) => get_json::<ServerInfo>(client, &format!("{url}/get_server_info"), timeout)
+            .await
+            .ok(),
+    };
+    if let Some(i) = info {
+        d.max_running_requests = i.max_running_requests;
+        d.dp_size = i.dp_size;
+        d.page_size = i.page_size;
+        d.startup_time = i.startup_time;
+        d.kv_events = i.kv_events.filter(|v| !v.is_null());
+    }
+    Ok(d)
+}
+
+/// Settings the registry needs.
+#[derive(Debug, Clone)]
+pub struct RegistryConfig {
+    pub health_check_interval: Duration,
+    pub health_check_timeout: Duration,
+    pub failure_threshold: u32,
+    pub success_threshold: u32,
+}
+
+/// Pushed to every subscriber after each change.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct FleetChanged(pub Fleet);
+
+pub struct RegistryActor {
+    cfg: RegistryConfig,
+    workers: BTreeMap<WorkerId, WorkerRecord>,
+    subscribers: Vec<Recipient<FleetChanged>>,
+    client: awc::Client,
+    checking: bool,
+}
+
+impl std::fmt::Debug for RegistryActor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegistryActor")
+            .field("workers", &self.workers.len())
+            .finish()
+    }
+}
+
+impl RegistryActor {
+    pub fn new(cfg: RegistryConfig, subscribers: Vec<Recipient<FleetChanged>>) -> Self {
+        let client = awc::Client::builder()
+            .timeout(cfg.health_check_timeout)
+            .finish();
+        RegistryActor {
+            cfg,
+            workers: BTreeMap::new(),
+            subscribers,
+            client,
+            checking: false,
+        }
+    }
+
+    fn fleet(&self) -> Fleet {
+        Arc::new(self.workers.values().cloned().collect())
+    }
+
+    fn publish(&self) {
+        let fleet = self.fleet();
+        for s in &self.subscribers {
+            // do_send: a fleet change must never be dropped, and subscribers drain fast.
+            s.do_send(FleetChanged(fleet.clone()));
+        }
+    }
+
+    fn find(&self, key: &str) -> Option<WorkerId> {
+        if let Ok(id) = key.parse::<WorkerId>()
+            && self.workers.contains_key(&id)
+        {
+            return Some(id);
+        }
+        let url = normalize_url(key).ok()?;
+        let id = WorkerId::from_url(&url);
+        self.workers.contains_key(&id).then_some(id)
+    }
+
+    fn apply_detected(rec: &mut WorkerRecord, d: Detected) {
+        rec.models = d.models;
+        rec.runtime = d.runtime.unwrap_or(Runtime::Unknown);
+        rec.max_running_requests = d.max_running_requests;
+        rec.dp_size = d.dp_size;
+        rec.page_size = d.page_size;
+        rec.startup_time = d.startup_time;
+        rec.kv_events = d.kv_events;
+    }
+
+    fn health_tick(&mut self, ctx: &mut Context<Self>) {
+        if self.checking || self.workers.is_empty() {
+            return;
+        }
+        self.checking = true;
+        let client = self.client.clone();
+        let timeout = self.cfg.health_check_timeout;
+        let targets: Vec<(WorkerId, String, WorkerStatus)> = self
+            .workers
+            .values()
+            .map(|w| (w.id, w.url.clone(), w.status))
+            .collect();
+        let fut = async move {
+            let checks = targets.into_iter().map(|(id, url, status)| {
+                let client = client.clone();
+                async move {
+                    // A pending worker is re-detected; others just answer /health.
+                    let outcome = if status == WorkerStatus::Pending {
+                        detect(&client, &url, timeout).await.map(Some)
+                    } else {
+                        match client.get(format!("{url}/health")).timeout(timeout).send().await {
+                            Ok(r) if r.status().is_success() => Ok(None),
+                            Ok(r) => Err(format!("GET {url}/health: status {}", r.status().as_u16())),
+                            Err(e) => Err(format!("GET {url}/health: {e}")),
+                        }
+                    };
+                    (id, outcome)
+                }
+            });
+            futures_util::future::join_all(checks).await
+        };
+        ctx.spawn(fut.into_actor(self).map(|results, act, _| {
+            act.checking = false;
+            let mut changed = false;
+            for (id, outcome) in results {
+                if let Some(rec) = act.workers.get_mut(&id) {
+                    changed |= settle(rec, outcome, &act.cfg);
+                }
+            }
+            if changed {
+                act.publish();
+            }
+        }));
+    }
+}
+
+/// Applies one check's outcome with hysteresis; returns whether the status changed.
+fn settle(rec: &mut WorkerRecord, outcome: Result<Option<Detected>, String>, cfg: &RegistryConfig) -> bool {
+    let before = rec.status;
+    match outcome {
+        Ok(detected) => {
+            rec.consecutive_failures = 0;
+            rec.consecutive_successes = rec.consecutive_successes.saturating_add(1);
+            rec.last_error = None;
+            if let Some(d) = detected {
+                RegistryActor::apply_detected(rec, d);
+                rec.status = WorkerStatus::Ready;
+            } else if rec.status == WorkerStatus::Unhealthy
+                && rec.consecutive_successes >= cfg.success_threshold
+            {
+                rec.status = WorkerStatus::Ready;
+            }
+        }
+        Err(e) => {
+            rec.consecutive_successes = 0;
+            rec.consecutive_failures = rec.consecutive_failures.saturating_add(1);
+            rec.last_error = Some(e);
+            if rec.status == WorkerStatus::Ready && rec.consecutive_failures >= cfg.failure_threshold {
+                rec.status = WorkerStatus::Unhealthy;
+            }
+        }
+    }
+    if rec.status != before {
+        info!(worker = %rec.url, from = ?before, to = ?rec.status, "worker status changed");
+    }
+    rec.status != before
+}
+
+impl Actor for RegistryActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        // The mailbox is bounded for send(); admin traffic is small.
+        ctx.set_mailbox_capacity(256);
+        ctx.run_interval(self.cfg.health_check_interval, |act, ctx| act.health_tick(ctx));
+    }
+}
+
+/// Registers a worker: detection runs before the reply, so the answer says what it is.
+#[derive(Message, Debug)]
+#[rtype(result = "Result<WorkerRecord, RegistryError>")]
+pub struct AddWorker {
+    pub url: String,
+    pub source: WorkerSource,
+}
+
+impl Handler<AddWorker> for RegistryActor {
+    type Result = ResponseActFuture<Self, Result<WorkerRecord, RegistryError>>;
+
+    fn handle(&mut self, msg: AddWorker, _: &mut Context<Self>) -> Self::Result {
+        let url = match normalize_url(&msg.url) {
+            Ok(u) => u,
+            Err(e) => return Box::pin(fut::ready(Err(e))),
+        };
+        let id = WorkerId::from_url(&url);
+        if self.workers.contains_key(&id) {
+            return Box::pin(fut::ready(Err(RegistryError::Exists(url))));
+        }
+        let added_at = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        // Reserve the id now so a concurrent add of the same URL is refused.
+        self.workers.insert(
+            id,
+            WorkerRecord {
+                id,
+                url: url.clone(),
+                models: Vec::new(),
+                status: WorkerStatus::Pending,
+                runtime: Runtime::Unknown,
+                source: msg.source,
+                max_running_requests: None,
+                dp_size: None,
+                page_size: None,
+                startup_time: None,
+                kv_events: None,
+                added_at,
+                consecutive_failures: 0,
+                consecutive_successes: 0,
+                last_error: None,
+            },
+        );
+        let client = self.client.clone();
+        let timeout = self.cfg.health_check_timeout;
+        let probe_url = url.clone();
+        Box::pin(
+            async move { detect(&client, &probe_url, timeout).await }
+                .into_actor(self)
+                .map(move |detected, act, _| {
+                    let rec = act
+                        .workers
+                        .get_mut(&id)
+                        .ok_or_else(|| RegistryError::NotFound(url.clone()))?;
+                    match detected {
+                        Ok(d) => {
+                            RegistryActor::apply_detected(rec, d);
+                            rec.status = WorkerStatus::Ready;
+                            info!(worker = %rec.url, models = ?rec.models, runtime = ?rec.runtime, "worker registered");
+                        }
+                        Err(e) => {
+                            warn!(worker = %rec.url, error = %e, "worker registered but not reachable yet");
+                            rec.last_error = Some(e);
+                        }
+                    }
+                    let out = rec.clone();
+                    act.publish();
+                    Ok(out)
+                }),
+        )
+    }
+}
+
+#[derive(Message, Debug)]
+#[rtype(result = "Result<WorkerRecord, RegistryError>")]
+pub struct RemoveWorker {
+    /// A worker id or its URL.
+    pub key: String,
+}
+
+impl Handler<RemoveWorker> for RegistryActor {
+    type Result = Result<WorkerRecord, RegistryError>;
+
+    fn handle(&mut self, msg: RemoveWorker, _: &mut Context<Self>) -> Self::Result {
+        let id = self
+            .find(&msg.key)
+            .ok_or_else(|| RegistryError::NotFound(msg.key.clone()))?;
+        let rec = self
+            .workers
+            .remove(&id)
+            .ok_or_else(|| RegistryError::NotFound(msg.key.clone()))?;
+        info!(worker = %rec.url, "worker removed");
+        self.publish();
+        Ok(rec)
+    }
+}
+
+#[derive(Message, Debug)]
+#[rtype(result = "Fleet")]
+pub struct ListWorkers;
+
+impl Handler<ListWorkers> for RegistryActor {
+    type Result = MessageResult<ListWorkers>;
+
+    fn handle(&mut self, _: ListWorkers, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.fleet())
+    }
+}
+
+/// Runs one round of health checks now (tests and operators).
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct CheckNow;
+
+impl Handler<CheckNow> for RegistryActor {
+    type Result = ();
+
+    fn handle(&mut self, _: CheckNow, ctx: &mut Context<Self>) {
+        self.health_tick(ctx);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_normalize() {
+        assert_eq!(normalize_url("http://A:8000/").unwrap(), "http://a:8000");
+        assert_eq!(normalize_url(" http://h:1/v1 ").unwrap(), "http://h:1/v1");
+        assert_eq!(normalize_url("HTTP://[::1]:80").unwrap(), "http://[::1]:80");
+        for bad in ["", "h:8000", "ftp://h", "http://", "http://h:99999", "http://u@h", "http://h/x?y"] {
+            assert!(normalize_url(bad).is_err(), "{bad}");
+        }
+    }
+
+    fn rec() -> WorkerRecord {
+        WorkerRecord {
+            id: WorkerId(1),
+            url: "http://x".into(),
+            models: vec![],
+            status: WorkerStatus::Ready,
+            runtime: Runtime::Sglang,
+            source: WorkerSource::Config,
+            max_running_requests: None,
+            dp_size: None,
+            page_size: None,
+            startup_time: None,
+            kv_events: None,
+            added_at: 0.0,
+            consecutive_failures: 0,
+            consecutive_successes: 0,
+            last_error: None,
+        }
+    }
+
+    #[test]
+    fn health_has_hysteresis() {
+        let cfg = RegistryConfig {
+            health_check_interval: Duration::from_secs(1),
+            health_check_timeout: Duration::from_secs(1),
+            failure_threshold: 3,
+            success_threshold: 2,
+        };
+        let mut r = rec();
+        let fail = || Err("down".to_string());
+        assert!(!settle(&mut r, fail(), &cfg));
+        assert!(!settle(&mut r, fail(), &cfg));
+        assert!(!settle(&mut r, Ok(None), &cfg), "a success resets the failure count");
+        assert!(!settle(&mut r, fail(), &cfg));
+        assert!(!settle(&mut r, fail(), &cfg));
+        assert!(settle(&mut r, fail(), &cfg));
+        assert_eq!(r.status, WorkerStatus::Unhealthy);
+        assert!(!settle(&mut r, Ok(None), &cfg));
+        assert!(settle(&mut r, Ok(None), &cfg));
+        assert_eq!(r.status, WorkerStatus::Ready);
+    }
+}

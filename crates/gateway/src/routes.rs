@@ -1,0 +1,373 @@
+//! HTTP handlers: inference routes (proxied), the gateway's own routes and the worker
+//! admin API (REST and the sglang-router legacy forms).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::{Addr, MailboxError};
+use actix_web::http::StatusCode;
+use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
+use bytes::{Bytes, BytesMut};
+use futures_util::StreamExt;
+use kvgate_policies::WorkerView;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::error::ApiError;
+use crate::parse::{Endpoint, request_facts};
+use crate::proxy::{self, InFlight, Upstream};
+use crate::registry::{
+    AddWorker, ListWorkers, RegistryActor, RegistryError, RemoveWorker, WorkerRecord, WorkerSource,
+};
+use crate::selector::{self, GetViews, SelectError, SelectorActor};
+
+/// Shared by every HTTP worker thread.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    pub selector: Addr<SelectorActor>,
+    pub registry: Addr<RegistryActor>,
+    pub max_payload_size: usize,
+    pub request_timeout: Duration,
+}
+
+/// The request id of this request, set by the middleware in `server.rs`.
+#[derive(Debug, Clone)]
+pub struct RequestId(pub Arc<str>);
+
+fn mailbox(e: MailboxError) -> ApiError {
+    ApiError::Internal(format!("actor unavailable: {e}"))
+}
+
+impl From<SelectError> for ApiError {
+    fn from(e: SelectError) -> Self {
+        match e {
+            SelectError::UnknownModel(m) => ApiError::ModelNotFound(m),
+            SelectError::NoWorkers => ApiError::NoWorker(" (no worker is registered)".into()),
+            SelectError::NoHealthy => ApiError::NoWorker(String::new()),
+        }
+    }
+}
+
+impl From<RegistryError> for ApiError {
+    fn from(e: RegistryError) -> Self {
+        match e {
+            RegistryError::InvalidUrl { .. } => ApiError::BadRequest(e.to_string()),
+            RegistryError::Exists(u) => ApiError::WorkerExists(u),
+            RegistryError::NotFound(u) => ApiError::WorkerNotFound(u),
+        }
+    }
+}
+
+/// Reads the body up to the limit; a declared length over it is refused before reading.
+async fn read_body(
+    req: &HttpRequest,
+    mut payload: web::Payload,
+    limit: usize,
+) -> Result<Bytes, ApiError> {
+    if let Some(len) = req
+        .headers()
+        .get(actix_web::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        && len > limit as u64
+    {
+        return Err(ApiError::PayloadTooLarge { size: len, limit });
+    }
+    let mut buf = BytesMut::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|e| ApiError::BadRequest(format!("reading the body: {e}")))?;
+        if buf.len() + chunk.len() > limit {
+            return Err(ApiError::PayloadTooLarge {
+                size: (buf.len() + chunk.len()) as u64,
+                limit,
+            });
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok(buf.freeze())
+}
+
+fn routing_key(req: &HttpRequest) -> Option<String> {
+    ["x-kvgate-routing-key", "x-smg-routing-key"]
+        .iter()
+        .find_map(|h| req.headers().get(*h))
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 128)
+        .map(str::to_owned)
+}
+
+async fn inference(
+    endpoint: Endpoint,
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+    client: web::Data<awc::Client>,
+) -> Result<HttpResponse, ApiError> {
+    let body = read_body(&req, payload, state.max_payload_size).await?;
+    let mut facts = request_facts(endpoint, &body)?;
+    facts.routing_key = routing_key(&req);
+    let stream = facts.stream;
+    let dispatch = selector::select(&state.selector, facts, Vec::new())
+        .await
+        .map_err(mailbox)??;
+    let guard = InFlight::new(state.selector.clone(), dispatch.worker);
+    let request_id = req
+        .extensions()
+        .get::<RequestId>()
+        .map(|r| r.0.clone())
+        .unwrap_or_else(|| Arc::from(""));
+    let up = Upstream {
+        client: &client,
+        worker_url: &dispatch.url,
+        path: endpoint.path(),
+        request_id: &request_id,
+        timeout: state.request_timeout,
+        max_response: 256 * 1024 * 1024,
+        stream,
+    };
+    proxy::forward(up, &req, body, guard).await
+}
+
+pub async fn chat(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+    client: web::Data<awc::Client>,
+) -> Result<HttpResponse, ApiError> {
+    inference(Endpoint::Chat, req, payload, state, client).await
+}
+
+pub async fn completions(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+    client: web::Data<awc::Client>,
+) -> Result<HttpResponse, ApiError> {
+    inference(Endpoint::Completions, req, payload, state, client).await
+}
+
+pub async fn generate(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+    client: web::Data<awc::Client>,
+) -> Result<HttpResponse, ApiError> {
+    inference(Endpoint::Generate, req, payload, state, client).await
+}
+
+pub async fn health() -> HttpResponse {
+    HttpResponse::Ok().json(json!({"status": "ok"}))
+}
+
+pub async fn readiness(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let fleet = state.registry.send(ListWorkers).await.map_err(mailbox)?;
+    let healthy = fleet.iter().filter(|w| w.healthy()).count();
+    let body = |status: &str| {
+        json!({"status": status, "healthy_workers": healthy, "total_workers": fleet.len()})
+    };
+    if healthy > 0 {
+        Ok(HttpResponse::Ok().json(body("ready")))
+    } else {
+        let mut b = body("not ready");
+        b["reason"] = json!("no healthy worker");
+        Ok(HttpResponse::ServiceUnavailable().json(b))
+    }
+}
+
+pub async fn models(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let fleet = state.registry.send(ListWorkers).await.map_err(mailbox)?;
+    let mut seen = std::collections::BTreeMap::<&str, &WorkerRecord>::new();
+    for w in fleet.iter() {
+        for m in &w.models {
+            seen.entry(m.as_str()).or_insert(w);
+        }
+    }
+    let data: Vec<Value> = seen
+        .iter()
+        .map(|(id, w)| {
+            json!({"id": id, "object": "model", "created": w.added_at as u64, "owned_by": w.runtime})
+        })
+        .collect();
+    Ok(HttpResponse::Ok().json(json!({"object": "list", "data": data})))
+}
+
+fn worker_json(rec: &WorkerRecord, view: Option<&WorkerView>) -> Value {
+    let mut v = serde_json::to_value(rec).unwrap_or_else(|_| json!({}));
+    v["id"] = json!(rec.id.to_string());
+    v["healthy"] = json!(rec.healthy());
+    v["in_flight"] = json!(view.map_or(0, |v| v.in_flight));
+    v
+}
+
+async fn worker_list(state: &AppState) -> Result<Vec<Value>, ApiError> {
+    let fleet = state.registry.send(ListWorkers).await.map_err(mailbox)?;
+    let views = state.selector.send(GetViews).await.map_err(mailbox)?;
+    Ok(fleet
+        .iter()
+        .map(|rec| worker_json(rec, views.iter().find(|v| v.id == rec.id)))
+        .collect())
+}
+
+pub async fn list_workers(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let workers = worker_list(&state).await?;
+    Ok(HttpResponse::Ok().json(json!({"total": workers.len(), "workers": workers})))
+}
+
+/// Percent-decodes a path segment (worker URLs arrive encoded).
+fn percent_decode(s: &str) -> String {
+    fn hex(b: u8) -> Option<u8> {
+        (b as char).to_digit(16).map(|d| d as u8)
+    }
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2]))
+        {
+            out.push(h * 16 + l);
+            i += 3;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+pub async fn get_worker(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let key = percent_decode(req.match_info().get("key").unwrap_or(""));
+    let workers = worker_list(&state).await?;
+    let norm = crate::registry::normalize_url(&key).ok();
+    workers
+        .into_iter()
+        .find(|w| {
+            w["id"].as_str() == Some(key.as_str())
+                || (norm.is_some() && w["url"].as_str() == norm.as_deref())
+        })
+        .map(|w| HttpResponse::Ok().json(w))
+        .ok_or(ApiError::WorkerNotFound(key))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AddBody {
+    url: String,
+}
+
+async fn add(state: &AppState, url: String) -> Result<WorkerRecord, ApiError> {
+    Ok(state
+        .registry
+        .send(AddWorker {
+            url,
+            source: WorkerSource::Api,
+        })
+        .await
+        .map_err(mailbox)??)
+}
+
+pub async fn post_worker(
+    body: Bytes,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let b: AddBody = serde_json::from_slice(&body).map_err(|e| {
+        if e.is_data() {
+            ApiError::BadRequest(format!("expected {{\"url\": \"http://host:port\"}}: {e}"))
+        } else {
+            ApiError::InvalidJson(e.to_string())
+        }
+    })?;
+    let rec = add(&state, b.url).await?;
+    Ok(HttpResponse::build(StatusCode::CREATED)
+        .insert_header(("location", format!("/workers/{}", rec.id)))
+        .json(worker_json(&rec, None)))
+}
+
+pub async fn delete_worker(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let key = percent_decode(req.match_info().get("key").unwrap_or(""));
+    let rec = state
+        .registry
+        .send(RemoveWorker { key })
+        .await
+        .map_err(mailbox)??;
+    Ok(HttpResponse::Ok().json(json!({"status": "removed", "worker": worker_json(&rec, None)})))
+}
+
+#[derive(Deserialize)]
+pub struct UrlQuery {
+    url: Option<String>,
+}
+
+fn query_url(q: UrlQuery) -> Result<String, ApiError> {
+    q.url
+        .filter(|u| !u.is_empty())
+        .ok_or_else(|| ApiError::BadRequest("the 'url' query parameter is required".into()))
+}
+
+pub async fn legacy_add(
+    q: web::Query<UrlQuery>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let rec = add(&state, query_url(q.into_inner())?).await?;
+    Ok(HttpResponse::Ok().json(json!({
+        "status": "success",
+        "message": format!("Successfully added worker: {}", rec.url),
+        "worker": worker_json(&rec, None),
+    })))
+}
+
+pub async fn legacy_remove(
+    q: web::Query<UrlQuery>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let key = query_url(q.into_inner())?;
+    let rec = state
+        .registry
+        .send(RemoveWorker { key })
+        .await
+        .map_err(mailbox)??;
+    Ok(HttpResponse::Ok().json(json!({
+        "status": "success",
+        "message": format!("Successfully removed worker: {}", rec.url),
+    })))
+}
+
+pub async fn legacy_list(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let fleet = state.registry.send(ListWorkers).await.map_err(mailbox)?;
+    let urls: Vec<&str> = fleet.iter().map(|w| w.url.as_str()).collect();
+    Ok(HttpResponse::Ok().json(json!({"urls": urls})))
+}
+
+pub async fn not_found(req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    Err(ApiError::RouteNotFound(format!(
+        "{} {}",
+        req.method(),
+        req.path()
+    )))
+}
+
+pub async fn method_not_allowed(req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    Err(ApiError::MethodNotAllowed {
+        method: req.method().to_string(),
+        path: req.path().to_owned(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::percent_decode;
+
+    #[test]
+    fn decodes_urls() {
+        assert_eq!(percent_decode("http%3A%2F%2Fa%3A8000"), "http://a:8000");
+        assert_eq!(percent_decode("abc"), "abc");
+        assert_eq!(percent_decode("%zz%4"), "%zz%4");
+    }
+}

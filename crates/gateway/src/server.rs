@@ -1,0 +1,318 @@
+//! Wiring: starts the actors on their own arbiters, registers the configured workers and
+//! serves the HTTP API. `Gateway::start` runs all of it on a dedicated thread, which is
+//! what the binary's `--demo`, embedders and the end-to-end tests use.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::{Actor, Addr, Arbiter};
+use actix_web::dev::{Server, ServerHandle, Service};
+use actix_web::http::header::{HeaderName, HeaderValue};
+use actix_web::{App, HttpMessage, HttpServer, web};
+use rand::Rng;
+use thiserror::Error;
+use tracing::{info, warn};
+
+use crate::config::GatewayConfig;
+use crate::error::ApiError;
+use crate::registry::{AddWorker, RegistryActor, RegistryConfig, RegistryError, WorkerSource};
+use crate::routes::{self, AppState, RequestId};
+use crate::selector::SelectorActor;
+
+#[derive(Debug, Error)]
+pub enum StartError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("cannot start the gateway thread: {0}")]
+    Thread(std::io::Error),
+    #[error("the gateway thread exited during startup")]
+    Startup,
+    #[error("cannot create the data directory {path}: {source}")]
+    DataDir {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+/// Addresses of the running actors, for embedders and tests.
+#[derive(Debug, Clone)]
+pub struct Actors {
+    pub registry: Addr<RegistryActor>,
+    pub selector: Addr<SelectorActor>,
+}
+
+static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+fn valid_request_id(v: &HeaderValue) -> Option<&str> {
+    let s = v.to_str().ok()?;
+    (!s.is_empty() && s.len() <= 128 && s.bytes().all(|b| b.is_ascii_graphic())).then_some(s)
+}
+
+fn new_request_id() -> String {
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    let mut rng = rand::thread_rng();
+    let mut id = String::with_capacity(28);
+    id.push_str("req-");
+    for _ in 0..24 {
+        id.push(ALPHABET[rng.gen_range(0..ALPHABET.len())] as char);
+    }
+    id
+}
+
+/// Starts the actors and the HTTP server inside the current actix System.
+async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Vec<Arbiter>), StartError> {
+    std::fs::create_dir_all(&cfg.data_dir).map_err(|source| StartError::DataDir {
+        path: cfg.data_dir.display().to_string(),
+        source,
+    })?;
+    let epoch = Instant::now();
+    let routing = Arbiter::new();
+    let control = Arbiter::new();
+    let policy = cfg.policy.clone();
+    let selector = SelectorActor::start_in_arbiter(&routing.handle(), move |_| {
+        SelectorActor::new(policy, None, epoch)
+    });
+    let reg_cfg = RegistryConfig {
+        health_check_interval: cfg.health_check_interval,
+        health_check_timeout: cfg.health_check_timeout,
+        failure_threshold: cfg.health_failure_threshold,
+        success_threshold: cfg.health_success_threshold,
+    };
+    let subscribers = vec![selector.clone().recipient()];
+    let registry = RegistryActor::start_in_arbiter(&control.handle(), move |_| {
+        RegistryActor::new(reg_cfg, subscribers)
+    });
+
+    let adds = cfg.worker_urls.iter().map(|url| {
+        let registry = registry.clone();
+        let url = url.clone();
+        async move {
+            let r = registry
+                .send(AddWorker {
+                    url: url.clone(),
+                    source: WorkerSource::Config,
+                })
+                .await;
+            match r {
+                Ok(Ok(_)) | Ok(Err(RegistryError::Exists(_))) => {}
+                Ok(Err(e)) => warn!(worker = %url, error = %e, "worker not registered"),
+                Err(e) => warn!(worker = %url, error = %e, "registry unavailable"),
+            }
+        }
+    });
+    futures_util::future::join_all(adds).await;
+
+    let state = web::Data::new(AppState {
+        selector: selector.clone(),
+        registry: registry.clone(),
+        max_payload_size: cfg.max_payload_size,
+        request_timeout: cfg.request_timeout,
+    });
+    let connect_timeout = cfg.connect_timeout;
+    let request_timeout = cfg.request_timeout;
+    let server = HttpServer::new(move || {
+        // One upstream pool per HTTP thread; idle connections are dropped before the
+        // engines' own 5 s keep-alive would close them under us.
+        let connector = awc::Connector::new()
+            .timeout(connect_timeout)
+            .conn_keep_alive(Duration::from_secs(3))
+            .limit(0);
+        let client = awc::Client::builder()
+            .connector(connector)
+            .timeout(request_timeout)
+            .disable_redirects()
+            .finish();
+        App::new()
+            .app_data(state.clone())
+            .app_data(web::Data::new(client))
+            .app_data(web::QueryConfig::default().error_handler(|e, _| {
+                ApiError::BadRequest(format!("invalid query string: {e}")).into()
+            }))
+            .app_data(web::PayloadConfig::new(1024 * 1024))
+            .wrap_fn(|req, srv| {
+                let id: Arc<str> = req
+                    .headers()
+                    .get(&X_REQUEST_ID)
+                    .and_then(valid_request_id)
+                    .map_or_else(|| Arc::from(new_request_id()), Arc::from);
+                req.extensions_mut().insert(RequestId(id.clone()));
+                let fut = srv.call(req);
+                async move {
+                    let mut res = fut.await?;
+                    if let Ok(v) = HeaderValue::from_str(&id) {
+                        res.headers_mut().insert(X_REQUEST_ID.clone(), v);
+                    }
+                    Ok(res)
+                }
+            })
+            .service(post("/v1/chat/completions", routes::chat))
+            .service(post("/v1/completions", routes::completions))
+            .service(post("/generate", routes::generate))
+            .service(get("/health", routes::health))
+            .service(get("/liveness", routes::health))
+            .service(get("/readiness", routes::readiness))
+            .service(get("/v1/models", routes::models))
+            .service(
+                web::resource("/workers")
+                    .route(web::get().to(routes::list_workers))
+                    .route(web::post().to(routes::post_worker))
+                    .default_service(web::to(routes::method_not_allowed)),
+            )
+            .service(
+                web::resource("/workers/{key:.*}")
+                    .route(web::get().to(routes::get_worker))
+                    .route(web::delete().to(routes::delete_worker))
+                    .default_service(web::to(routes::method_not_allowed)),
+            )
+            .service(post("/add_worker", routes::legacy_add))
+            .service(post("/remove_worker", routes::legacy_remove))
+            .service(get("/list_workers", routes::legacy_list))
+            .default_service(web::to(routes::not_found))
+    })
+    .client_request_timeout(cfg.header_read_timeout)
+    .client_disconnect_timeout(Duration::from_secs(1))
+    .shutdown_timeout(30)
+    .disable_signals();
+    let server = match cfg.http_workers {
+        Some(n) => server.workers(n),
+        None => server,
+    };
+    let bind = format!("{}:{}", cfg.host, cfg.port);
+    let server = server.bind(&bind).map_err(|source| StartError::Bind {
+        addr: bind.clone(),
+        source,
+    })?;
+    let addr = server
+        .addrs()
+        .first()
+        .copied()
+        .ok_or_else(|| StartError::Bind {
+            addr: bind,
+            source: std::io::Error::other("no address bound"),
+        })?;
+    let server = server.run();
+    info!(%addr, policy = %cfg.policy.kind, workers = cfg.worker_urls.len(), "kvgate listening");
+    Ok((server, addr, Actors { registry, selector }, vec![routing, control]))
+}
+
+fn post<F, Args>(path: &str, handler: F) -> actix_web::Resource
+where
+    F: actix_web::Handler<Args>,
+    Args: actix_web::FromRequest + 'static,
+    F::Output: actix_web::Responder + 'static,
+{
+    web::resource(path)
+        .route(web::post().to(handler))
+        .default_service(web::to(routes::method_not_allowed))
+}
+
+fn get<F, Args>(path: &str, handler: F) -> actix_web::Resource
+where
+    F: actix_web::Handler<Args>,
+    Args: actix_web::FromRequest + 'static,
+    F::Output: actix_web::Responder + 'static,
+{
+    web::resource(path)
+        .route(web::get().to(handler))
+        .default_service(web::to(routes::method_not_allowed))
+}
+
+/// A gateway running on its own thread.
+#[derive(Debug)]
+pub struct Gateway {
+    addr: SocketAddr,
+    server: ServerHandle,
+    actors: Actors,
+    system: actix_rt::System,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Gateway {
+    /// Starts the gateway; returns once it is listening and the configured workers have
+    /// been probed.
+    pub fn start(cfg: GatewayConfig) -> Result<Gateway, StartError> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("kvgate".into())
+            .spawn(move || {
+                let sys = actix_rt::System::new();
+                sys.block_on(async move {
+                    match build(&cfg).await {
+                        Ok((server, addr, actors, arbiters)) => {
+                            let handle = server.handle();
+                            let _ = tx.send(Ok((addr, handle, actors, actix_rt::System::current())));
+                            let _ = server.await;
+                            for a in arbiters {
+                                a.stop();
+                            }
+                        }
+                        Err(e) => {
+                            let _ = tx.send(Err(e));
+                        }
+                    }
+                });
+            })
+            .map_err(StartError::Thread)?;
+        let (addr, server, actors, system) = rx.recv().map_err(|_| StartError::Startup)??;
+        Ok(Gateway {
+            addr,
+            server,
+            actors,
+            system,
+            thread: Some(thread),
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://host:port` of the gateway.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn actors(&self) -> &Actors {
+        &self.actors
+    }
+
+    /// Blocks until the server stops (a signal or [`Gateway::stop`] from elsewhere).
+    pub fn wait(mut self) {
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+
+    /// A handle that can stop the server from another thread (signal handling).
+    pub fn handle(&self) -> ServerHandle {
+        self.server.clone()
+    }
+
+    /// Stops accepting, lets in-flight requests finish, then stops the actors.
+    pub fn stop(mut self) {
+        self.shutdown(true);
+    }
+
+    fn shutdown(&mut self, graceful: bool) {
+        if let Some(t) = self.thread.take() {
+            let server = self.server.clone();
+            // The stop runs on the gateway's own runtime, so this works from any thread,
+            // inside an async runtime or not.
+            self.system.arbiter().spawn(async move {
+                server.stop(graceful).await;
+                actix_rt::System::current().stop();
+            });
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        self.shutdown(false);
+    }
+}

@@ -1,0 +1,45 @@
+//! The prefix index of kvgate: which worker (tenant) holds which key prefix.
+//!
+//! It owns two structures, one instance per (model, key kind), driven from a single thread
+//! by the gateway's index actor. [`RadixTree`] is one multi-tenant radix tree, generic
+//! over the key unit (`u8` text bytes, `char`, or `u32` token ids, with whole-page storage
+//! for tokens); it reports for every tenant how much of a key it holds, records routing
+//! decisions in the same descent, evicts least recently used leaves first under a global
+//! and a per-tenant budget, and snapshots in chunks with relative ages. [`HashIndex`] is
+//! the tree-less hash mode: holders per hashed token head at fixed boundaries, with a TTL
+//! and a key bound. The crate never reads a clock (time is a `u64` the caller passes),
+//! does no I/O, and depends on nothing async.
+//!
+//! ```
+//! use kvgate_kv_index::{RadixTree, TreeConfig};
+//!
+//! let mut tree: RadixTree<u8, u64> = RadixTree::new(TreeConfig::default());
+//! tree.insert(b"system: be brief. user: hi", 1, 10);
+//! let (m, chosen) = tree.match_and_insert(b"system: be brief. user: bye", 11, |m| {
+//!     // Route to the deepest holder, else to worker 2.
+//!     Some(m.per_tenant.first().map_or(2, |(t, _)| *t))
+//! });
+//! assert_eq!(m.per_tenant, vec![(1, 24)]);
+//! assert_eq!(chosen, Some(1));
+//! assert_eq!(tree.peek_prefix(b"system: be brief. user: bye").matched_by(1), 27);
+//!
+//! let bytes = kvgate_kv_index::encode(&tree.snapshot()).unwrap();
+//! let snap = kvgate_kv_index::decode(&bytes).unwrap();
+//! let restored = RadixTree::<u8, u64>::restore(snap, TreeConfig::default(), 1_000).unwrap();
+//! assert_eq!(restored.tenant_units(1), tree.tenant_units(1));
+//! ```
+
+mod codec;
+mod error;
+mod hash;
+mod lru;
+mod prefix_match;
+mod snapshot;
+mod tree;
+
+pub use codec::{decode, encode};
+pub use error::SnapshotError;
+pub use hash::{HashConfig, HashIndex, HashProbe, HashRecord, HashSnapshot, SweepStats};
+pub use prefix_match::PrefixMatch;
+pub use snapshot::{SNAPSHOT_VERSION, SnapshotCursor, SnapshotRecord, TreeSnapshot};
+pub use tree::{EvictStats, KeyUnit, RadixTree, TenantId, TreeConfig};

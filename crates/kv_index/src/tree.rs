@@ -1,0 +1,766 @@
+//! The radix tree: one generic implementation for bytes, chars and token ids.
+//!
+//! Layout: an arena of nodes addressed by `u32`, with a free list. A node owns its edge
+//! (always whole pages), its children sorted by first unit, and its tenants sorted by id,
+//! each pointing at an [`Entry`](crate::lru) on the recency lists. A tenant present on a
+//! node is present on every ancestor, so a tenant's match is the depth of the deepest node
+//! it holds on the key's path. Nodes with no tenant are unlinked at once; only the root is
+//! ever empty.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::hash::Hash;
+use std::mem;
+use std::num::NonZeroUsize;
+
+use crate::lru::{Lru, NIL, TenantList};
+use crate::prefix_match::PrefixMatch;
+
+#[cfg(test)]
+pub(crate) mod tests;
+
+/// A key element: `u8` for text bytes, `char`, or `u32` for token ids.
+pub trait KeyUnit: Copy + Ord + fmt::Debug {}
+impl<X: Copy + Ord + fmt::Debug> KeyUnit for X {}
+
+/// A tenant (worker) id. The gateway uses a `u64`.
+pub trait TenantId: Copy + Ord + Hash + fmt::Debug {}
+impl<X: Copy + Ord + Hash + fmt::Debug> TenantId for X {}
+
+/// How a tree stores keys and how much it may hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TreeConfig {
+    /// Units per page: 1 for text, the engine's block size for tokens. Only whole pages
+    /// are stored and matched.
+    pub page_size: NonZeroUsize,
+    /// Budget over all tenants: the sum of what each tenant holds, so a path shared by
+    /// three tenants counts three times. `None`: unbounded.
+    pub max_units: Option<usize>,
+    /// Budget for each tenant alone. `None`: unbounded.
+    pub max_tenant_units: Option<usize>,
+    /// Evict right after each insert, so a call never returns over budget. When false the
+    /// caller runs [`RadixTree::evict`] on its own schedule and the tree may overshoot
+    /// until then.
+    pub evict_on_insert: bool,
+}
+
+impl Default for TreeConfig {
+    fn default() -> Self {
+        Self {
+            page_size: NonZeroUsize::MIN,
+            max_units: None,
+            max_tenant_units: None,
+            evict_on_insert: true,
+        }
+    }
+}
+
+impl TreeConfig {
+    /// A token tree with `page_size`-unit pages and no budget.
+    pub fn paged(page_size: NonZeroUsize) -> Self {
+        Self {
+            page_size,
+            ..Self::default()
+        }
+    }
+}
+
+/// What an eviction (or a purge) removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EvictStats {
+    /// (node, tenant) entries dropped.
+    pub entries: usize,
+    /// Units dropped, summed over tenants.
+    pub units: usize,
+    /// Nodes unlinked because no tenant held them any more.
+    pub nodes: usize,
+}
+
+impl std::ops::AddAssign for EvictStats {
+    fn add_assign(&mut self, o: Self) {
+        self.entries += o.entries;
+        self.units += o.units;
+        self.nodes += o.nodes;
+    }
+}
+
+pub(crate) const ROOT: u32 = 0;
+
+#[derive(Debug, Clone)]
+pub(crate) struct Node<E, T> {
+    pub(crate) edge: Vec<E>,
+    /// (first unit of the child's edge, child), sorted by unit; on a paged tree several
+    /// children may share a first unit and differ later in their first page.
+    pub(crate) children: Vec<(E, u32)>,
+    /// (tenant, entry), sorted by tenant.
+    pub(crate) tenants: Vec<(T, u32)>,
+    pub(crate) parent: u32,
+    /// Bumped when the slot is freed, so a snapshot cursor can tell a reused slot.
+    pub(crate) generation: u32,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct TenantSlot<T> {
+    pub(crate) id: T,
+    pub(crate) list: TenantList,
+}
+
+/// Where a descent stopped: `pos` units of the (page-truncated) key matched, the last
+/// `partial.1` of them inside the edge of `partial.0`, which then needs a split to insert.
+#[derive(Debug, Clone, Copy)]
+struct Descent {
+    pos: usize,
+    partial: Option<(u32, usize)>,
+}
+
+/// A multi-tenant radix tree over keys of `E`, with leaf-first LRU eviction.
+///
+/// Time is whatever `u64` the caller passes as `now` (a clock reading or a counter); the
+/// tree never reads a clock. It keeps the largest `now` seen and stamps with that, so
+/// stamps never go backwards.
+#[derive(Debug, Clone)]
+pub struct RadixTree<E, T> {
+    pub(crate) config: TreeConfig,
+    pub(crate) nodes: Vec<Node<E, T>>,
+    free_nodes: Vec<u32>,
+    pub(crate) lru: Lru,
+    pub(crate) slots: Vec<TenantSlot<T>>,
+    free_slots: Vec<u32>,
+    pub(crate) index: BTreeMap<T, u32>,
+    total_units: usize,
+    /// Units on edges, each counted once however many tenants hold it.
+    edge_units: usize,
+    pub(crate) clock: u64,
+    evicted: EvictStats,
+    /// Scratch for descents, kept to avoid an allocation per call.
+    path: Vec<u32>,
+}
+
+impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
+    pub fn new(config: TreeConfig) -> Self {
+        let root = Node {
+            edge: Vec::new(),
+            children: Vec::new(),
+            tenants: Vec::new(),
+            parent: NIL,
+            generation: 0,
+        };
+        Self {
+            config,
+            nodes: vec![root],
+            free_nodes: Vec::new(),
+            lru: Lru::new(),
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            index: BTreeMap::new(),
+            total_units: 0,
+            edge_units: 0,
+            clock: 0,
+            evicted: EvictStats::default(),
+            path: Vec::new(),
+        }
+    }
+
+    pub fn config(&self) -> &TreeConfig {
+        &self.config
+    }
+
+    pub fn page_size(&self) -> usize {
+        self.config.page_size.get()
+    }
+
+    /// Changes the budgets (a config reload). Nothing is evicted until the next
+    /// [`evict`](Self::evict) or insert.
+    pub fn set_budgets(&mut self, max_units: Option<usize>, max_tenant_units: Option<usize>) {
+        self.config.max_units = max_units;
+        self.config.max_tenant_units = max_tenant_units;
+    }
+
+    /// Matches `key` and touches every (node, tenant) it matched, as recently used.
+    pub fn match_prefix(&mut self, key: &[E], now: u64) -> PrefixMatch<T> {
+        self.tick(now);
+        let mut path = mem::take(&mut self.path);
+        let d = self.descend(self.truncate(key), &mut path);
+        let m = self.collect(key.len(), &path, d);
+        let clock = self.clock;
+        for n in d
+            .partial
+            .map(|p| p.0)
+            .into_iter()
+            .chain(path.iter().rev().copied())
+        {
+            let node = &self.nodes[n as usize];
+            for &(_, e) in &node.tenants {
+                let ts = self.lru.get(e).tslot;
+                self.lru
+                    .move_to_back(&mut self.slots[ts as usize].list, e, clock);
+            }
+        }
+        self.path = path;
+        m
+    }
+
+    /// Matches `key` without touching anything (for explanations and tests).
+    pub fn peek_prefix(&self, key: &[E]) -> PrefixMatch<T> {
+        let mut path = Vec::new();
+        let d = self.descend(self.truncate(key), &mut path);
+        self.collect(key.len(), &path, d)
+    }
+
+    /// One descent: computes the match as the tree stands, lets `choose` pick a tenant
+    /// from it, then records the whole key for that tenant only (nothing for `None`).
+    /// Only the chosen tenant's path is touched: it is the engine that sees the request.
+    pub fn match_and_insert(
+        &mut self,
+        key: &[E],
+        now: u64,
+        choose: impl FnOnce(&PrefixMatch<T>) -> Option<T>,
+    ) -> (PrefixMatch<T>, Option<T>) {
+        self.tick(now);
+        let key_p = self.truncate(key);
+        let mut path = mem::take(&mut self.path);
+        let d = self.descend(key_p, &mut path);
+        let m = self.collect(key.len(), &path, d);
+        let chosen = choose(&m);
+        if let Some(t) = chosen {
+            self.record(key_p, &mut path, d, t);
+        }
+        self.path = path;
+        (m, chosen)
+    }
+
+    /// Records `key` (page-truncated) for `tenant`. An empty key records nothing.
+    pub fn insert(&mut self, key: &[E], tenant: T, now: u64) {
+        self.tick(now);
+        let key_p = self.truncate(key);
+        let mut path = mem::take(&mut self.path);
+        let d = self.descend(key_p, &mut path);
+        self.record(key_p, &mut path, d, tenant);
+        self.path = path;
+    }
+
+    /// Brings every tenant within `max_tenant_units` and the tree within `max_units`,
+    /// dropping least recently used (node, tenant) leaves first. Costs O(1) per entry
+    /// dropped: the recency lists are kept in eviction order.
+    pub fn evict(&mut self) -> EvictStats {
+        let mut stats = EvictStats::default();
+        if self.config.max_tenant_units.is_some() {
+            for ts in self.index.values().copied().collect::<Vec<_>>() {
+                self.evict_tenant(ts, &mut stats);
+            }
+        }
+        self.evict_global(&mut stats);
+        stats
+    }
+
+    /// Drops `tenant` everywhere and forgets it. Returns the units it held.
+    pub fn remove_tenant(&mut self, tenant: T) -> usize {
+        let Some(ts) = self.index.remove(&tenant) else {
+            return 0;
+        };
+        let units = self.purge(ts);
+        self.free_slots.push(ts);
+        units
+    }
+
+    /// Drops everything `tenant` holds (its engine was emptied) but keeps it listed in
+    /// [`tenants`](Self::tenants). Returns the units it held.
+    pub fn clear_tenant(&mut self, tenant: T) -> usize {
+        match self.index.get(&tenant) {
+            Some(&ts) => self.purge(ts),
+            None => 0,
+        }
+    }
+
+    /// Removes every tenant for which `keep` is false (e.g. workers that restarted while a
+    /// snapshot was on disk). Returns how many tenants were removed.
+    pub fn retain_tenants(&mut self, mut keep: impl FnMut(T) -> bool) -> usize {
+        let gone: Vec<T> = self.index.keys().copied().filter(|t| !keep(*t)).collect();
+        for &t in &gone {
+            self.remove_tenant(t);
+        }
+        gone.len()
+    }
+
+    /// Units `tenant` holds (0 if unknown).
+    pub fn tenant_units(&self, tenant: T) -> usize {
+        self.index
+            .get(&tenant)
+            .map_or(0, |&ts| self.slots[ts as usize].list.units)
+    }
+
+    /// Units held, summed over tenants: what `max_units` bounds.
+    pub fn total_units(&self) -> usize {
+        self.total_units
+    }
+
+    /// Tenants known to the tree, ascending: every tenant inserted and not removed.
+    pub fn tenants(&self) -> Vec<T> {
+        self.index.keys().copied().collect()
+    }
+
+    /// Units stored on edges, each counted once however many tenants hold it.
+    pub fn distinct_units(&self) -> usize {
+        self.edge_units
+    }
+
+    /// Nodes in the tree, the root excluded.
+    pub fn node_count(&self) -> usize {
+        self.nodes.len() - 1 - self.free_nodes.len()
+    }
+
+    /// What eviction has removed since the tree was built (inserts included).
+    pub fn evicted_total(&self) -> EvictStats {
+        self.evicted
+    }
+
+    /// Estimated heap and inline bytes of the structure (allocator overhead excluded).
+    pub fn size_bytes(&self) -> usize {
+        let mut bytes = size_of::<Self>()
+            + self.nodes.capacity() * size_of::<Node<E, T>>()
+            + self.free_nodes.capacity() * size_of::<u32>()
+            + self.slots.capacity() * size_of::<TenantSlot<T>>()
+            + self.free_slots.capacity() * size_of::<u32>()
+            + self.index.len() * (size_of::<(T, u32)>() + size_of::<usize>())
+            + self.path.capacity() * size_of::<u32>()
+            + self.lru.size_bytes();
+        for n in &self.nodes {
+            bytes += n.edge.capacity() * size_of::<E>()
+                + n.children.capacity() * size_of::<(E, u32)>()
+                + n.tenants.capacity() * size_of::<(T, u32)>();
+        }
+        bytes
+    }
+
+    // ---- internals ----
+
+    fn tick(&mut self, now: u64) {
+        self.clock = self.clock.max(now);
+    }
+
+    fn page(&self) -> usize {
+        self.config.page_size.get()
+    }
+
+    pub(crate) fn truncate<'k>(&self, key: &'k [E]) -> &'k [E] {
+        let page = self.page();
+        &key[..key.len() - key.len() % page]
+    }
+
+    /// The child of `node` whose first page equals the first page of `rest` (non-empty,
+    /// whole pages).
+    pub(crate) fn find_child(&self, node: u32, rest: &[E]) -> Option<u32> {
+        let first = rest[0];
+        let page = self.page();
+        let children = &self.nodes[node as usize].children;
+        let start = children.partition_point(|c| c.0 < first);
+        for &(unit, child) in &children[start..] {
+            if unit != first {
+                break;
+            }
+            if page == 1 || self.nodes[child as usize].edge[..page] == rest[..page] {
+                return Some(child);
+            }
+        }
+        None
+    }
+
+    fn descend(&self, key: &[E], path: &mut Vec<u32>) -> Descent {
+        path.clear();
+        let page = self.page();
+        let mut node = ROOT;
+        let mut pos = 0;
+        while pos < key.len() {
+            let rest = &key[pos..];
+            let Some(child) = self.find_child(node, rest) else {
+                break;
+            };
+            let edge = &self.nodes[child as usize].edge;
+            let mut k = common_prefix(edge, rest);
+            k -= k % page;
+            if k == edge.len() {
+                path.push(child);
+                pos += k;
+                node = child;
+            } else {
+                // find_child matched the first page, so k ≥ page > 0 here.
+                return Descent {
+                    pos: pos + k,
+                    partial: Some((child, k)),
+                };
+            }
+        }
+        Descent { pos, partial: None }
+    }
+
+    fn collect(&self, input_len: usize, path: &[u32], d: Descent) -> PrefixMatch<T> {
+        let mut per: Vec<(T, usize)> = Vec::new();
+        let mut depth = 0;
+        let steps = path
+            .iter()
+            .map(|&n| (n, self.nodes[n as usize].edge.len()))
+            .chain(d.partial);
+        for (i, (n, len)) in steps.enumerate() {
+            depth += len;
+            let tenants = &self.nodes[n as usize].tenants;
+            if i == 0 {
+                per.extend(tenants.iter().map(|&(t, _)| (t, depth)));
+                continue;
+            }
+            // A node's tenants are a sorted subset of its parent's: one merge pass.
+            let mut j = 0;
+            for &(t, _) in tenants {
+                while j < per.len() && per[j].0 < t {
+                    j += 1;
+                }
+                if j < per.len() && per[j].0 == t {
+                    per[j].1 = depth;
+                    j += 1;
+                }
+            }
+        }
+        per.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        PrefixMatch {
+            input_len,
+            matched_len: per.first().map_or(0, |p| p.1),
+            per_tenant: per,
+        }
+    }
+
+    pub(crate) fn tenant_slot(&mut self, tenant: T) -> u32 {
+        if let Some(&ts) = self.index.get(&tenant) {
+            return ts;
+        }
+        let slot = TenantSlot {
+            id: tenant,
+            list: TenantList::new(),
+        };
+        let ts = match self.free_slots.pop() {
+            Some(ts) => {
+                self.slots[ts as usize] = slot;
+                ts
+            }
+            None => {
+                self.slots.push(slot);
+                (self.slots.len() - 1) as u32
+            }
+        };
+        self.index.insert(tenant, ts);
+        ts
+    }
+
+    fn record(&mut self, key: &[E], path: &mut Vec<u32>, d: Descent, tenant: T) {
+        if key.is_empty() {
+            return;
+        }
+        let ts = self.tenant_slot(tenant);
+        let mut last = path.last().copied().unwrap_or(ROOT);
+        if let Some((child, k)) = d.partial {
+            last = self.split(child, k);
+            path.push(last);
+        }
+        if d.pos < key.len() {
+            let leaf = self.alloc_node(key[d.pos..].to_vec(), last);
+            self.link_child(last, leaf);
+            path.push(leaf);
+        }
+        // Deepest first, so each entry lands before its parent's on the recency lists.
+        for &n in path.iter().rev() {
+            self.hold(n, ts, tenant);
+        }
+        if self.config.evict_on_insert {
+            let mut stats = EvictStats::default();
+            if self.config.max_tenant_units.is_some() {
+                self.evict_tenant(ts, &mut stats);
+            }
+            self.evict_global(&mut stats);
+        }
+    }
+
+    /// Adds `tenant` to node `n`, or touches it there.
+    fn hold(&mut self, n: u32, ts: u32, tenant: T) {
+        let clock = self.clock;
+        let node = &mut self.nodes[n as usize];
+        let list = &mut self.slots[ts as usize].list;
+        match node.tenants.binary_search_by(|p| p.0.cmp(&tenant)) {
+            Ok(i) => self.lru.move_to_back(list, node.tenants[i].1, clock),
+            Err(i) => {
+                let e = self.lru.push_back(list, ts, n, clock);
+                node.tenants.insert(i, (tenant, e));
+                list.units += node.edge.len();
+                self.total_units += node.edge.len();
+            }
+        }
+    }
+
+    pub(crate) fn alloc_node(&mut self, edge: Vec<E>, parent: u32) -> u32 {
+        self.edge_units += edge.len();
+        match self.free_nodes.pop() {
+            Some(n) => {
+                let node = &mut self.nodes[n as usize];
+                node.edge = edge;
+                node.parent = parent;
+                n
+            }
+            None => {
+                debug_assert!(self.nodes.len() < NIL as usize);
+                self.nodes.push(Node {
+                    edge,
+                    children: Vec::new(),
+                    tenants: Vec::new(),
+                    parent,
+                    generation: 0,
+                });
+                (self.nodes.len() - 1) as u32
+            }
+        }
+    }
+
+    pub(crate) fn link_child(&mut self, parent: u32, child: u32) {
+        let first = self.nodes[child as usize].edge[0];
+        let children = &mut self.nodes[parent as usize].children;
+        let at = children.partition_point(|c| c.0 <= first);
+        children.insert(at, (first, child));
+    }
+
+    /// Cuts `child`'s edge after `k` units. The head becomes a new node in its place;
+    /// `child` keeps the tail, its children and its tenants. Returns the head.
+    fn split(&mut self, child: u32, k: usize) -> u32 {
+        let c = &mut self.nodes[child as usize];
+        let parent = c.parent;
+        let head_edge = c.edge[..k].to_vec();
+        c.edge.drain(..k);
+        c.edge.shrink_to_fit();
+        let tail_first = c.edge[0];
+        let tenants = c.tenants.clone();
+        let head = self.alloc_node(head_edge, parent);
+        self.edge_units -= k; // moved from the child, not added
+        let mut head_tenants = Vec::with_capacity(tenants.len());
+        for (t, e) in tenants {
+            let (ts, stamp) = {
+                let en = self.lru.get(e);
+                (en.tslot, en.stamp)
+            };
+            let list = &mut self.slots[ts as usize].list;
+            head_tenants.push((t, self.lru.insert_after(list, e, ts, head, stamp)));
+        }
+        let h = &mut self.nodes[head as usize];
+        h.tenants = head_tenants;
+        h.children = vec![(tail_first, child)];
+        self.nodes[child as usize].parent = head;
+        // The head starts with the same unit, so the parent's order is unchanged.
+        if let Some(slot) = self.nodes[parent as usize]
+            .children
+            .iter_mut()
+            .find(|c| c.1 == child)
+        {
+            slot.1 = head;
+        }
+        head
+    }
+
+    fn evict_tenant(&mut self, ts: u32, stats: &mut EvictStats) {
+        let Some(max) = self.config.max_tenant_units else {
+            return;
+        };
+        while self.slots[ts as usize].list.units > max {
+            let head = self.slots[ts as usize].list.head;
+            if head == NIL {
+                break;
+            }
+            self.drop_entry(head, stats);
+        }
+    }
+
+    fn evict_global(&mut self, stats: &mut EvictStats) {
+        let Some(max) = self.config.max_units else {
+            return;
+        };
+        while self.total_units > max {
+            let Some(e) = self.lru.head() else {
+                break;
+            };
+            self.drop_entry(e, stats);
+        }
+    }
+
+    fn purge(&mut self, ts: u32) -> usize {
+        let mut stats = EvictStats::default();
+        loop {
+            let head = self.slots[ts as usize].list.head;
+            if head == NIL {
+                break;
+            }
+            self.drop_entry(head, &mut stats);
+        }
+        stats.units
+    }
+
+    /// Removes one entry, which the list invariant guarantees is a leaf for its tenant,
+    /// and unlinks its node if no tenant is left on it.
+    fn drop_entry(&mut self, e: u32, stats: &mut EvictStats) {
+        let (n, ts) = {
+            let en = self.lru.get(e);
+            (en.node, en.tslot)
+        };
+        let slot = &mut self.slots[ts as usize];
+        let node = &mut self.nodes[n as usize];
+        if let Ok(i) = node.tenants.binary_search_by(|p| p.0.cmp(&slot.id)) {
+            node.tenants.remove(i);
+        }
+        let len = node.edge.len();
+        slot.list.units -= len;
+        self.total_units -= len;
+        self.lru.remove(&mut slot.list, e);
+        stats.entries += 1;
+        stats.units += len;
+        self.evicted.entries += 1;
+        self.evicted.units += len;
+        if n != ROOT && node.tenants.is_empty() && node.children.is_empty() {
+            self.free_node(n);
+            stats.nodes += 1;
+            self.evicted.nodes += 1;
+        }
+    }
+
+    fn free_node(&mut self, n: u32) {
+        let node = &mut self.nodes[n as usize];
+        let parent = node.parent;
+        self.edge_units -= node.edge.len();
+        node.edge = Vec::new();
+        node.children = Vec::new();
+        node.tenants = Vec::new();
+        node.parent = NIL;
+        node.generation = node.generation.wrapping_add(1);
+        let siblings = &mut self.nodes[parent as usize].children;
+        if let Some(i) = siblings.iter().position(|c| c.1 == n) {
+            siblings.remove(i);
+        }
+        self.free_nodes.push(n);
+    }
+
+    /// Restore's counterpart of `hold`: attaches an entry with a given stamp at the back.
+    pub(crate) fn attach(&mut self, n: u32, tenant: T, stamp: u64) {
+        let ts = self.tenant_slot(tenant);
+        let node = &mut self.nodes[n as usize];
+        let list = &mut self.slots[ts as usize].list;
+        if let Err(i) = node.tenants.binary_search_by(|p| p.0.cmp(&tenant)) {
+            let e = self.lru.push_back(list, ts, n, stamp);
+            node.tenants.insert(i, (tenant, e));
+            list.units += node.edge.len();
+            self.total_units += node.edge.len();
+        }
+    }
+}
+
+#[cfg(test)]
+impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
+    /// Panics unless every structural invariant holds (tests only).
+    pub(crate) fn check_invariants(&self) {
+        use std::collections::HashMap;
+        let page = self.page();
+        let mut units: HashMap<T, usize> = HashMap::new();
+        let mut entries = 0;
+        let mut live = 0;
+        for (i, n) in self.nodes.iter().enumerate() {
+            let i = i as u32;
+            if i != ROOT && n.parent == NIL {
+                continue; // free slot
+            }
+            if i != ROOT {
+                live += 1;
+                assert!(
+                    !n.edge.is_empty() && n.edge.len() % page == 0,
+                    "edge of {i}"
+                );
+                assert!(!n.tenants.is_empty(), "node {i} has no tenant");
+                let p = &self.nodes[n.parent as usize];
+                assert!(
+                    p.children.iter().any(|c| c.1 == i),
+                    "{i} not a child of its parent"
+                );
+                for (t, _) in &n.tenants {
+                    if n.parent != ROOT {
+                        assert!(p.tenants.iter().any(|x| x.0 == *t), "tenant not on parent");
+                    }
+                }
+            } else {
+                assert!(n.tenants.is_empty());
+            }
+            assert!(
+                n.tenants.windows(2).all(|w| w[0].0 < w[1].0),
+                "tenants unsorted"
+            );
+            assert!(
+                n.children.windows(2).all(|w| w[0].0 <= w[1].0),
+                "children unsorted"
+            );
+            for (j, &(u, c)) in n.children.iter().enumerate() {
+                let ce = &self.nodes[c as usize];
+                assert_eq!(ce.parent, i);
+                assert_eq!(ce.edge[0], u);
+                for &(_, d) in &n.children[j + 1..] {
+                    assert!(
+                        self.nodes[d as usize].edge[..page] != ce.edge[..page],
+                        "dup page"
+                    );
+                }
+            }
+            for &(t, e) in &n.tenants {
+                let en = self.lru.get(e);
+                assert_eq!(en.node, i);
+                assert_eq!(self.slots[en.tslot as usize].id, t);
+                *units.entry(t).or_default() += n.edge.len();
+                entries += 1;
+            }
+        }
+        assert_eq!(live, self.node_count());
+        let edges: usize = self.nodes.iter().map(|n| n.edge.len()).sum();
+        assert_eq!(edges, self.edge_units);
+        assert_eq!(entries, self.lru.live());
+        let mut total = 0;
+        for (&t, &ts) in &self.index {
+            let u = self.slots[ts as usize].list.units;
+            assert_eq!(u, units.get(&t).copied().unwrap_or(0), "units of {t:?}");
+            total += u;
+        }
+        assert_eq!(
+            units.len(),
+            units.keys().filter(|t| self.index.contains_key(t)).count()
+        );
+        assert_eq!(total, self.total_units);
+        // Recency order: stamps never decrease, and a child's entry precedes its parent's.
+        let mut seen: HashMap<(u32, T), usize> = HashMap::new();
+        let mut last = 0;
+        for (pos, (_, en)) in self.lru.iter().enumerate() {
+            assert!(en.stamp >= last, "stamps decrease");
+            last = en.stamp;
+            let t = self.slots[en.tslot as usize].id;
+            for &(_, c) in &self.nodes[en.node as usize].children {
+                if self.nodes[c as usize].tenants.iter().any(|x| x.0 == t) {
+                    assert!(
+                        seen.contains_key(&(c, t)),
+                        "parent entry before child entry"
+                    );
+                }
+            }
+            seen.insert((en.node, t), pos);
+        }
+        assert_eq!(seen.len(), entries);
+    }
+}
+
+/// Length of the common prefix, comparing 16 units at a time (slice equality on a
+/// constant length compiles to wide loads for the primitive unit types).
+fn common_prefix<E: PartialEq>(a: &[E], b: &[E]) -> usize {
+    const CHUNK: usize = 16;
+    let n = a.len().min(b.len());
+    let mut i = 0;
+    while i + CHUNK <= n && a[i..i + CHUNK] == b[i..i + CHUNK] {
+        i += CHUNK;
+    }
+    while i < n && a[i] == b[i] {
+        i += 1;
+    }
+    i
+}

@@ -1,0 +1,508 @@
+use std::collections::BTreeMap;
+use std::num::NonZeroUsize;
+
+use proptest::prelude::*;
+
+use super::*;
+
+/// One step of a scripted scenario on a byte tree; time advances by one per step.
+#[derive(Debug, Clone, Copy)]
+enum Op<'a> {
+    Insert(&'a str, u64),
+    /// Expected per-tenant match, deepest first.
+    Match(&'a str, &'a [(u64, usize)]),
+    Evict,
+    Units(u64, usize),
+    Total(usize),
+    Nodes(usize),
+    Remove(u64),
+    Clear(u64),
+}
+
+fn check(config: TreeConfig, ops: &[Op<'_>]) -> RadixTree<u8, u64> {
+    let mut tree = RadixTree::new(config);
+    for (now, op) in ops.iter().enumerate() {
+        let now = now as u64 + 1;
+        match *op {
+            Op::Insert(k, t) => tree.insert(k.as_bytes(), t, now),
+            Op::Match(k, want) => {
+                let m = tree.match_prefix(k.as_bytes(), now);
+                assert_eq!(m.per_tenant, want, "match {k:?} at step {now}");
+                assert_eq!(m.input_len, k.len());
+                assert_eq!(m.matched_len, want.first().map_or(0, |w| w.1));
+            }
+            Op::Evict => {
+                tree.evict();
+            }
+            Op::Units(t, n) => assert_eq!(tree.tenant_units(t), n, "units of {t} at step {now}"),
+            Op::Total(n) => assert_eq!(tree.total_units(), n, "total at step {now}"),
+            Op::Nodes(n) => assert_eq!(tree.node_count(), n, "nodes at step {now}"),
+            Op::Remove(t) => {
+                tree.remove_tenant(t);
+            }
+            Op::Clear(t) => {
+                tree.clear_tenant(t);
+            }
+        }
+        tree.check_invariants();
+    }
+    tree
+}
+
+fn budget(
+    max_units: Option<usize>,
+    max_tenant_units: Option<usize>,
+    on_insert: bool,
+) -> TreeConfig {
+    TreeConfig {
+        max_units,
+        max_tenant_units,
+        evict_on_insert: on_insert,
+        ..TreeConfig::default()
+    }
+}
+
+pub(crate) fn page(n: usize) -> NonZeroUsize {
+    NonZeroUsize::new(n).unwrap()
+}
+
+#[test]
+fn reports_every_tenant_with_partial_edges() {
+    use Op::*;
+    check(
+        TreeConfig::default(),
+        &[
+            Insert("hello world", 1),
+            Insert("hello there", 2),
+            Insert("help", 3),
+            Match("hello world!", &[(1, 11), (2, 6), (3, 3)]),
+            Match("hel", &[(1, 3), (2, 3), (3, 3)]),
+            Match("hello wx", &[(1, 7), (2, 6), (3, 3)]),
+            Match("xyz", &[]),
+            Match("", &[]),
+            Units(1, 11),
+            Units(2, 11),
+            Units(3, 4),
+            Total(26),
+            // "hel" → {"lo " → {"world", "there"}, "p"}
+            Nodes(5),
+        ],
+    );
+}
+
+#[test]
+fn same_key_twice_counts_once() {
+    use Op::*;
+    check(
+        TreeConfig::default(),
+        &[
+            Insert("abc", 1),
+            Insert("abc", 1),
+            Insert("ab", 1),
+            Units(1, 3),
+            Nodes(2),
+            Match("abcd", &[(1, 3)]),
+        ],
+    );
+}
+
+#[test]
+fn removal_clear_and_retain() {
+    use Op::*;
+    let mut tree = check(
+        TreeConfig::default(),
+        &[
+            Insert("shared head one", 1),
+            Insert("shared head two", 2),
+            Remove(1),
+            Units(1, 0),
+            Units(2, 15),
+            Nodes(2),
+            Match("shared head one", &[(2, 12)]),
+            Insert("other", 3),
+            Clear(3),
+            Units(3, 0),
+            Total(15),
+        ],
+    );
+    assert_eq!(tree.tenants(), vec![2, 3], "clear keeps the tenant listed");
+    tree.insert(b"x", 4, 100);
+    assert_eq!(tree.retain_tenants(|t| t == 4), 2);
+    assert_eq!(tree.tenants(), vec![4]);
+    assert_eq!(tree.total_units(), 1);
+    tree.check_invariants();
+}
+
+#[test]
+fn fused_match_then_insert_records_only_the_choice() {
+    let mut tree: RadixTree<u8, u64> = RadixTree::new(TreeConfig::default());
+    tree.insert(b"prompt A", 1, 1);
+    let (m, chosen) = tree.match_and_insert(b"prompt B", 2, |m| {
+        assert_eq!(
+            m.per_tenant,
+            vec![(1, 7)],
+            "the match is taken before the insert"
+        );
+        Some(2)
+    });
+    assert_eq!((m.matched_len, chosen), (7, Some(2)));
+    assert_eq!(
+        tree.peek_prefix(b"prompt B").per_tenant,
+        vec![(2, 8), (1, 7)]
+    );
+    let (_, none) = tree.match_and_insert(b"prompt C", 3, |_| None);
+    assert_eq!(none, None);
+    assert_eq!(tree.peek_prefix(b"prompt C").matched_len, 7);
+    assert_eq!(tree.total_units(), 16);
+    tree.check_invariants();
+}
+
+#[test]
+fn char_keys_share_the_implementation() {
+    let mut tree: RadixTree<char, u64> = RadixTree::new(TreeConfig::default());
+    let a: Vec<char> = "héllo wörld".chars().collect();
+    let b: Vec<char> = "héllo wéird".chars().collect();
+    tree.insert(&a, 1, 1);
+    tree.insert(&b, 2, 2);
+    let m = tree.match_prefix(&b, 3);
+    assert_eq!(m.per_tenant, vec![(2, 11), (1, 7)]);
+    tree.check_invariants();
+}
+
+/// Scenario 35: 16-token pages.
+#[test]
+fn scenario_35_token_pages() {
+    let mut tree: RadixTree<u32, u64> = RadixTree::new(TreeConfig::paged(page(16)));
+    let five = [1, 2, 3, 4, 5];
+    tree.insert(&five, 1, 1);
+    assert_eq!(tree.node_count(), 0, "a sub-page key is not stored");
+    let m = tree.match_prefix(&five, 2);
+    assert_eq!((m.matched_len, m.input_len), (0, 5));
+
+    let three: Vec<u32> = (0..48).collect();
+    tree.insert(&three, 1, 3);
+    tree.insert(&three[..16], 2, 4);
+    assert_eq!(tree.node_count(), 2, "split at the page boundary");
+    assert_eq!(
+        tree.nodes[tree.find_child(ROOT, &three).unwrap() as usize]
+            .edge
+            .len(),
+        16
+    );
+    let m = tree.match_prefix(&three, 5);
+    assert_eq!(m.per_tenant, vec![(1, 48), (2, 16)]);
+
+    // A partial page never matches; a divergence mid-page matches only whole pages.
+    let mut odd = three.clone();
+    odd[40] = 999;
+    assert_eq!(tree.match_prefix(&odd, 6).matched_by(1), 32);
+    assert_eq!(tree.match_prefix(&three[..47], 7).matched_by(1), 32);
+    // Siblings that share a first token but differ within the first page.
+    let mut sib = three.clone();
+    sib[3] = 777;
+    tree.insert(&sib, 3, 8);
+    assert_eq!(tree.match_prefix(&sib, 9).per_tenant, vec![(3, 48)]);
+    assert_eq!(
+        tree.match_prefix(&three, 10).per_tenant,
+        vec![(1, 48), (2, 16)]
+    );
+    tree.check_invariants();
+}
+
+/// Scenario 55: budget 5; T2's newer "world" survives, T1's older "hello" goes.
+#[test]
+fn scenario_55_global_budget() {
+    use Op::*;
+    for on_insert in [false, true] {
+        check(
+            budget(Some(5), None, on_insert),
+            &[
+                Insert("hello", 1),
+                Insert("hello", 2),
+                Insert("world", 2),
+                Evict,
+                Units(1, 0),
+                Units(2, 5),
+                Total(5),
+                Match("world", &[(2, 5)]),
+                Match("hello", &[]),
+            ],
+        );
+    }
+}
+
+/// Scenario 56: 8 tenants × 10 chars, budget 40: the 4 oldest go entirely.
+#[test]
+fn scenario_56_oldest_tenants_go_first() {
+    for on_insert in [false, true] {
+        let mut tree: RadixTree<u8, u64> = RadixTree::new(budget(Some(40), None, on_insert));
+        for t in 0..8u64 {
+            let key = format!("tenant-{t}..");
+            tree.insert(key.as_bytes(), t, t + 1);
+        }
+        tree.evict();
+        tree.check_invariants();
+        for t in 0..8u64 {
+            let want = if t < 4 { 0 } else { 10 };
+            assert_eq!(
+                tree.tenant_units(t),
+                want,
+                "tenant {t}, on_insert {on_insert}"
+            );
+        }
+    }
+}
+
+/// Scenario 57: leaf-first; a 3-page path evicted to 2 pages keeps A and B.
+#[test]
+fn scenario_57_leaf_first() {
+    let mut tree: RadixTree<u32, u64> = RadixTree::new(TreeConfig {
+        max_units: Some(32),
+        evict_on_insert: false,
+        ..TreeConfig::paged(page(16))
+    });
+    let abc: Vec<u32> = (0..48).collect();
+    tree.insert(&abc[..16], 7, 1);
+    tree.insert(&abc[..32], 7, 2);
+    tree.insert(&abc, 7, 3);
+    // A later match of A alone must not save C: C is the leaf.
+    tree.match_prefix(&abc[..16], 4);
+    let stats = tree.evict();
+    assert_eq!(
+        stats,
+        EvictStats {
+            entries: 1,
+            units: 16,
+            nodes: 1
+        }
+    );
+    assert_eq!(tree.match_prefix(&abc, 5).per_tenant, vec![(7, 32)]);
+    tree.check_invariants();
+}
+
+#[test]
+fn recency_decides_between_leaves() {
+    use Op::*;
+    check(
+        budget(Some(8), None, false),
+        &[
+            Insert("aaaa", 1),
+            Insert("bbbb", 1),
+            Insert("cccc", 1),
+            Match("aaaa", &[(1, 4)]), // touches "aaaa": "bbbb" is now the oldest
+            Evict,
+            Match("bbbb", &[]),
+            Match("aaaa", &[(1, 4)]),
+            Match("cccc", &[(1, 4)]),
+        ],
+    );
+}
+
+#[test]
+fn per_tenant_budget_leaves_others_alone() {
+    use Op::*;
+    for on_insert in [false, true] {
+        check(
+            budget(None, Some(6), on_insert),
+            &[
+                Insert("abc", 1),
+                Insert("xyz", 2),
+                Insert("def", 1),
+                Insert("ghi", 1),
+                Evict,
+                Units(1, 6),
+                Units(2, 3),
+                Match("abc", &[]),
+                Match("ghi", &[(1, 3)]),
+            ],
+        );
+    }
+}
+
+#[test]
+fn evict_on_insert_never_overshoots() {
+    let mut tree: RadixTree<u8, u64> = RadixTree::new(budget(Some(20), Some(12), true));
+    for i in 0..200u64 {
+        let key = format!("shared-{}-{}", i % 7, i * 31 % 101);
+        tree.insert(key.as_bytes(), i % 3, i);
+        assert!(tree.total_units() <= 20);
+        for t in 0..3 {
+            assert!(tree.tenant_units(t) <= 12);
+        }
+    }
+    tree.check_invariants();
+    assert!(tree.evicted_total().units > 0);
+}
+
+#[test]
+fn size_estimate_grows_with_content() {
+    let mut tree: RadixTree<u8, u64> = RadixTree::new(TreeConfig::default());
+    let empty = tree.size_bytes();
+    tree.insert(&[7u8; 4096], 1, 1);
+    assert!(tree.size_bytes() >= empty + 4096);
+}
+
+// ---- property tests ----
+
+#[derive(Debug, Clone)]
+pub(crate) enum PropOp {
+    Insert(Vec<u8>, u64),
+    Fused(Vec<u8>, Option<u64>),
+    Match(Vec<u8>),
+    Remove(u64),
+    Clear(u64),
+    Evict,
+}
+
+pub(crate) fn key() -> impl Strategy<Value = Vec<u8>> {
+    // A tiny alphabet so that keys share prefixes and split edges often.
+    prop::collection::vec(0u8..3, 0..14)
+}
+
+pub(crate) fn prop_op() -> impl Strategy<Value = PropOp> {
+    prop_oneof![
+        4 => (key(), 0u64..4).prop_map(|(k, t)| PropOp::Insert(k, t)),
+        2 => (key(), prop::option::of(0u64..4)).prop_map(|(k, t)| PropOp::Fused(k, t)),
+        2 => key().prop_map(PropOp::Match),
+        1 => (0u64..4).prop_map(PropOp::Remove),
+        1 => (0u64..4).prop_map(PropOp::Clear),
+        1 => Just(PropOp::Evict),
+    ]
+}
+
+pub(crate) fn lcp(a: &[u8], b: &[u8]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// The brute-force answer: per tenant, the longest page-truncated common prefix with any
+/// key it inserted.
+fn model_match(model: &BTreeMap<u64, Vec<Vec<u8>>>, key: &[u8], page: usize) -> Vec<(u64, usize)> {
+    let key = &key[..key.len() - key.len() % page];
+    let mut out: Vec<(u64, usize)> = model
+        .iter()
+        .filter_map(|(&t, keys)| {
+            let best = keys.iter().map(|k| lcp(k, key)).max().unwrap_or(0);
+            let best = best - best % page;
+            (best > 0).then_some((t, best))
+        })
+        .collect();
+    out.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    out
+}
+
+pub(crate) fn run_ops(
+    config: TreeConfig,
+    ops: &[PropOp],
+    mut on_match: impl FnMut(&RadixTree<u8, u64>, &[u8], &PrefixMatch<u64>),
+) -> RadixTree<u8, u64> {
+    let mut tree = RadixTree::new(config.clone());
+    let page = config.page_size.get();
+    for (now, op) in ops.iter().enumerate() {
+        let now = now as u64;
+        match op {
+            PropOp::Insert(k, t) => tree.insert(k, *t, now),
+            PropOp::Fused(k, t) => {
+                let before = tree.peek_prefix(k);
+                let (m, chosen) = tree.match_and_insert(k, now, |_| *t);
+                assert_eq!(m, before);
+                assert_eq!(chosen, *t);
+                on_match(&tree, k, &m);
+            }
+            PropOp::Match(k) => {
+                let m = tree.match_prefix(k, now);
+                assert!(m.matched_len <= k.len() - k.len() % page);
+                assert!(
+                    m.per_tenant
+                        .iter()
+                        .all(|&(_, n)| n > 0 && n <= m.matched_len)
+                );
+                assert!(m.per_tenant.iter().all(|&(_, n)| n % page == 0));
+                on_match(&tree, k, &m);
+            }
+            PropOp::Remove(t) => {
+                tree.remove_tenant(*t);
+            }
+            PropOp::Clear(t) => {
+                tree.clear_tenant(*t);
+            }
+            PropOp::Evict => {
+                tree.evict();
+                within_budget(&tree, &config);
+            }
+        }
+        if config.evict_on_insert {
+            within_budget(&tree, &config);
+        }
+        tree.check_invariants();
+    }
+    tree
+}
+
+fn within_budget(tree: &RadixTree<u8, u64>, config: &TreeConfig) {
+    if let Some(max) = config.max_units {
+        assert!(tree.total_units() <= max);
+    }
+    if let Some(max) = config.max_tenant_units {
+        for t in tree.tenants() {
+            assert!(tree.tenant_units(t) <= max);
+        }
+    }
+}
+
+pub(crate) fn config_strategy() -> impl Strategy<Value = TreeConfig> {
+    (
+        prop_oneof![Just(1usize), Just(2), Just(4)],
+        prop::option::of(0usize..40),
+        prop::option::of(0usize..20),
+        any::<bool>(),
+    )
+        .prop_map(
+            |(p, max_units, max_tenant_units, evict_on_insert)| TreeConfig {
+                page_size: page(p),
+                max_units,
+                max_tenant_units,
+                evict_on_insert,
+            },
+        )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Counts stay consistent with the tree and budgets hold, under any sequence.
+    #[test]
+    fn invariants_hold(config in config_strategy(), ops in prop::collection::vec(prop_op(), 0..60)) {
+        run_ops(config, &ops, |_, _, _| {});
+    }
+
+    /// Without budgets the tree answers exactly what a brute-force model answers.
+    #[test]
+    fn matches_equal_the_model(p in prop_oneof![Just(1usize), Just(3)], ops in prop::collection::vec(prop_op(), 0..60)) {
+        let mut model: BTreeMap<u64, Vec<Vec<u8>>> = BTreeMap::new();
+        let mut tree: RadixTree<u8, u64> = RadixTree::new(TreeConfig::paged(page(p)));
+        for (now, op) in ops.iter().enumerate() {
+            let now = now as u64;
+            match op {
+                PropOp::Insert(k, t) | PropOp::Fused(k, Some(t)) => {
+                    let (m, _) = tree.match_and_insert(k, now, |_| Some(*t));
+                    prop_assert_eq!(m.per_tenant, model_match(&model, k, p));
+                    if k.len() >= p {
+                        model.entry(*t).or_default().push(k.clone());
+                    }
+                }
+                PropOp::Fused(k, None) | PropOp::Match(k) => {
+                    let m = tree.match_prefix(k, now);
+                    prop_assert_eq!(m.per_tenant, model_match(&model, k, p));
+                }
+                PropOp::Remove(t) | PropOp::Clear(t) => {
+                    tree.remove_tenant(*t);
+                    model.remove(t);
+                }
+                PropOp::Evict => { tree.evict(); }
+            }
+            let units: usize = model.keys().map(|&t| tree.tenant_units(t)).sum();
+            prop_assert_eq!(units, tree.total_units());
+        }
+        tree.check_invariants();
+    }
+}

@@ -1,0 +1,132 @@
+//! cache_aware cost mode: the lowest expected time to first token, with no threshold.
+//!
+//! For each candidate w (the eligible workers the count gate leaves):
+//!
+//! ```text
+//! P(w)        = w's prefill rate per rank: total_prefill_uncached_tokens / total_prefill_busy
+//!               (SGLang's cumulative counters, mean over ranks that report them); a worker
+//!               without counters is priced at the candidates' mean P, or at
+//!               default_prefill_throughput when nobody reports one
+//! wait(w)     = (queued(w) + D(w)) / (n_ranks(w) · P(w)) + λ · k / (1 − k)     w has a report
+//!             = B + in_flight(w) · p̄ / P̄                                       no report
+//!             = in_flight(w) · p̄ / P̄                                           nobody reports
+//! prefill(w)  = uncached(w) / P(w),   uncached(w) = prompt tokens − tokens w already holds
+//! ttft(w)     = wait(w) + prefill(w)
+//! ```
+//!
+//! with queued, D, k, λ and p̄ as in the expected wait (`wait` module), B the least wait
+//! among reporting candidates and P̄ the candidates' mean prefill rate. The lowest ttft
+//! wins; ties (within 1e-6 s) are drawn uniformly.
+//!
+//! Differences from the threshold mode, and why:
+//! - **No cliff.** Affinity is worth exactly the prefill it saves on that worker, so a 40%
+//!   match on an idle worker can beat a 90% match on a backlogged one, and a chat
+//!   template shared by every worker (which matches everywhere) changes nothing.
+//! - **Backlog priced at the prefill rate.** A queued prompt delays a newcomer by its
+//!   prefill time: SGLang schedules waiting prefills ahead of decode steps. The expected
+//!   wait divides queued tokens by the decode throughput instead (the reference's proxy),
+//!   which overprices a queue several-fold against the prefill a hit saves, and would let
+//!   any queue at all outweigh affinity.
+//! - **Measured prefill rate**, so a slower GPU's misses cost what they really cost.
+//! - **Credit is the uncached part**: the chosen worker is credited `uncached(w)` tokens,
+//!   the work it will report as `num_waiting_uncached_tokens`, not the whole prompt.
+//! - The count gate still applies (as a bound on in-flight skew: the time to first token
+//!   ignores how large the decode batch grows), and KV pressure still triggers the
+//!   ungated expected-wait fallback when configured.
+//!
+//! Paths: `hit` (or `hash` on the hash index) when the chosen worker holds part of the
+//! prompt, `spill` when it holds none although an eligible worker does, `miss` when nobody
+//! holds any, `fallback` when no matches were passed.
+
+use rand::RngCore;
+
+use crate::cache_aware::Ctx;
+use crate::decision::{Decision, DecisionPath};
+use crate::estimate;
+use crate::snapshot::MatchSource;
+use crate::wait::{Pick, argmin_uniform, mean_positive};
+
+/// The cost-mode decision for a cache_aware context (KV pressure already ruled out).
+pub(crate) fn select(ctx: &Ctx<'_>, rng: &mut dyn RngCore) -> Decision {
+    let set = ctx.ungated_eligible();
+    let costs = ttft(ctx, &set);
+    let totals: Vec<f64> = costs.iter().map(|c| c.0).collect();
+    let Some(at) = argmin_uniform(&totals, rng) else {
+        return Decision::none();
+    };
+    let chosen = set[at];
+    let path = match ctx.matches() {
+        None => DecisionPath::Fallback,
+        Some(m) if ctx.matched[chosen] > 0 => match m.source {
+            MatchSource::Hash { .. } => DecisionPath::Hash,
+            MatchSource::TextTree | MatchSource::TokenTree => DecisionPath::Hit,
+        },
+        Some(_) if !ctx.holders().is_empty() => DecisionPath::Spill,
+        Some(_) => DecisionPath::Miss,
+    };
+    let uncached = estimate::uncached_tokens(
+        ctx.input.request,
+        ctx.matches(),
+        ctx.matched[chosen],
+        ctx.cfg,
+    );
+    let pick = Pick {
+        worker: chosen,
+        scored: set.iter().copied().zip(totals).collect(),
+    };
+    let mut d = ctx.decide(
+        &pick,
+        path,
+        estimate::to_credit(uncached),
+        ctx.recordable(),
+    );
+    for (&i, &(_, prefill)) in set.iter().zip(&costs) {
+        let id = ctx.fleet.workers[i].id;
+        if let Some(c) = d.candidates.iter_mut().find(|c| c.worker == id) {
+            c.prefill = Some(prefill);
+        }
+    }
+    d
+}
+
+/// (ttft, prefill part) for each member of `set`.
+fn ttft(ctx: &Ctx<'_>, set: &[usize]) -> Vec<(f64, f64)> {
+    let fleet = &ctx.fleet;
+    let p = &fleet.params;
+    let nominal = mean_positive(
+        set.iter()
+            .filter_map(|&i| fleet.load(i).map(|l| l.prefill_rate)),
+    )
+    .unwrap_or(p.default_prefill_rate);
+    let rate = |i: usize| match fleet.load(i) {
+        Some(l) if l.prefill_rate > 0.0 => l.prefill_rate,
+        _ => nominal,
+    };
+    let mut waits: Vec<Option<f64>> = set
+        .iter()
+        .map(|&i| {
+            fleet.load(i).map(|l| {
+                let backlog = l.queued + fleet.workers[i].credit.tokens as f64;
+                backlog / (l.ranks * rate(i)) + l.kv_term(p.lambda)
+            })
+        })
+        .collect();
+    let baseline = waits.iter().flatten().copied().reduce(f64::min).unwrap_or(0.0);
+    for (w, &i) in waits.iter_mut().zip(set) {
+        if w.is_none() {
+            *w = Some(baseline + fleet.in_flight(i) as f64 * p.p_bar / nominal);
+        }
+    }
+    set.iter()
+        .zip(waits)
+        .map(|(&i, w)| {
+            let uncached =
+                estimate::uncached_tokens(ctx.input.request, ctx.matches(), ctx.matched[i], ctx.cfg);
+            let prefill = uncached / rate(i);
+            (w.unwrap_or(f64::MAX) + prefill, prefill)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

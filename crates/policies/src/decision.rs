@@ -1,0 +1,172 @@
+//! A decision and the reason for it.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::snapshot::WorkerId;
+
+/// Which branch of a policy made the decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DecisionPath {
+    /// A holder of the prefix was chosen.
+    Hit,
+    /// A holder existed but was too hot; a non-holder was chosen.
+    Spill,
+    /// Nobody held enough of the prefix; load decided.
+    Miss,
+    /// Fleet-wide KV pressure: load decided, ungated.
+    KvPressure,
+    /// A hash ring or hash-mode holder decided.
+    Hash,
+    /// Load alone (least_load, power_of_two).
+    Load,
+    /// Position in the rotation (round_robin).
+    RoundRobin,
+    /// A uniform draw (random).
+    Random,
+    /// No policy-specific signal; the fallback chose.
+    Fallback,
+    /// No eligible worker.
+    NoWorker,
+    /// Workers are eligible but every one is at the least_load waiting cap: the request
+    /// should wait in admission or be refused with a retry hint.
+    Saturated,
+}
+
+impl DecisionPath {
+    /// The snake_case name used in logs, metrics labels and the explain output.
+    pub fn name(self) -> &'static str {
+        match self {
+            DecisionPath::Hit => "hit",
+            DecisionPath::Spill => "spill",
+            DecisionPath::Miss => "miss",
+            DecisionPath::KvPressure => "kv_pressure",
+            DecisionPath::Hash => "hash",
+            DecisionPath::Load => "load",
+            DecisionPath::RoundRobin => "round_robin",
+            DecisionPath::Random => "random",
+            DecisionPath::Fallback => "fallback",
+            DecisionPath::NoWorker => "no_worker",
+            DecisionPath::Saturated => "saturated",
+        }
+    }
+}
+
+impl fmt::Display for DecisionPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One candidate's scores as the policy compared them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CandidateScore {
+    pub worker: WorkerId,
+    /// Matched prefix units, when an index was consulted.
+    pub matched: Option<usize>,
+    /// Expected wait (seconds) or expected time to first token, when computed.
+    pub score: Option<f64>,
+    pub in_flight: u64,
+    /// Removed by the count-pressure gate.
+    pub gated: bool,
+    /// Cost mode only: the part of `score` that prices the prompt tokens this worker does
+    /// not hold (seconds).
+    pub prefill: Option<f64>,
+}
+
+impl CandidateScore {
+    /// A candidate with nothing computed yet.
+    pub fn new(worker: WorkerId, in_flight: u64) -> CandidateScore {
+        CandidateScore {
+            worker,
+            matched: None,
+            score: None,
+            in_flight,
+            gated: false,
+            prefill: None,
+        }
+    }
+}
+
+/// The outcome of one selection.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Decision {
+    /// The chosen worker, `None` when no worker is eligible.
+    pub worker: Option<WorkerId>,
+    pub path: DecisionPath,
+    /// The candidates the policy compared, in the order it saw them.
+    pub candidates: Vec<CandidateScore>,
+    /// Matched units / input units for the chosen worker, when an index was consulted.
+    pub match_rate: Option<f64>,
+    /// Token-work to credit to the chosen worker until a load report covers it.
+    pub credit_tokens: u64,
+    /// Whether the index should record the request's prefix for the chosen worker.
+    pub record_prefix: bool,
+}
+
+impl Decision {
+    /// No eligible worker.
+    pub fn none() -> Decision {
+        Decision {
+            worker: None,
+            path: DecisionPath::NoWorker,
+            candidates: Vec::new(),
+            match_rate: None,
+            credit_tokens: 0,
+            record_prefix: false,
+        }
+    }
+
+    /// A decision without scores.
+    pub fn simple(worker: WorkerId, path: DecisionPath) -> Decision {
+        Decision {
+            worker: Some(worker),
+            path,
+            candidates: Vec::new(),
+            match_rate: None,
+            credit_tokens: 0,
+            record_prefix: false,
+        }
+    }
+
+    /// No worker although some are eligible: all are at the waiting cap.
+    pub fn saturated(candidates: Vec<CandidateScore>) -> Decision {
+        Decision {
+            path: DecisionPath::Saturated,
+            candidates,
+            ..Decision::none()
+        }
+    }
+
+    /// The chosen candidate's entry in `candidates`, if it was scored.
+    pub fn chosen(&self) -> Option<&CandidateScore> {
+        let w = self.worker?;
+        self.candidates.iter().find(|c| c.worker == w)
+    }
+}
+
+/// One line for logs: `worker=… path=… match=… credit=… candidates=n`.
+impl fmt::Display for Decision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.worker {
+            Some(w) => write!(f, "worker={w}")?,
+            None => f.write_str("worker=none")?,
+        }
+        write!(f, " path={}", self.path)?;
+        if let Some(score) = self.chosen().and_then(|c| c.score) {
+            write!(f, " score={score:.6}")?;
+        }
+        if let Some(m) = self.match_rate {
+            write!(f, " match={m:.3}")?;
+        }
+        write!(
+            f,
+            " credit={} record={} candidates={}",
+            self.credit_tokens,
+            self.record_prefix,
+            self.candidates.len()
+        )
+    }
+}

@@ -1,0 +1,215 @@
+//! What a policy sees: the request's routing facts and a view of each candidate worker.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ring::HashRing;
+
+/// A worker's identity: a hash of its normalised URL, so it is stable across restarts.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct WorkerId(pub u64);
+
+impl WorkerId {
+    /// The id of the worker at `url` (already normalised by the caller).
+    pub fn from_url(url: &str) -> WorkerId {
+        WorkerId(xxhash_rust::xxh3::xxh3_64(url.as_bytes()))
+    }
+}
+
+impl fmt::Display for WorkerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
+}
+
+impl fmt::Debug for WorkerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "WorkerId({self})")
+    }
+}
+
+impl std::str::FromStr for WorkerId {
+    type Err = std::num::ParseIntError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        u64::from_str_radix(s, 16).map(WorkerId)
+    }
+}
+
+/// The part of a request that routing looks at. Built by the gateway from the body,
+/// never the body itself.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RequestFacts {
+    /// The `model` field, if the request named one.
+    pub model: Option<String>,
+    /// What the prefix index keys on.
+    pub key: RoutingText,
+    /// A sticky routing key from a header (`x-kvgate-routing-key`, `x-smg-routing-key`).
+    pub routing_key: Option<String>,
+    /// `stream: true` in the body.
+    pub stream: bool,
+}
+
+/// The prompt as routing sees it: text (chat rendered with roles) or token ids.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RoutingText {
+    #[default]
+    Empty,
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+impl RoutingText {
+    /// Token count if known exactly (token requests only).
+    pub fn token_count(&self) -> Option<usize> {
+        match self {
+            RoutingText::Tokens(t) => Some(t.len()),
+            _ => None,
+        }
+    }
+}
+
+/// Load of one data-parallel rank, as the engine last reported it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RankLoad {
+    pub dp_rank: u32,
+    pub num_running_reqs: u64,
+    pub num_waiting_reqs: u64,
+    pub num_waiting_uncached_tokens: u64,
+    pub num_used_tokens: u64,
+    pub max_total_num_tokens: u64,
+    pub max_running_requests: u64,
+    /// KV usage, 0..1.
+    pub token_usage: f64,
+    /// Tokens/s over the last decode interval; stale on an idle rank.
+    pub gen_throughput: f64,
+    pub cache_hit_rate: f64,
+    /// Cumulative counters (SGLang); 0 when the engine does not report them.
+    pub total_prefill_uncached_tokens: u64,
+    pub total_prefill_busy_us: u64,
+}
+
+/// One load report for a worker: every rank, and when it was sampled.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct WorkerLoad {
+    pub ranks: Vec<RankLoad>,
+    /// When the gateway took the sample, on the selector's monotonic clock.
+    pub sampled_at: Duration,
+}
+
+/// Work the gateway dispatched to a worker after its load sample was taken.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Credit {
+    pub tokens: u64,
+    pub requests: u64,
+}
+
+/// A worker as the policy sees it for one decision.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerView {
+    pub id: WorkerId,
+    pub url: Arc<str>,
+    /// Settled by the registry (health with hysteresis, not draining); policies only read it.
+    pub eligible: bool,
+    /// Requests this gateway has in flight on the worker.
+    pub in_flight: u64,
+    /// The latest fresh load report, or `None` when unknown or stale.
+    pub load: Option<WorkerLoad>,
+    /// Work dispatched since `load.sampled_at`.
+    pub credit: Credit,
+}
+
+impl WorkerView {
+    /// A healthy worker with nothing known about its load.
+    pub fn new(id: WorkerId, url: impl Into<Arc<str>>) -> WorkerView {
+        WorkerView {
+            id,
+            url: url.into(),
+            eligible: true,
+            in_flight: 0,
+            load: None,
+            credit: Credit::default(),
+        }
+    }
+}
+
+/// How much of the request each tenant (worker) already holds, from the prefix index.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PrefixMatches {
+    /// Units (chars or tokens) of the request, after any namespace marker.
+    pub input_len: usize,
+    /// Matched units per worker; workers holding nothing are absent.
+    pub per_worker: Vec<(WorkerId, usize)>,
+    /// Which index answered, and so what the units are.
+    pub source: MatchSource,
+}
+
+/// The index that produced a [`PrefixMatches`], which fixes its units and how a policy
+/// reads it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MatchSource {
+    /// Radix tree over the request's characters; units are chars.
+    #[default]
+    TextTree,
+    /// Radix tree over token ids in whole pages; units are tokens.
+    TokenTree,
+    /// Hash mode: `per_worker` lists the live holders at `boundary`, the deepest applicable
+    /// boundary that has any (each with `boundary` matched tokens). `None`: no applicable
+    /// boundary had a live holder.
+    Hash { boundary: Option<usize> },
+}
+
+impl MatchSource {
+    /// Whether the units are characters (to be converted to tokens for pricing).
+    pub fn counts_chars(self) -> bool {
+        matches!(self, MatchSource::TextTree)
+    }
+}
+
+impl PrefixMatches {
+    /// The matched length for `w`, 0 if it holds nothing.
+    pub fn matched(&self, w: WorkerId) -> usize {
+        self.per_worker
+            .iter()
+            .find(|(id, _)| *id == w)
+            .map_or(0, |(_, n)| *n)
+    }
+}
+
+/// Everything one decision reads. Time and the dispatch sequence come in here so that
+/// policies never read a clock or keep a counter of their own.
+///
+/// Build it with [`SelectInput::new`] and struct update syntax
+/// (`SelectInput { seq, ..SelectInput::new(&workers, &request) }`), so that fields added
+/// later do not break callers.
+#[derive(Debug, Clone, Copy)]
+pub struct SelectInput<'a> {
+    pub workers: &'a [WorkerView],
+    pub request: &'a RequestFacts,
+    /// What the prefix index reported for this request (cache_aware only).
+    pub matches: Option<&'a PrefixMatches>,
+    /// Dispatch sequence number, used by round_robin.
+    pub seq: u64,
+    /// Now, on the selector's monotonic clock.
+    pub now: Duration,
+    /// The fleet's hash ring (consistent_hashing, prefix_hash), rebuilt by the selector
+    /// only when the set of workers changes.
+    pub ring: Option<&'a HashRing>,
+}
+
+impl<'a> SelectInput<'a> {
+    /// An input with no prefix matches, no ring, sequence 0 and time 0.
+    pub fn new(workers: &'a [WorkerView], request: &'a RequestFacts) -> SelectInput<'a> {
+        SelectInput {
+            workers,
+            request,
+            matches: None,
+            seq: 0,
+            now: Duration::ZERO,
+            ring: None,
+        }
+    }
+}

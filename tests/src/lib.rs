@@ -1,0 +1,159 @@
+//! Support for kvgate's end-to-end tests: a simulated fleet, a gateway in front of it on
+//! loopback, and a small HTTP client. Every server binds 127.0.0.1 on an OS-picked port.
+
+pub mod raw;
+
+use std::time::Duration;
+
+use awc::http::StatusCode;
+use bytes::Bytes;
+use kvgate_engine_sim::{SimConfig, SimFleet};
+use kvgate_gateway::{Gateway, GatewayConfig};
+use serde_json::Value;
+
+/// A gateway in front of a simulated fleet, with its own data dir.
+pub struct Harness {
+    pub fleet: SimFleet,
+    pub gw: Gateway,
+    pub dir: tempfile::TempDir,
+}
+
+impl std::fmt::Debug for Harness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Harness").field("gw", &self.gw.url()).finish()
+    }
+}
+
+/// A gateway config for tests: loopback, OS-picked port, one HTTP thread, a temp data dir.
+pub fn test_config(dir: &tempfile::TempDir) -> GatewayConfig {
+    GatewayConfig {
+        port: 0,
+        http_workers: Some(1),
+        data_dir: dir.path().join("data"),
+        health_check_interval: Duration::from_secs(3600),
+        ..GatewayConfig::default()
+    }
+}
+
+impl Harness {
+    /// `n` simulated engines with `sim`, and a gateway routing to all of them.
+    pub fn start(n: usize, sim: SimConfig, tweak: impl FnOnce(&mut GatewayConfig)) -> Harness {
+        let fleet = SimFleet::start(n, sim).expect("simulated fleet starts");
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut cfg = test_config(&dir);
+        cfg.worker_urls = fleet.urls();
+        tweak(&mut cfg);
+        let gw = Gateway::start(cfg).expect("gateway starts");
+        Harness { fleet, gw, dir }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.gw.url())
+    }
+
+    /// Requests each engine has accepted, in fleet order.
+    pub fn split(&self) -> Vec<u64> {
+        (0..self.fleet.len())
+            .map(|i| self.fleet.engine(i).stats().requests)
+            .collect()
+    }
+}
+
+/// A response as the tests look at it.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: awc::http::header::HeaderMap,
+    pub body: Bytes,
+}
+
+impl Reply {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", String::from_utf8_lossy(&self.body)))
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    }
+
+    /// Asserts an OpenAI-style error body with the given status and code.
+    pub fn assert_error(&self, status: u16, code: &str) {
+        assert_eq!(self.status.as_u16(), status, "body: {}", self.text());
+        let j = self.json();
+        assert_eq!(j["error"]["code"], code, "body: {j}");
+        assert!(j["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{j}");
+        assert!(j["error"]["type"].as_str().is_some(), "{j}");
+        assert!(self.header("x-request-id").is_some());
+    }
+}
+
+pub fn client() -> awc::Client {
+    awc::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .finish()
+}
+
+async fn finish(mut resp: awc::ClientResponse<impl futures_util::Stream<Item = Result<Bytes, awc::error::PayloadError>> + Unpin>) -> Reply {
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let body = resp.body().limit(64 * 1024 * 1024).await.expect("body");
+    Reply { status, headers, body }
+}
+
+pub async fn post(url: &str, body: impl Into<Bytes>) -> Reply {
+    let resp = client()
+        .post(url)
+        .insert_header(("content-type", "application/json"))
+        .send_body(body.into())
+        .await
+        .expect("request sent");
+    finish(resp).await
+}
+
+pub async fn post_json(url: &str, body: &Value) -> Reply {
+    post(url, serde_json::to_vec(body).expect("json")).await
+}
+
+pub async fn get(url: &str) -> Reply {
+    finish(client().get(url).send().await.expect("request sent")).await
+}
+
+pub async fn delete(url: &str) -> Reply {
+    finish(client().delete(url).send().await.expect("request sent")).await
+}
+
+/// Polls `cond` every 20 ms until it holds; panics after `secs` seconds. For waiting on
+/// state, never for asserting time.
+pub async fn wait_for(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..secs * 50 {
+        if cond() {
+            return;
+        }
+        actix_rt::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// The JSON objects in an SSE body's `data:` lines, and whether it ended with `[DONE]`.
+pub fn sse_events(body: &str) -> (Vec<Value>, bool) {
+    let mut events = Vec::new();
+    let mut done = false;
+    for line in body.lines() {
+        if let Some(data) = line.strip_prefix("data: ") {
+            if data == "[DONE]" {
+                done = true;
+            } else {
+                events.push(serde_json::from_str(data).unwrap_or_else(|e| panic!("bad SSE data {data:?}: {e}")));
+            }
+        }
+    }
+    (events, done)
+}

@@ -1,0 +1,84 @@
+//! Worker admin: REST and the sglang-router legacy routes.
+
+use kvgate_engine_sim::{SimConfig, SimFleet};
+use kvgate_tests::{delete, get, post, post_json, test_config};
+use serde_json::json;
+
+#[actix_rt::test]
+async fn workers_come_and_go_through_the_api() {
+    let fleet = SimFleet::start(3, SimConfig::default()).unwrap();
+    let urls = fleet.urls();
+    let dir = tempfile::tempdir().unwrap();
+    let gw = kvgate_gateway::Gateway::start(test_config(&dir)).unwrap();
+    let base = gw.url();
+
+    let r = post_json(&format!("{base}/workers"), &json!({"url": urls[0]})).await;
+    assert_eq!(r.status.as_u16(), 201, "{}", r.text());
+    let w = r.json();
+    assert_eq!(w["url"], urls[0].as_str());
+    assert_eq!(w["healthy"], true);
+    assert_eq!(w["status"], "ready");
+    assert_eq!(w["runtime"], "sglang");
+    assert_eq!(w["models"], json!(["kvgate-sim-model"]));
+    assert_eq!(w["max_running_requests"], SimConfig::default().max_running_requests);
+    assert!(w["startup_time"].as_f64().is_some(), "{w}");
+    let id = w["id"].as_str().unwrap().to_owned();
+    assert_eq!(r.header("location").unwrap(), format!("/workers/{id}"));
+
+    post_json(&format!("{base}/workers"), &json!({"url": urls[0]})).await.assert_error(409, "worker_already_exists");
+    post_json(&format!("{base}/workers"), &json!({"url": "ftp://x"})).await.assert_error(400, "invalid_request");
+    post(&format!("{base}/workers"), "{").await.assert_error(400, "json_parse_error");
+    post_json(&format!("{base}/workers"), &json!({"uri": "x"})).await.assert_error(400, "invalid_request");
+
+    // Legacy forms.
+    let r = post(&format!("{base}/add_worker?url={}", urls[1]), "").await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    assert_eq!(r.json()["status"], "success");
+    post(&format!("{base}/add_worker"), "").await.assert_error(400, "invalid_request");
+    let r = post_json(&format!("{base}/workers"), &json!({"url": urls[2]})).await;
+    assert_eq!(r.status.as_u16(), 201);
+
+    let list = get(&format!("{base}/workers")).await.json();
+    assert_eq!(list["workers"].as_array().unwrap().len(), 3);
+    for w in list["workers"].as_array().unwrap() {
+        for key in ["id", "url", "models", "healthy", "status", "in_flight"] {
+            assert!(w.get(key).is_some(), "missing {key}: {w}");
+        }
+    }
+    let legacy = get(&format!("{base}/list_workers")).await.json();
+    assert_eq!(legacy["urls"].as_array().unwrap().len(), 3);
+
+    // Remove by id, by URL-encoded URL, and through the legacy route.
+    let one = get(&format!("{base}/workers/{id}")).await;
+    assert_eq!(one.status.as_u16(), 200);
+    assert_eq!(delete(&format!("{base}/workers/{id}")).await.status.as_u16(), 200);
+    delete(&format!("{base}/workers/{id}")).await.assert_error(404, "worker_not_found");
+    let encoded = urls[1].replace(':', "%3A").replace('/', "%2F");
+    let r = delete(&format!("{base}/workers/{encoded}")).await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    let r = post(&format!("{base}/remove_worker?url={}", urls[2]), "").await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    post(&format!("{base}/remove_worker?url={}", urls[2]), "").await.assert_error(404, "worker_not_found");
+    assert_eq!(get(&format!("{base}/workers")).await.json()["workers"], json!([]));
+    post_json(&format!("{base}/v1/completions"), &json!({"prompt": "x"})).await.assert_error(503, "no_available_workers");
+}
+
+#[actix_rt::test]
+async fn an_unreachable_worker_is_kept_pending_and_not_routed() {
+    let fleet = SimFleet::start(1, SimConfig::default()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = test_config(&dir);
+    cfg.worker_urls = fleet.urls();
+    let gw = kvgate_gateway::Gateway::start(cfg).unwrap();
+    // A port nothing listens on (bound then released).
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let r = post_json(&format!("{}/workers", gw.url()), &json!({"url": format!("http://{dead}")})).await;
+    assert_eq!(r.status.as_u16(), 201);
+    assert_eq!(r.json()["status"], "pending");
+    assert_eq!(r.json()["healthy"], false);
+    for i in 0..6 {
+        let r = post_json(&format!("{}/v1/completions", gw.url()), &json!({"prompt": format!("{i}"), "max_tokens": 1})).await;
+        assert_eq!(r.status.as_u16(), 200);
+    }
+    assert_eq!(fleet.engine(0).stats().requests, 6);
+}
