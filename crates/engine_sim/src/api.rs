@@ -138,8 +138,10 @@ pub(crate) fn parse(api: Api, body: &[u8], cfg: &SimConfig) -> Result<Request, A
             let b: ChatBody = json_body(body)?;
             let messages = b.messages.filter(|m| !m.is_empty());
             let messages = messages.ok_or_else(|| bad("messages must be a non-empty list"))?;
-            let texts: Vec<(String, String)> =
-                messages.into_iter().map(|m| (m.role, content_text(m.content))).collect();
+            let texts: Vec<(String, String)> = messages
+                .into_iter()
+                .map(|m| (m.role, content_text(m.content)))
+                .collect();
             let text = tokenizer::render_chat(texts.iter().map(|(r, c)| (r.as_str(), c.as_str())));
             let max_new = b.max_completion_tokens.or(b.max_tokens);
             (tokenizer::encode(&text), max_new, b.common)
@@ -165,7 +167,10 @@ pub(crate) fn parse(api: Api, body: &[u8], cfg: &SimConfig) -> Result<Request, A
         prompt,
         max_new_tokens,
         stream: common.stream.unwrap_or(false),
-        include_usage: common.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
+        include_usage: common
+            .stream_options
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false),
         rid: common.rid,
         dp_rank,
         model: common.model,
@@ -174,7 +179,9 @@ pub(crate) fn parse(api: Api, body: &[u8], cfg: &SimConfig) -> Result<Request, A
 
 fn single(prompt: Prompt) -> Result<Vec<u32>, ApiError> {
     let one = |n: usize| {
-        bad(format!("got a batch of {n} prompts; the simulator serves one prompt per request"))
+        bad(format!(
+            "got a batch of {n} prompts; the simulator serves one prompt per request"
+        ))
     };
     Ok(match prompt {
         Prompt::Text(t) => tokenizer::encode(&t),
@@ -190,9 +197,11 @@ fn content_text(content: Option<Content>) -> String {
     match content {
         None => String::new(),
         Some(Content::Text(t)) => t,
-        Some(Content::Parts(parts)) => {
-            parts.into_iter().filter_map(|p| p.text).collect::<Vec<_>>().join("\n")
-        }
+        Some(Content::Parts(parts)) => parts
+            .into_iter()
+            .filter_map(|p| p.text)
+            .collect::<Vec<_>>()
+            .join("\n"),
     }
 }
 

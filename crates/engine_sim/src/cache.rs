@@ -66,13 +66,18 @@ impl PrefixCache {
             if self.pages.contains_key(&key) {
                 self.touch(key);
             } else {
-                let page = Page { last_used: self.tick, depth };
+                let page = Page {
+                    last_used: self.tick,
+                    depth,
+                };
                 self.pages.insert(key, page);
                 self.lru.insert((page.last_used, Reverse(depth), key));
             }
         }
         while self.pages.len() > self.capacity_pages {
-            let Some((_, _, key)) = self.lru.pop_first() else { break };
+            let Some((_, _, key)) = self.lru.pop_first() else {
+                break;
+            };
             self.pages.remove(&key);
         }
     }

@@ -103,7 +103,10 @@ impl SimConfig {
             .idle_gen_throughput_residual
             .is_some_and(|r| !(r.is_finite() && r >= 0.0))
         {
-            return fail("idle_gen_throughput_residual", "must be a non-negative number");
+            return fail(
+                "idle_gen_throughput_residual",
+                "must be a non-negative number",
+            );
         }
         Ok(())
     }
@@ -123,9 +126,9 @@ mod duration_text {
 
     pub(super) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
         let nanos = d.as_nanos();
-        let text = if nanos % 1_000_000 == 0 {
+        let text = if nanos.is_multiple_of(1_000_000) {
             format!("{}ms", nanos / 1_000_000)
-        } else if nanos % 1_000 == 0 {
+        } else if nanos.is_multiple_of(1_000) {
             format!("{}us", nanos / 1_000)
         } else {
             format!("{nanos}ns")

@@ -50,7 +50,9 @@ pub(crate) struct Engine {
 impl Engine {
     pub(crate) fn new(index: usize, cfg: SimConfig) -> Self {
         let cfg = Arc::new(cfg);
-        let ranks = (0..cfg.dp_size).map(|r| Arc::new(Rank::new(r, Arc::clone(&cfg)))).collect();
+        let ranks = (0..cfg.dp_size)
+            .map(|r| Arc::new(Rank::new(r, Arc::clone(&cfg))))
+            .collect();
         Self {
             cfg,
             ranks,
@@ -71,10 +73,14 @@ impl Engine {
     }
 
     pub(crate) fn fault(&self) -> Fault {
-        self.fault.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        self.fault
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     pub(crate) fn set_fault(&self, fault: Fault) {
+        tracing::info!(engine = self.index, ?fault, "fault set");
         *self.fault.lock().unwrap_or_else(PoisonError::into_inner) = fault;
     }
 
@@ -83,7 +89,10 @@ impl Engine {
     }
 
     pub(crate) fn startup_time(&self) -> f64 {
-        *self.startup_time.lock().unwrap_or_else(PoisonError::into_inner)
+        *self
+            .startup_time
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// A request id shaped like SGLang's (32 hex digits), unique within this engine.
@@ -113,10 +122,14 @@ impl Engine {
 
     pub(crate) fn restart(&self) {
         self.ranks.iter().for_each(|r| r.restart());
-        let mut startup = self.startup_time.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut startup = self
+            .startup_time
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         // Strictly later, so a poller always sees the change.
         *startup = unix_now().max(*startup + 1e-3);
         self.restarts.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(engine = self.index, startup_time = *startup, "restarted");
     }
 
     pub(crate) fn abort(&self, rid: &str) -> bool {
@@ -130,14 +143,24 @@ impl Engine {
             .iter()
             .filter(|r| r.queue_len() == 0)
             .map(|r| {
-                let job =
-                    Job { rid: self.new_rid(), prompt: vec![0], max_new_tokens: 1, probe: true };
+                let job = Job {
+                    rid: self.new_rid(),
+                    prompt: vec![0],
+                    max_new_tokens: 1,
+                    probe: true,
+                };
                 r.submit(job)
             })
             .collect();
         for mut probe in probes {
             while let Some(event) = probe.next().await {
-                if matches!(event, Event::Token { finish: Some(_), .. } | Event::Done(_)) {
+                if matches!(
+                    event,
+                    Event::Token {
+                        finish: Some(_),
+                        ..
+                    } | Event::Done(_)
+                ) {
                     break;
                 }
             }
@@ -171,5 +194,7 @@ impl Engine {
 }
 
 pub(crate) fn unix_now() -> f64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }

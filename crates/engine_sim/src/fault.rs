@@ -88,12 +88,21 @@ impl From<Fault> for FaultWire {
 fn wire_form_round_trips() {
     let cases = [
         (r#"{"kind":"none"}"#, Fault::None),
-        (r#"{"kind":"latency","ms":200}"#, Fault::Latency(Duration::from_millis(200))),
+        (
+            r#"{"kind":"latency","ms":200}"#,
+            Fault::Latency(Duration::from_millis(200)),
+        ),
         (
             r#"{"kind":"error_status","status":503,"body":"busy"}"#,
-            Fault::ErrorStatus { status: 503, body: "busy".into() },
+            Fault::ErrorStatus {
+                status: 503,
+                body: "busy".into(),
+            },
         ),
-        (r#"{"kind":"crash_mid_stream","after_chunks":3}"#, Fault::CrashMidStream { after_chunks: 3 }),
+        (
+            r#"{"kind":"crash_mid_stream","after_chunks":3}"#,
+            Fault::CrashMidStream { after_chunks: 3 },
+        ),
         (r#"{"kind":"health_down"}"#, Fault::HealthDown),
     ];
     for (text, fault) in cases {

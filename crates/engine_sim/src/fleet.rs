@@ -39,7 +39,10 @@ impl SimFleet {
 
     /// Starts one engine per config, in order (heterogeneous fleets, e.g. one slow engine).
     pub fn start_each(host: &str, base_port: u16, cfgs: Vec<SimConfig>) -> io::Result<SimFleet> {
-        let mut fleet = SimFleet { engines: Vec::new(), servers: Vec::new() };
+        let mut fleet = SimFleet {
+            engines: Vec::new(),
+            servers: Vec::new(),
+        };
         for (i, cfg) in cfgs.into_iter().enumerate() {
             cfg.validate()?;
             let port = match base_port {
@@ -47,7 +50,9 @@ impl SimFleet {
                 base => u16::try_from(i)
                     .ok()
                     .and_then(|i| base.checked_add(i))
-                    .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "ports run past 65535"))?,
+                    .ok_or_else(|| {
+                        io::Error::new(io::ErrorKind::InvalidInput, "ports run past 65535")
+                    })?,
             };
             // On error `fleet` drops here and stops the engines already started.
             let (handle, server) = spawn_engine(i, host, port, cfg)?;
@@ -126,21 +131,25 @@ fn spawn_engine(index: usize, host: &str, port: u16, cfg: SimConfig) -> io::Resu
     let engine = Arc::new(Engine::new(index, cfg));
     let (tx, rx) = mpsc::channel();
     let (host, shared) = (host.to_owned(), Arc::clone(&engine));
-    let thread = std::thread::Builder::new().name(format!("kvgate-sim-{index}")).spawn(move || {
-        actix_rt::System::new().block_on(async move {
-            match routes::bind(Arc::clone(&shared), &host, port) {
-                Ok((server, addr)) => {
-                    shared.start_schedulers();
-                    let _ = tx.send(Ok((server.handle(), addr)));
-                    let _ = server.await;
+    let thread = std::thread::Builder::new()
+        .name(format!("kvgate-sim-{index}"))
+        .spawn(move || {
+            actix_rt::System::new().block_on(async move {
+                match routes::bind(Arc::clone(&shared), &host, port) {
+                    Ok((server, addr)) => {
+                        shared.start_schedulers();
+                        let _ = tx.send(Ok((server.handle(), addr)));
+                        let _ = server.await;
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                    }
                 }
-                Err(e) => {
-                    let _ = tx.send(Err(e));
-                }
-            }
-        });
-    })?;
-    let bound = rx.recv().map_err(|_| io::Error::other("engine thread exited before binding"));
+            });
+        })?;
+    let bound = rx
+        .recv()
+        .map_err(|_| io::Error::other("engine thread exited before binding"));
     match bound.and_then(|b| b) {
         Ok((handle, addr)) => {
             let url = format!("http://{addr}");
@@ -151,4 +160,12 @@ fn spawn_engine(index: usize, host: &str, port: u16, cfg: SimConfig) -> io::Resu
             Err(e)
         }
     }
+}
+
+#[cfg(test)]
+#[test]
+fn handles_can_be_shared_across_threads() {
+    fn shareable<T: Send + Sync>() {}
+    shareable::<EngineHandle>();
+    shareable::<SimFleet>();
 }

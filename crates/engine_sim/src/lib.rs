@@ -12,6 +12,19 @@
 //! It owns nothing of the gateway and never imports it; it needs no GPU and no network
 //! beyond the ports it binds.
 //!
+//! Routes per [`Flavor`]: all serve `/health`, `/v1/models`, `/v1/completions`,
+//! `/v1/chat/completions`, `/metrics` and the control routes; SGLang flavours add
+//! `/health_generate`, `/ready`, `/server_info` (`/get_server_info`), `/model_info`
+//! (`/get_model_info`), `/generate`, `/flush_cache` (400 while requests are in flight, as in
+//! SGLang) and `/abort_request`; only [`Flavor::Sglang`] serves `/v1/loads`; [`Flavor::Vllm`]
+//! adds `/version` and `/reset_prefix_cache`. Control routes: `GET /sim/stats` answers
+//! [`EngineStats`], `POST /sim/fault` takes a [`Fault`] in its tagged form and echoes it,
+//! `POST /sim/restart` answers `{"startup_time": <new>}`.
+//!
+//! Simplifications: one prompt per request (a batch is a 400), no sampling or stop strings
+//! (every request runs to its token limit, finish reason `length`), the prefix cache keeps
+//! prompt pages only, and KV held by running requests is reported but never evicts it.
+//!
 //! ```
 //! use kvgate_engine_sim::{Fault, SimConfig, SimFleet};
 //!

@@ -97,14 +97,20 @@ fn token_usage(cfg: &SimConfig, s: &Snapshot) -> f64 {
 
 fn cache_hit_rate(s: &Snapshot) -> f64 {
     let c = s.counters;
-    if c.prompt_tokens == 0 { 0.0 } else { c.cached_tokens as f64 / c.prompt_tokens as f64 }
+    if c.prompt_tokens == 0 {
+        0.0
+    } else {
+        c.cached_tokens as f64 / c.prompt_tokens as f64
+    }
 }
 
 /// `/v1/loads?format=prometheus`: every numeric field as `sglang_<field>{dp_rank="N"}`.
 pub(crate) fn loads_prometheus(body: &LoadsBody) -> String {
     let mut out = String::new();
     for load in &body.loads {
-        let Ok(serde_json::Value::Object(fields)) = serde_json::to_value(load) else { continue };
+        let Ok(serde_json::Value::Object(fields)) = serde_json::to_value(load) else {
+            continue;
+        };
         for (field, value) in fields {
             if field != "dp_rank"
                 && let Some(v) = value.as_f64()
@@ -116,59 +122,56 @@ pub(crate) fn loads_prometheus(body: &LoadsBody) -> String {
     out
 }
 
-struct Metric {
-    name: &'static str,
-    help: &'static str,
-    counter: bool,
-    value: fn(&SimConfig, &Snapshot) -> f64,
-}
+/// A series name and how to read it off a rank; a `_total` name is a counter.
+type Series = (&'static str, fn(&SimConfig, &Snapshot) -> f64);
 
-const SGLANG_METRICS: &[Metric] = &[
-    Metric { name: "num_running_reqs", help: "Running requests.", counter: false, value: |_, s| s.running as f64 },
-    Metric { name: "num_queue_reqs", help: "Waiting requests.", counter: false, value: |_, s| s.waiting as f64 },
-    Metric { name: "num_used_tokens", help: "KV tokens in use.", counter: false, value: |_, s| s.used_tokens as f64 },
-    Metric { name: "token_usage", help: "KV usage, 0..1.", counter: false, value: token_usage },
-    Metric { name: "gen_throughput", help: "Decode tokens/s over the last interval.", counter: false, value: |_, s| s.gen_throughput },
-    Metric { name: "cache_hit_rate", help: "Prefix cache hit rate.", counter: false, value: |_, s| cache_hit_rate(s) },
-    Metric { name: "utilization", help: "Utilization, 0..1.", counter: false, value: token_usage },
-    Metric { name: "prompt_tokens_total", help: "Prompt tokens.", counter: true, value: |_, s| s.counters.prompt_tokens as f64 },
-    Metric { name: "generation_tokens_total", help: "Generated tokens.", counter: true, value: |_, s| s.counters.generated_tokens as f64 },
-    Metric { name: "cached_tokens_total", help: "Prompt tokens served from the cache.", counter: true, value: |_, s| s.counters.cached_tokens as f64 },
+#[rustfmt::skip]
+const SGLANG_SERIES: &[Series] = &[
+    ("num_running_reqs", |_, s| s.running as f64),
+    ("num_queue_reqs", |_, s| s.waiting as f64),
+    ("num_used_tokens", |_, s| s.used_tokens as f64),
+    ("token_usage", token_usage),
+    ("gen_throughput", |_, s| s.gen_throughput),
+    ("cache_hit_rate", |_, s| cache_hit_rate(s)),
+    ("utilization", token_usage),
+    ("prompt_tokens_total", |_, s| s.counters.prompt_tokens as f64),
+    ("generation_tokens_total", |_, s| s.counters.generated_tokens as f64),
+    ("cached_tokens_total", |_, s| s.counters.cached_tokens as f64),
 ];
 
-const VLLM_METRICS: &[Metric] = &[
-    Metric { name: "num_requests_running", help: "Running requests.", counter: false, value: |_, s| s.running as f64 },
-    Metric { name: "num_requests_waiting", help: "Waiting requests.", counter: false, value: |_, s| s.waiting as f64 },
-    Metric { name: "kv_cache_usage_perc", help: "KV cache usage, 0..1.", counter: false, value: token_usage },
-    Metric { name: "prompt_tokens_total", help: "Prompt tokens.", counter: true, value: |_, s| s.counters.prompt_tokens as f64 },
-    Metric { name: "generation_tokens_total", help: "Generated tokens.", counter: true, value: |_, s| s.counters.generated_tokens as f64 },
-    Metric { name: "prefix_cache_queries_total", help: "Prefix cache queries, in tokens.", counter: true, value: |_, s| s.counters.prompt_tokens as f64 },
-    Metric { name: "prefix_cache_hits_total", help: "Prefix cache hits, in tokens.", counter: true, value: |_, s| s.counters.cached_tokens as f64 },
+#[rustfmt::skip]
+const VLLM_SERIES: &[Series] = &[
+    ("num_requests_running", |_, s| s.running as f64),
+    ("num_requests_waiting", |_, s| s.waiting as f64),
+    ("kv_cache_usage_perc", token_usage),
+    ("prompt_tokens_total", |_, s| s.counters.prompt_tokens as f64),
+    ("generation_tokens_total", |_, s| s.counters.generated_tokens as f64),
+    // vLLM counts prefix-cache queries and hits in tokens.
+    ("prefix_cache_queries_total", |_, s| s.counters.prompt_tokens as f64),
+    ("prefix_cache_hits_total", |_, s| s.counters.cached_tokens as f64),
 ];
 
 /// `GET /metrics` in the flavour's names, one series per rank.
 pub(crate) fn metrics(engine: &Engine) -> String {
     let (prefix, rank_label, table) = match engine.cfg.flavor {
-        Flavor::Sglang => ("sglang_", "dp_rank", SGLANG_METRICS),
-        Flavor::SglangLegacy => ("sglang:", "dp_rank", SGLANG_METRICS),
-        Flavor::Vllm => ("vllm:", "engine", VLLM_METRICS),
+        Flavor::Sglang => ("sglang_", "dp_rank", SGLANG_SERIES),
+        Flavor::SglangLegacy => ("sglang:", "dp_rank", SGLANG_SERIES),
+        Flavor::Vllm => ("vllm:", "engine", VLLM_SERIES),
     };
     let snapshots = engine.snapshots();
     let model = &engine.cfg.model;
     let mut out = String::new();
-    for m in table {
-        let kind = if m.counter { "counter" } else { "gauge" };
+    for (name, value) in table {
         // prometheus_client names a counter family without its `_total` suffix.
-        let family = m.name.strip_suffix("_total").unwrap_or(m.name);
-        let _ = writeln!(out, "# HELP {prefix}{family} {}", m.help);
+        let (family, kind) = match name.strip_suffix("_total") {
+            Some(family) => (family, "counter"),
+            None => (*name, "gauge"),
+        };
         let _ = writeln!(out, "# TYPE {prefix}{family} {kind}");
         for (rank, s) in snapshots.iter().enumerate() {
-            let v = (m.value)(&engine.cfg, s);
-            let _ = writeln!(
-                out,
-                "{prefix}{}{{model_name=\"{model}\",{rank_label}=\"{rank}\"}} {v}",
-                m.name
-            );
+            let v = value(&engine.cfg, s);
+            let labels = format!("model_name=\"{model}\",{rank_label}=\"{rank}\"");
+            let _ = writeln!(out, "{prefix}{name}{{{labels}}} {v}");
         }
     }
     out
@@ -204,7 +207,10 @@ fn iso8601_matches_python() {
     use std::time::Duration;
     let t = SystemTime::UNIX_EPOCH + Duration::from_micros(1_796_227_200_000_001);
     assert_eq!(iso8601(t), "2026-12-02T16:00:00.000001+00:00");
-    assert_eq!(iso8601(SystemTime::UNIX_EPOCH), "1970-01-01T00:00:00.000000+00:00");
+    assert_eq!(
+        iso8601(SystemTime::UNIX_EPOCH),
+        "1970-01-01T00:00:00.000000+00:00"
+    );
     let leap = SystemTime::UNIX_EPOCH + Duration::from_secs(951_782_400);
     assert_eq!(iso8601(leap), "2000-02-29T00:00:00.000000+00:00");
 }

@@ -98,15 +98,36 @@ fn config(args: &Args) -> anyhow::Result<SimConfig> {
     };
     set("model", args.model.clone().map(Value::from));
     set("flavor", args.flavor.clone().map(Value::from));
-    set("max_running_requests", args.max_running_requests.map(Value::from));
+    set(
+        "max_running_requests",
+        args.max_running_requests.map(Value::from),
+    );
     set("dp_size", args.dp_size.map(Value::from));
     set("page_size", args.page_size.map(Value::from));
-    set("cache_capacity_tokens", args.cache_capacity_tokens.map(Value::from));
-    set("prefill_tokens_per_sec", args.prefill_tokens_per_sec.map(Value::from));
-    set("decode_step_base", args.decode_step_base.clone().map(Value::from));
-    set("decode_step_per_req", args.decode_step_per_req.clone().map(Value::from));
-    set("default_max_new_tokens", args.default_max_new_tokens.map(Value::from));
-    set("idle_gen_throughput_residual", args.idle_residual.map(Value::from));
+    set(
+        "cache_capacity_tokens",
+        args.cache_capacity_tokens.map(Value::from),
+    );
+    set(
+        "prefill_tokens_per_sec",
+        args.prefill_tokens_per_sec.map(Value::from),
+    );
+    set(
+        "decode_step_base",
+        args.decode_step_base.clone().map(Value::from),
+    );
+    set(
+        "decode_step_per_req",
+        args.decode_step_per_req.clone().map(Value::from),
+    );
+    set(
+        "default_max_new_tokens",
+        args.default_max_new_tokens.map(Value::from),
+    );
+    set(
+        "idle_gen_throughput_residual",
+        args.idle_residual.map(Value::from),
+    );
     set("seed", args.seed.map(Value::from));
     if args.fixed_response {
         set("fixed_response", Some(Value::Bool(true)));
@@ -115,21 +136,26 @@ fn config(args: &Args) -> anyhow::Result<SimConfig> {
 }
 
 fn read_file(path: &Path) -> anyhow::Result<Value> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let value = if path.extension().is_some_and(|e| e == "toml") {
         toml::from_str(&text).with_context(|| format!("parsing {} as TOML", path.display()))?
     } else {
-        serde_json::from_str(&text).with_context(|| format!("parsing {} as JSON", path.display()))?
+        serde_json::from_str(&text)
+            .with_context(|| format!("parsing {} as JSON", path.display()))?
     };
     Ok(value)
 }
 
 fn wait_for_shutdown() -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     rt.block_on(async {
         #[cfg(unix)]
         {
-            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
             tokio::select! {
                 r = tokio::signal::ctrl_c() => r,
                 _ = term.recv() => Ok(()),

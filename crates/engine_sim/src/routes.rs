@@ -7,7 +7,7 @@ use std::sync::Arc;
 use actix_web::dev::Server;
 use actix_web::http::StatusCode;
 use actix_web::http::header::{CACHE_CONTROL, ContentType};
-use actix_web::web::{self, Bytes, Data, ServiceConfig};
+use actix_web::web::{self, Bytes, Data, ServiceConfig, resource};
 use actix_web::{App, HttpResponse, HttpServer, ResponseError};
 use futures_util::{Stream, stream};
 use serde::Deserialize;
@@ -23,7 +23,11 @@ use crate::{Fault, Flavor};
 type Answer = Result<HttpResponse, ApiError>;
 
 /// Binds one engine's server (one worker thread) on `host:port`; run it on an actix System.
-pub(crate) fn bind(engine: Arc<Engine>, host: &str, port: u16) -> std::io::Result<(Server, SocketAddr)> {
+pub(crate) fn bind(
+    engine: Arc<Engine>,
+    host: &str,
+    port: u16,
+) -> std::io::Result<(Server, SocketAddr)> {
     let flavor = engine.cfg.flavor;
     let data = Data::from(engine);
     let server = HttpServer::new(move || {
@@ -38,44 +42,53 @@ pub(crate) fn bind(engine: Arc<Engine>, host: &str, port: u16) -> std::io::Resul
     // Without this a client that goes away is only noticed on the next write, so a pending
     // non-streaming request would keep its slot.
     .h1_allow_half_closed(false)
-    .bind((host, port))?;
-    let addr = server.addrs().first().copied().ok_or_else(|| std::io::Error::other("bound no address"))?;
+    .bind((host, port))
+    .map_err(|e| std::io::Error::new(e.kind(), format!("binding {host}:{port}: {e}")))?;
+    let addr = server
+        .addrs()
+        .first()
+        .copied()
+        .ok_or_else(|| std::io::Error::other("bound no address"))?;
     Ok((server.run(), addr))
 }
 
 fn routes(cfg: &mut ServiceConfig, flavor: Flavor) {
-    cfg.route("/health", web::get().to(health))
-        .route("/v1/models", web::get().to(models))
-        .route("/v1/completions", web::post().to(completions))
-        .route("/v1/chat/completions", web::post().to(chat))
-        .route("/metrics", web::get().to(metrics))
-        .route("/sim/stats", web::get().to(sim_stats))
-        .route("/sim/fault", web::post().to(sim_fault))
-        .route("/sim/restart", web::post().to(sim_restart));
+    // Resources (not bare routes) so a known path with the wrong method answers 405.
+    cfg.service(resource("/health").get(health))
+        .service(resource("/v1/models").get(models))
+        .service(resource("/v1/completions").post(completions))
+        .service(resource("/v1/chat/completions").post(chat))
+        .service(resource("/metrics").get(metrics))
+        .service(resource("/sim/stats").get(sim_stats))
+        .service(resource("/sim/fault").post(sim_fault))
+        .service(resource("/sim/restart").post(sim_restart));
     match flavor {
         Flavor::Sglang | Flavor::SglangLegacy => {
-            cfg.route("/health_generate", web::get().to(health_generate))
-                .route("/ready", web::get().to(ready))
-                .route("/server_info", web::get().to(server_info))
-                .route("/get_server_info", web::get().to(server_info))
-                .route("/model_info", web::get().to(model_info))
-                .route("/get_model_info", web::get().to(model_info))
-                .route("/generate", web::post().to(generate))
-                .route("/flush_cache", web::route().to(flush_cache))
-                .route("/abort_request", web::post().to(abort_request));
+            cfg.service(resource("/health_generate").get(health_generate))
+                .service(resource("/ready").get(ready))
+                .service(resource(["/server_info", "/get_server_info"]).get(server_info))
+                .service(resource(["/model_info", "/get_model_info"]).get(model_info))
+                .service(resource("/generate").post(generate))
+                .service(resource("/flush_cache").get(flush_cache).post(flush_cache))
+                .service(resource("/abort_request").post(abort_request));
             if flavor == Flavor::Sglang {
-                cfg.route("/v1/loads", web::get().to(loads));
+                cfg.service(resource("/v1/loads").get(loads));
             }
         }
         Flavor::Vllm => {
-            cfg.route("/version", web::get().to(|| async { HttpResponse::Ok().json(json!({"version": "0.11.0"})) }))
-                .route("/reset_prefix_cache", web::post().to(flush_cache));
+            let version = || async { HttpResponse::Ok().json(json!({"version": "0.11.0"})) };
+            cfg.service(resource("/version").get(version))
+                .service(resource("/reset_prefix_cache").post(flush_cache));
         }
     }
 }
 
 fn health_answer(e: &Engine) -> HttpResponse {
-    if e.health_down() { HttpResponse::ServiceUnavailable().finish() } else { HttpResponse::Ok().finish() }
+    if e.health_down() {
+        HttpResponse::ServiceUnavailable().finish()
+    } else {
+        HttpResponse::Ok().finish()
+    }
 }
 
 async fn health(e: Data<Engine>) -> HttpResponse {
@@ -94,7 +107,11 @@ async fn health_generate(e: Data<Engine>) -> HttpResponse {
 }
 
 async fn models(e: Data<Engine>) -> HttpResponse {
-    let owned_by = if e.cfg.flavor == Flavor::Vllm { "vllm" } else { "sglang" };
+    let owned_by = if e.cfg.flavor == Flavor::Vllm {
+        "vllm"
+    } else {
+        "sglang"
+    };
     HttpResponse::Ok().json(json!({"object": "list", "data": [{
         "id": e.cfg.model,
         "object": "model",
@@ -157,24 +174,37 @@ struct LoadsQuery {
 async fn loads(e: Data<Engine>, q: Result<web::Query<LoadsQuery>, actix_web::Error>) -> Answer {
     let q = q.map_err(|err| ApiError::BadRequest(err.to_string()))?;
     if let Some(r) = q.dp_rank.filter(|r| *r >= e.ranks.len()) {
-        return Err(ApiError::BadRequest(format!("dp_rank {r} is out of range (dp_size {})", e.ranks.len())));
+        return Err(ApiError::BadRequest(format!(
+            "dp_rank {r} is out of range (dp_size {})",
+            e.ranks.len()
+        )));
     }
     let body = load::loads(&e, q.dp_rank);
     Ok(match q.format.as_deref() {
-        Some("prometheus") => HttpResponse::Ok().content_type(ContentType::plaintext()).body(load::loads_prometheus(&body)),
+        Some("prometheus") => HttpResponse::Ok()
+            .content_type(ContentType::plaintext())
+            .body(load::loads_prometheus(&body)),
         _ => HttpResponse::Ok().json(body),
     })
 }
 
 async fn metrics(e: Data<Engine>) -> HttpResponse {
-    HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(load::metrics(&e))
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4")
+        .body(load::metrics(&e))
 }
 
 async fn flush_cache(e: Data<Engine>) -> HttpResponse {
     // SGLang's own text; it refuses while requests are in flight.
     const TEXT: &str = "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n";
-    let status = if e.flush() { StatusCode::OK } else { StatusCode::BAD_REQUEST };
-    HttpResponse::build(status).content_type(ContentType::plaintext()).body(TEXT)
+    let status = if e.flush() {
+        StatusCode::OK
+    } else {
+        StatusCode::BAD_REQUEST
+    };
+    HttpResponse::build(status)
+        .content_type(ContentType::plaintext())
+        .body(TEXT)
 }
 
 #[derive(Deserialize)]
@@ -197,7 +227,9 @@ async fn sim_fault(e: Data<Engine>, body: Bytes) -> Answer {
     if let Fault::ErrorStatus { status, .. } = &fault
         && StatusCode::from_u16(*status).is_err()
     {
-        return Err(ApiError::BadRequest(format!("{status} is not an HTTP status")));
+        return Err(ApiError::BadRequest(format!(
+            "{status} is not an HTTP status"
+        )));
     }
     e.set_fault(fault.clone());
     Ok(HttpResponse::Ok().json(fault))
@@ -228,8 +260,14 @@ async fn infer(e: Data<Engine>, api: Api, body: Bytes) -> Answer {
         Fault::ErrorStatus { status, body } => {
             let status = StatusCode::from_u16(*status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
             let json = serde_json::from_str::<serde::de::IgnoredAny>(body).is_ok();
-            let kind = if json { ContentType::json() } else { ContentType::plaintext() };
-            return Ok(HttpResponse::build(status).content_type(kind).body(body.clone()));
+            let kind = if json {
+                ContentType::json()
+            } else {
+                ContentType::plaintext()
+            };
+            return Ok(HttpResponse::build(status)
+                .content_type(kind)
+                .body(body.clone()));
         }
         // Dropped with the connection when the client gives up.
         Fault::Hang => std::future::pending::<()>().await,
@@ -240,12 +278,20 @@ async fn infer(e: Data<Engine>, api: Api, body: Bytes) -> Answer {
     }
     let req = api::parse(api, &body, &e.cfg)?;
     let rank = e.rank(req.dp_rank).ok_or_else(|| {
-        ApiError::BadRequest(format!("routed_dp_rank is out of range (dp_size {})", e.cfg.dp_size))
+        ApiError::BadRequest(format!(
+            "routed_dp_rank is out of range (dp_size {})",
+            e.cfg.dp_size
+        ))
     })?;
     let rid = req.rid.unwrap_or_else(|| e.new_rid());
     let model = req.model.unwrap_or_else(|| e.cfg.model.clone());
     let mut reply = Reply::new(api, rid.clone(), model, req.include_usage, req.prompt.len());
-    let job = Job { rid, prompt: req.prompt, max_new_tokens: req.max_new_tokens, probe: false };
+    let job = Job {
+        rid,
+        prompt: req.prompt,
+        max_new_tokens: req.max_new_tokens,
+        probe: false,
+    };
     let mut ticket = rank.submit(job);
     let crash_after = match fault {
         Fault::CrashMidStream { after_chunks } => Some(after_chunks),
@@ -253,7 +299,15 @@ async fn infer(e: Data<Engine>, api: Api, body: Bytes) -> Answer {
     };
     let malformed = fault == Fault::MalformedBody;
     if req.stream {
-        return Ok(sse(Sse { ticket, reply, queue: VecDeque::new(), sent: 0, crash_after, malformed, done: false }));
+        return Ok(sse(Sse {
+            ticket,
+            reply,
+            queue: VecDeque::new(),
+            sent: 0,
+            crash_after,
+            malformed,
+            done: false,
+        }));
     }
     while !reply.finished() {
         let event = ticket.next().await.ok_or(ApiError::Unavailable)?;
@@ -262,12 +316,17 @@ async fn infer(e: Data<Engine>, api: Api, body: Bytes) -> Answer {
     let body = Bytes::from(reply.body().to_string());
     let half = body.slice(..body.len() / 2);
     Ok(if malformed {
-        HttpResponse::Ok().content_type(ContentType::json()).body(half)
+        HttpResponse::Ok()
+            .content_type(ContentType::json())
+            .body(half)
     } else if crash_after.is_some() {
-        let chunks = [Ok(half), Err(SimulatedCrash)];
-        HttpResponse::Ok().content_type(ContentType::json()).streaming(stream::iter(chunks))
+        HttpResponse::Ok()
+            .content_type(ContentType::json())
+            .streaming(then_crash(half))
     } else {
-        HttpResponse::Ok().content_type(ContentType::json()).body(body)
+        HttpResponse::Ok()
+            .content_type(ContentType::json())
+            .body(body)
     })
 }
 
@@ -283,14 +342,19 @@ fn canned(e: &Engine, api: Api, body: &[u8]) -> Answer {
         rank.count_canned();
     }
     let mut reply = Reply::new(api, "canned".to_owned(), e.cfg.model.clone(), false, 1);
-    let token = Event::Token { id: 0, finish: Some(Finish::Length) };
+    let token = Event::Token {
+        id: 0,
+        finish: Some(Finish::Length),
+    };
     if flags.stream.unwrap_or(false) {
         let mut text = String::new();
         for chunk in reply.stream_chunks(token) {
             text.push_str(&format!("data: {chunk}\n\n"));
         }
         text.push_str("data: [DONE]\n\n");
-        return Ok(HttpResponse::Ok().content_type("text/event-stream").body(text));
+        return Ok(HttpResponse::Ok()
+            .content_type("text/event-stream")
+            .body(text));
     }
     reply.apply(token);
     Ok(HttpResponse::Ok().json(reply.body()))
@@ -300,6 +364,20 @@ fn canned(e: &Engine, api: Api, body: &[u8]) -> Answer {
 #[derive(Debug, thiserror::Error)]
 #[error("simulated engine crash")]
 struct SimulatedCrash;
+
+/// `first`, then a crash once it has been written.
+fn then_crash(first: Bytes) -> impl Stream<Item = Result<Bytes, SimulatedCrash>> {
+    stream::unfold(Some(Some(first)), |state| async move {
+        match state? {
+            Some(first) => Some((Ok(first), Some(None))),
+            None => {
+                // Let the dispatcher flush what was sent: an error drops unwritten bytes.
+                tokio::task::yield_now().await;
+                Some((Err(SimulatedCrash), None))
+            }
+        }
+    })
+}
 
 /// A streaming answer in progress. It owns the ticket, so a client that goes away drops it
 /// and aborts the request.
@@ -325,6 +403,8 @@ fn sse_frames(state: Sse) -> impl Stream<Item = Result<Bytes, SimulatedCrash>> {
         loop {
             if let Some(frame) = s.queue.pop_front() {
                 if s.crash_after == Some(s.sent) {
+                    // Let the dispatcher flush what was sent: an error drops unwritten bytes.
+                    tokio::task::yield_now().await;
                     s.queue.clear();
                     s.done = true;
                     s.crash_after = None;
@@ -337,7 +417,7 @@ fn sse_frames(state: Sse) -> impl Stream<Item = Result<Bytes, SimulatedCrash>> {
                 return None;
             }
             // `None`: the engine stopped; end without `[DONE]`.
-            let Some(event) = s.ticket.next().await else { return None };
+            let event = s.ticket.next().await?;
             for chunk in s.reply.stream_chunks(event) {
                 s.queue.push_back(if s.malformed {
                     Bytes::from_static(b"data: {\"choices\": [{\"delta\": \n\n")

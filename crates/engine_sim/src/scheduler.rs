@@ -26,9 +26,14 @@ const THROUGHPUT_WINDOW_STEPS: u32 = 10;
 /// What the scheduler tells a request's handler, in order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Event {
-    Admitted { cached_tokens: usize },
+    Admitted {
+        cached_tokens: usize,
+    },
     /// One generated token; `finish` is set on the last one.
-    Token { id: u32, finish: Option<Finish> },
+    Token {
+        id: u32,
+        finish: Option<Finish>,
+    },
     /// Finished with no further token: aborted, or nothing to generate.
     Done(Finish),
 }
@@ -167,7 +172,11 @@ impl Rank {
             total_prefill_uncached_tokens: 0,
             total_prefill_busy_us: 0,
         };
-        Self { cfg, state: Mutex::new(state), wake: Notify::new() }
+        Self {
+            cfg,
+            state: Mutex::new(state),
+            wake: Notify::new(),
+        }
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -184,11 +193,23 @@ impl Rank {
             if !job.probe {
                 s.counters.requests += 1;
             }
-            s.waiting.push_back(Req { id, job, generated: 0, prefilled: false, tx });
+            s.waiting.push_back(Req {
+                id,
+                job,
+                generated: 0,
+                prefilled: false,
+                tx,
+            });
             id
         };
         self.wake.notify_one();
-        Ticket { rx, _cancel: CancelOnDrop { rank: Arc::clone(self), id } }
+        Ticket {
+            rx,
+            _cancel: CancelOnDrop {
+                rank: Arc::clone(self),
+                id,
+            },
+        }
     }
 
     /// A canned reply (`fixed_response`) skips the scheduler but still counts.
@@ -207,14 +228,9 @@ impl Rank {
     /// Aborts the request with this `rid`; false when no such request is in flight.
     pub(crate) fn abort(&self, rid: &str) -> bool {
         let mut s = self.state();
-        let req = match s.waiting.iter().position(|r| r.job.rid == rid) {
-            Some(i) => s.waiting.remove(i),
-            None => match s.running.iter().position(|r| r.job.rid == rid) {
-                Some(i) => Some(s.running.remove(i)),
-                None => None,
-            },
+        let Some(req) = s.take(|r| r.job.rid == rid) else {
+            return false;
         };
-        let Some(req) = req else { return false };
         let _ = req.tx.send(Event::Done(Finish::Abort));
         s.count_abort(&req);
         s.settle(&self.cfg);
@@ -224,14 +240,7 @@ impl Rank {
     /// The client went away: drop the request wherever it is. A no-op once it finished.
     fn cancel(&self, id: u64) {
         let mut s = self.state();
-        let req = match s.waiting.iter().position(|r| r.id == id) {
-            Some(i) => s.waiting.remove(i),
-            None => match s.running.iter().position(|r| r.id == id) {
-                Some(i) => Some(s.running.remove(i)),
-                None => None,
-            },
-        };
-        if let Some(req) = req {
+        if let Some(req) = s.take(|r| r.id == id) {
             s.count_abort(&req);
             s.settle(&self.cfg);
         }
@@ -267,7 +276,11 @@ impl Rank {
                 .iter()
                 .map(|r| r.job.prompt.len() - s.cache.peek(&r.job.prompt))
                 .sum(),
-            used_tokens: s.running.iter().map(|r| r.job.prompt.len() + r.generated).sum(),
+            used_tokens: s
+                .running
+                .iter()
+                .map(|r| r.job.prompt.len() + r.generated)
+                .sum(),
             cache_tokens: s.cache.tokens(),
             gen_throughput: s.gen_throughput,
             total_prefill_uncached_tokens: s.total_prefill_uncached_tokens,
@@ -309,14 +322,18 @@ impl State {
     fn admit(&mut self, cfg: &SimConfig) -> Duration {
         let mut uncached = 0;
         while self.running.len() < cfg.max_running_requests {
-            let Some(req) = self.waiting.pop_front() else { break };
+            let Some(req) = self.waiting.pop_front() else {
+                break;
+            };
             let cached = self.cache.match_prefix(&req.job.prompt);
             uncached += req.job.prompt.len() - cached;
             if !req.job.probe {
                 self.counters.prompt_tokens += req.job.prompt.len() as u64;
                 self.counters.cached_tokens += cached as u64;
             }
-            let _ = req.tx.send(Event::Admitted { cached_tokens: cached });
+            let _ = req.tx.send(Event::Admitted {
+                cached_tokens: cached,
+            });
             self.running.push(req);
             self.busy = true;
         }
@@ -328,7 +345,13 @@ impl State {
 
     /// Caches the prompts just prefilled and hands out their first tokens.
     fn finish_prefill(&mut self, cfg: &SimConfig) {
-        let State { running, cache, rng, counters, .. } = self;
+        let State {
+            running,
+            cache,
+            rng,
+            counters,
+            ..
+        } = self;
         running.retain_mut(|req| {
             if req.prefilled {
                 return true;
@@ -342,7 +365,12 @@ impl State {
 
     /// One decode step that took `step`: one token for every running request.
     fn decode(&mut self, step: Duration, cfg: &SimConfig) {
-        let State { running, rng, counters, .. } = self;
+        let State {
+            running,
+            rng,
+            counters,
+            ..
+        } = self;
         let decoded = running.len() as u64;
         running.retain_mut(|req| generate_one(req, rng, counters));
         self.window.steps += 1;
@@ -354,6 +382,15 @@ impl State {
             self.gen_throughput = rate;
         }
         self.settle(cfg);
+    }
+
+    /// Removes the first waiting or running request that matches.
+    fn take(&mut self, matches: impl Fn(&Req) -> bool) -> Option<Req> {
+        if let Some(i) = self.waiting.iter().position(&matches) {
+            return self.waiting.remove(i);
+        }
+        let i = self.running.iter().position(matches)?;
+        Some(self.running.remove(i))
     }
 
     fn count_abort(&mut self, req: &Req) {
@@ -389,7 +426,10 @@ fn generate_one(req: &mut Req, rng: &mut SmallRng, counters: &mut Counters) -> b
     req.generated += 1;
     let finished = req.generated >= req.job.max_new_tokens;
     let id = rng.gen_range(0..VOCAB);
-    let _ = req.tx.send(Event::Token { id, finish: finished.then_some(Finish::Length) });
+    let _ = req.tx.send(Event::Token {
+        id,
+        finish: finished.then_some(Finish::Length),
+    });
     if !req.job.probe {
         counters.generated_tokens += 1;
         counters.completed += u64::from(finished);

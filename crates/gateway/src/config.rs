@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use kvgate_policies::PolicyConfig;
+use kvgate_poller::PollerConfig;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -52,6 +53,11 @@ pub struct GatewayConfig {
     /// HTTP worker threads; `None` means one per core.
     pub http_workers: Option<usize>,
     pub policy: PolicyConfig,
+    /// Load polling (`--load-monitor-interval` is `poller.interval_secs`).
+    pub poller: PollerConfig,
+    /// Seeds the selector's tie-breaking RNG (tests, reproducible benchmarks); `None`
+    /// draws from the OS.
+    pub seed: Option<u64>,
     /// Run simulated engines in-process and route to them.
     pub demo: bool,
     pub demo_engines: usize,
@@ -75,7 +81,9 @@ impl Default for GatewayConfig {
             health_failure_threshold: 3,
             health_success_threshold: 2,
             http_workers: None,
-            policy: PolicyConfig::default(),
+            policy: PolicyConfig::with_kind(kvgate_policies::PolicyKind::CacheAware),
+            poller: PollerConfig::default(),
+            seed: None,
             demo: false,
             demo_engines: 4,
         }
@@ -171,6 +179,10 @@ impl GatewayConfig {
             });
         }
         self.policy.validate()?;
+        self.poller.validate().map_err(|e| ConfigError::Invalid {
+            key: "poller",
+            reason: e.to_string(),
+        })?;
         Ok(())
     }
 }

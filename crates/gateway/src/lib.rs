@@ -21,6 +21,7 @@
 
 mod config;
 mod error;
+mod index;
 mod parse;
 mod proxy;
 mod registry;
@@ -30,6 +31,7 @@ mod server;
 
 pub use config::{ConfigError, GatewayConfig, Overrides};
 pub use error::ApiError;
+pub use index::{ClearWorker, GetIndexStats, IndexActor, IndexConfig, IndexStats, MatchPrefix, RecordPrefix};
 pub use parse::{Endpoint, request_facts};
 pub use registry::{
     AddWorker, Fleet, FleetChanged, ListWorkers, RegistryActor, RegistryError, RemoveWorker,

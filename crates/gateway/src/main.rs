@@ -4,12 +4,11 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use anyhow::Context as _;
-use clap::Parser;
 use kvgate_gateway::{Gateway, GatewayConfig, Overrides};
 use tracing_subscriber::EnvFilter;
 
 /// A cache-aware gateway for LLM inference engines (SGLang, vLLM, OpenAI-compatible).
-#[derive(Debug, Parser)]
+#[derive(Debug, clap::Parser)]
 #[command(name = "kvgate", version, about)]
 struct Cli {
     /// TOML config file (also KVGATE_CONFIG).
@@ -22,7 +21,8 @@ struct Cli {
     /// One or more worker URLs, space-separated.
     #[arg(long, num_args = 1..)]
     worker_urls: Option<Vec<String>>,
-    /// Routing policy: round_robin, random (more with the routing work).
+    /// Routing policy: cache_aware, least_load, power_of_two, round_robin, random,
+    /// prefix_hash, consistent_hashing.
     #[arg(long)]
     policy: Option<String>,
     /// Where persistent state lives.
@@ -49,6 +49,78 @@ struct Cli {
     /// How many simulated engines `--demo` starts.
     #[arg(long)]
     demo_engines: Option<u64>,
+}
+
+/// Routing and polling knobs: `(flag, config key, value type)`. Flag names are the
+/// reference gateway's where it has one; each maps onto one key of the config file.
+const KNOBS: &[(&str, &str, Kind)] = &[
+    ("cache-threshold", "policy.cache_threshold", Kind::Float),
+    ("cache-aware-mode", "policy.cache_mode", Kind::Text),
+    ("balance-abs-threshold", "policy.balance_abs_threshold", Kind::Int),
+    ("balance-rel-threshold", "policy.balance_rel_threshold", Kind::Float),
+    ("balance-token-usage-threshold", "policy.balance_token_usage_threshold", Kind::Float),
+    ("overload-token-usage-threshold", "policy.overload_token_usage_threshold", Kind::Float),
+    ("eviction-interval-secs", "policy.eviction_interval_secs", Kind::Float),
+    ("max-tree-size", "policy.max_tree_size", Kind::Int),
+    ("block-size", "policy.block_size", Kind::Int),
+    ("cache-index", "policy.cache_index", Kind::Text),
+    ("cache-ttl-secs", "policy.cache_ttl_secs", Kind::Float),
+    ("cache-boundaries", "policy.cache_boundaries", Kind::IntList),
+    ("least-load-default-throughput", "policy.least_load_default_throughput", Kind::Float),
+    ("least-load-kv-pressure-weight", "policy.kv_pressure_weight", Kind::Float),
+    ("least-load-mean-prefill-tokens", "policy.mean_prefill_tokens", Kind::Int),
+    ("least-load-max-waiting-requests", "policy.least_load_max_waiting_requests", Kind::Int),
+    ("default-prefill-throughput", "policy.default_prefill_throughput", Kind::Float),
+    ("power-of-two-load-metric", "policy.power_of_two_load_metric", Kind::Text),
+    ("prefix-token-count", "policy.prefix_token_count", Kind::Int),
+    ("prefix-hash-load-factor", "policy.prefix_hash_load_factor", Kind::Float),
+    ("prefix-hash-balance-abs-threshold", "policy.prefix_hash_balance_abs_threshold", Kind::Int),
+    ("load-monitor-interval", "poller.interval_secs", Kind::Float),
+    ("load-monitor-timeout", "poller.timeout_secs", Kind::Float),
+];
+
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Int,
+    Float,
+    Text,
+    IntList,
+}
+
+fn knob_args() -> Vec<clap::Arg> {
+    KNOBS
+        .iter()
+        .map(|(flag, key, kind)| {
+            let arg = clap::Arg::new(*flag)
+                .long(*flag)
+                .help(format!("config key {key}"));
+            match kind {
+                Kind::Int => arg.value_parser(clap::value_parser!(u64)),
+                Kind::Float => arg.value_parser(clap::value_parser!(f64)),
+                Kind::Text => arg.value_parser(clap::value_parser!(String)),
+                Kind::IntList => arg
+                    .value_parser(clap::value_parser!(u64))
+                    .num_args(1..)
+                    .value_delimiter(','),
+            }
+        })
+        .collect()
+}
+
+fn knob_overrides(m: &clap::ArgMatches, o: &mut Overrides) {
+    for (flag, key, kind) in KNOBS {
+        let v: Option<config::Value> = match kind {
+            Kind::Int => m.get_one::<u64>(flag).map(|v| (*v).into()),
+            Kind::Float => m.get_one::<f64>(flag).map(|v| (*v).into()),
+            Kind::Text => m.get_one::<String>(flag).map(|v| v.clone().into()),
+            Kind::IntList => m
+                .get_many::<u64>(flag)
+                .map(|vs| vs.copied().collect::<Vec<u64>>().into()),
+        };
+        if let Some(v) = v {
+            o.push(((*key).to_owned(), v));
+        }
+    }
 }
 
 impl Cli {
@@ -127,9 +199,13 @@ fn wait_for_signal() -> anyhow::Result<()> {
 }
 
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    use clap::{CommandFactory, FromArgMatches};
+    let matches = Cli::command().args(knob_args()).get_matches();
+    let cli = Cli::from_arg_matches(&matches)?;
+    let mut overrides = cli.overrides();
+    knob_overrides(&matches, &mut overrides);
     let env: HashMap<String, String> = std::env::vars().collect();
-    let mut cfg = GatewayConfig::load(cli.config.as_deref(), &env, cli.overrides())?;
+    let mut cfg = GatewayConfig::load(cli.config.as_deref(), &env, overrides)?;
     init_logging(&cfg);
 
     let fleet = if cfg.demo {

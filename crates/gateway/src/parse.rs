@@ -110,8 +110,45 @@ fn json_error(e: serde_json::Error) -> ApiError {
     }
 }
 
+/// Deepest nesting accepted; deeper documents are refused before parsing, so neither the
+/// gateway nor the engine behind it ever walks them.
+pub const MAX_JSON_DEPTH: usize = 128;
+
+/// A byte scan for nesting depth outside strings (the JSON itself is validated by serde).
+fn too_deep(body: &[u8]) -> bool {
+    let (mut depth, mut in_str, mut esc) = (0usize, false, false);
+    for &b in body {
+        if in_str {
+            match (esc, b) {
+                (true, _) => esc = false,
+                (false, b'\\') => esc = true,
+                (false, b'"') => in_str = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_str = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > MAX_JSON_DEPTH {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    false
+}
+
 /// Extracts the routing facts of a request body for `endpoint`.
 pub fn request_facts(endpoint: Endpoint, body: &[u8]) -> Result<RequestFacts, ApiError> {
+    if too_deep(body) {
+        return Err(ApiError::InvalidJson(format!(
+            "nesting deeper than {MAX_JSON_DEPTH} levels"
+        )));
+    }
     // Reject non-objects early: untagged enums would otherwise give vague messages.
     let first = body.iter().find(|b| !b.is_ascii_whitespace());
     if first != Some(&b'{') {

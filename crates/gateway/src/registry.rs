@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use actix::prelude::*;
 use kvgate_policies::WorkerId;
+use kvgate_poller::{PollTarget, SetTargets};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tracing::{info, warn};
@@ -222,6 +223,7 @@ pub struct RegistryActor {
     cfg: RegistryConfig,
     workers: BTreeMap<WorkerId, WorkerRecord>,
     subscribers: Vec<Recipient<FleetChanged>>,
+    poller: Option<Recipient<SetTargets>>,
     client: awc::Client,
     checking: bool,
 }
@@ -235,7 +237,11 @@ impl std::fmt::Debug for RegistryActor {
 }
 
 impl RegistryActor {
-    pub fn new(cfg: RegistryConfig, subscribers: Vec<Recipient<FleetChanged>>) -> Self {
+    pub fn new(
+        cfg: RegistryConfig,
+        subscribers: Vec<Recipient<FleetChanged>>,
+        poller: Option<Recipient<SetTargets>>,
+    ) -> Self {
         let client = awc::Client::builder()
             .timeout(cfg.health_check_timeout)
             .finish();
@@ -243,6 +249,7 @@ impl RegistryActor {
             cfg,
             workers: BTreeMap::new(),
             subscribers,
+            poller,
             client,
             checking: false,
         }
@@ -257,6 +264,18 @@ impl RegistryActor {
         for s in &self.subscribers {
             // do_send: a fleet change must never be dropped, and subscribers drain fast.
             s.do_send(FleetChanged(fleet.clone()));
+        }
+        if let Some(p) = &self.poller {
+            // Only routable workers are polled; the others have nothing to report.
+            let targets = fleet
+                .iter()
+                .filter(|w| w.healthy())
+                .map(|w| PollTarget {
+                    worker: w.id,
+                    url: w.url.clone(),
+                })
+                .collect();
+            p.do_send(SetTargets(targets));
         }
     }
 

@@ -6,12 +6,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use kvgate_policies::{Decision, PolicyConfig, RequestFacts, SelectInput, WorkerId, WorkerView};
+use kvgate_policies::{
+    CreditLedger, Decision, HashRing, PolicyConfig, PrefixMatches, RequestFacts, RoutingText,
+    SelectInput, WorkerId, WorkerView,
+};
+use kvgate_poller::LoadsPolled;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use thiserror::Error;
 use tracing::{Instrument, Span, debug, trace};
 
+use crate::index::{IndexActor, MatchPrefix, RecordPrefix};
 use crate::registry::{Fleet, FleetChanged};
 
 /// Why no worker could be chosen.
@@ -71,10 +76,16 @@ pub struct SelectorActor {
     views: Vec<WorkerView>,
     /// Which views serve each model, rebuilt on every fleet change.
     by_model: HashMap<String, Vec<usize>>,
+    /// Work dispatched since each worker's load sample.
+    ledger: CreditLedger,
+    /// Rebuilt only when the set of workers changes.
+    ring: Option<HashRing>,
     rng: SmallRng,
     seq: u64,
     epoch: Instant,
     scratch: Vec<WorkerView>,
+    /// Consulted before each decision of a policy that reads prefix matches.
+    index: Option<Addr<IndexActor>>,
 }
 
 impl std::fmt::Debug for SelectorActor {
@@ -87,15 +98,23 @@ impl std::fmt::Debug for SelectorActor {
 }
 
 impl SelectorActor {
-    pub fn new(policy: PolicyConfig, seed: Option<u64>, epoch: Instant) -> Self {
+    pub fn new(
+        policy: PolicyConfig,
+        seed: Option<u64>,
+        epoch: Instant,
+        index: Option<Addr<IndexActor>>,
+    ) -> Self {
         SelectorActor {
             policy,
             views: Vec::new(),
             by_model: HashMap::new(),
+            ledger: CreditLedger::new(),
+            ring: None,
             rng: seed.map_or_else(SmallRng::from_entropy, SmallRng::seed_from_u64),
             seq: 0,
             epoch,
             scratch: Vec::new(),
+            index,
         }
     }
 
@@ -106,6 +125,7 @@ impl SelectorActor {
     fn apply_fleet(&mut self, fleet: &Fleet) {
         let mut old: HashMap<WorkerId, WorkerView> =
             self.views.drain(..).map(|v| (v.id, v)).collect();
+        let before: Vec<WorkerId> = old.keys().copied().collect();
         self.by_model.clear();
         for (i, rec) in fleet.iter().enumerate() {
             let mut view = old
@@ -117,12 +137,27 @@ impl SelectorActor {
                 self.by_model.entry(model.clone()).or_default().push(i);
             }
         }
+        for gone in old.keys() {
+            self.ledger.remove(*gone);
+        }
+        let mut after: Vec<WorkerId> = self.views.iter().map(|v| v.id).collect();
+        let mut before = before;
+        before.sort();
+        after.sort();
+        if before != after || self.ring.is_none() {
+            self.ring = self
+                .policy
+                .kind
+                .needs_ring()
+                .then(|| HashRing::from_views(&self.views));
+        }
     }
 
     /// Runs the policy over the candidates for `facts`; returns the member index chosen.
     fn decide(
         &mut self,
         facts: &RequestFacts,
+        matches: Option<&PrefixMatches>,
         exclude: &[WorkerId],
         seq: u64,
     ) -> Result<(Option<usize>, Decision), SelectError> {
@@ -158,10 +193,10 @@ impl SelectorActor {
         let input = SelectInput {
             workers,
             request: facts,
-            matches: None,
+            matches,
             seq,
             now,
-            ring: None,
+            ring: self.ring.as_ref(),
         };
         let decision = kvgate_policies::select(&self.policy, &input, &mut self.rng);
         let Some(worker) = decision.worker else {
@@ -181,19 +216,32 @@ impl Actor for SelectorActor {
     }
 }
 
-impl Handler<Select> for SelectorActor {
-    type Result = Result<Dispatch, SelectError>;
+impl SelectorActor {
+    /// The index namespace of a request: its model, or the fleet's only model.
+    fn model_key(&self, facts: &RequestFacts) -> String {
+        match &facts.model {
+            Some(m) => m.clone(),
+            None if self.by_model.len() == 1 => {
+                self.by_model.keys().next().cloned().unwrap_or_default()
+            }
+            None => String::new(),
+        }
+    }
 
-    fn handle(&mut self, msg: Select, _: &mut Context<Self>) -> Self::Result {
-        let _enter = msg.span.enter();
-        trace!(queued_us = msg.enqueued_at.elapsed().as_micros() as u64, "select");
+    /// Decides and books the dispatch: in-flight and credit go up on the chosen worker.
+    fn dispatch(
+        &mut self,
+        facts: &RequestFacts,
+        matches: Option<&PrefixMatches>,
+        exclude: &[WorkerId],
+    ) -> Result<Dispatch, SelectError> {
         self.seq = self.seq.wrapping_add(1);
-        let (idx, decision) = self.decide(&msg.facts, &msg.exclude, self.seq)?;
+        let (idx, decision) = self.decide(facts, matches, exclude, self.seq)?;
         let idx = idx.ok_or(SelectError::NoHealthy)?;
+        self.ledger.apply(&decision, self.epoch.elapsed());
         let v = &mut self.views[idx];
         v.in_flight += 1;
-        v.credit.tokens += decision.credit_tokens;
-        v.credit.requests += 1;
+        v.credit = self.ledger.credit(v.id);
         debug!(worker = %v.url, path = ?decision.path, "selected");
         Ok(Dispatch {
             worker: v.id,
@@ -201,14 +249,76 @@ impl Handler<Select> for SelectorActor {
             decision,
         })
     }
+
+    fn index_for(&self, facts: &RequestFacts) -> Option<Addr<IndexActor>> {
+        if !self.policy.kind.needs_prefix_matches() || matches!(facts.key, RoutingText::Empty) {
+            return None;
+        }
+        self.index.clone()
+    }
+}
+
+impl Handler<Select> for SelectorActor {
+    // Atomic: no other selection runs between the index lookup and the record, so a
+    // burst of one prefix sees its own earlier decisions (the fused match-then-insert).
+    type Result = AtomicResponse<Self, Result<Dispatch, SelectError>>;
+
+    fn handle(&mut self, msg: Select, _: &mut Context<Self>) -> Self::Result {
+        let span = msg.span;
+        trace!(parent: &span, queued_us = msg.enqueued_at.elapsed().as_micros() as u64, "select");
+        let Some(index) = self.index_for(&msg.facts) else {
+            let _enter = span.enter();
+            let r = self.dispatch(&msg.facts, None, &msg.exclude);
+            return AtomicResponse::new(Box::pin(fut::ready(r)));
+        };
+        let model = self.model_key(&msg.facts);
+        let exclude = msg.exclude;
+        let ask = index.send(MatchPrefix {
+            model: model.clone(),
+            facts: msg.facts,
+        });
+        AtomicResponse::new(Box::pin(ask.into_actor(self).map(
+            move |answer, act, _| {
+                let _enter = span.enter();
+                let (facts, matches) = match answer {
+                    Ok((facts, m)) => (facts, Some(m)),
+                    // The index is gone (shutdown): the facts went with it.
+                    Err(_) => return Err(SelectError::NoHealthy),
+                };
+                let d = act.dispatch(&facts, matches.as_ref(), &exclude)?;
+                if d.decision.record_prefix {
+                    // do_send keeps order with the next lookup, which this actor sends later.
+                    index.do_send(RecordPrefix {
+                        model,
+                        key: facts.key,
+                        worker: d.worker,
+                    });
+                }
+                Ok(d)
+            },
+        )))
+    }
 }
 
 impl Handler<Explain> for SelectorActor {
-    type Result = Result<Decision, SelectError>;
+    type Result = AtomicResponse<Self, Result<Decision, SelectError>>;
 
     fn handle(&mut self, msg: Explain, _: &mut Context<Self>) -> Self::Result {
         let seq = self.seq.wrapping_add(1);
-        self.decide(&msg.facts, &[], seq).map(|(_, d)| d)
+        let Some(index) = self.index_for(&msg.facts) else {
+            let r = self.decide(&msg.facts, None, &[], seq).map(|(_, d)| d);
+            return AtomicResponse::new(Box::pin(fut::ready(r)));
+        };
+        let ask = index.send(MatchPrefix {
+            model: self.model_key(&msg.facts),
+            facts: msg.facts,
+        });
+        AtomicResponse::new(Box::pin(ask.into_actor(self).map(
+            move |answer, act, _| {
+                let (facts, matches) = answer.map_err(|_| SelectError::NoHealthy)?;
+                act.decide(&facts, Some(&matches), &[], seq).map(|(_, d)| d)
+            },
+        )))
     }
 }
 
@@ -227,6 +337,25 @@ impl Handler<FleetChanged> for SelectorActor {
 
     fn handle(&mut self, msg: FleetChanged, _: &mut Context<Self>) {
         self.apply_fleet(&msg.0);
+    }
+}
+
+impl Handler<LoadsPolled> for SelectorActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: LoadsPolled, _: &mut Context<Self>) {
+        for (id, load) in msg.reports {
+            let Some(v) = self.views.iter_mut().find(|v| v.id == id) else {
+                continue;
+            };
+            // An unknown report is scored as unknown, never as the last good one; the
+            // credit stays until a report that covers it arrives.
+            if let Some(l) = &load {
+                self.ledger.on_report(id, Some(l.sampled_at));
+            }
+            v.load = load;
+            v.credit = self.ledger.credit(id);
+        }
     }
 }
 

@@ -18,7 +18,9 @@ use crate::config::GatewayConfig;
 use crate::error::ApiError;
 use crate::registry::{AddWorker, RegistryActor, RegistryConfig, RegistryError, WorkerSource};
 use crate::routes::{self, AppState, RequestId};
+use crate::index::{IndexActor, IndexConfig};
 use crate::selector::SelectorActor;
+use kvgate_poller::LoadPoller;
 
 #[derive(Debug, Error)]
 pub enum StartError {
@@ -43,6 +45,8 @@ pub enum StartError {
 pub struct Actors {
     pub registry: Addr<RegistryActor>,
     pub selector: Addr<SelectorActor>,
+    pub poller: Addr<LoadPoller>,
+    pub index: Addr<IndexActor>,
 }
 
 static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -72,9 +76,16 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Vec<A
     let epoch = Instant::now();
     let routing = Arbiter::new();
     let control = Arbiter::new();
+    // The index lives on the selector's thread: the lookup before each decision is a
+    // same-thread hop.
+    let index_cfg = IndexConfig::from_policy(&cfg.policy);
+    let index =
+        IndexActor::start_in_arbiter(&routing.handle(), move |_| IndexActor::new(index_cfg, epoch));
     let policy = cfg.policy.clone();
+    let seed = cfg.seed;
+    let idx = index.clone();
     let selector = SelectorActor::start_in_arbiter(&routing.handle(), move |_| {
-        SelectorActor::new(policy, None, epoch)
+        SelectorActor::new(policy, seed, epoch, Some(idx))
     });
     let reg_cfg = RegistryConfig {
         health_check_interval: cfg.health_check_interval,
@@ -82,9 +93,15 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Vec<A
         failure_threshold: cfg.health_failure_threshold,
         success_threshold: cfg.health_success_threshold,
     };
-    let subscribers = vec![selector.clone().recipient()];
+    let sink = selector.clone().recipient();
+    let poller_cfg = cfg.poller.clone();
+    let poller = LoadPoller::start_in_arbiter(&control.handle(), move |_| {
+        LoadPoller::new(poller_cfg, epoch, sink)
+    });
+    let subscribers = vec![selector.clone().recipient(), index.clone().recipient()];
+    let poller_rx = poller.clone().recipient();
     let registry = RegistryActor::start_in_arbiter(&control.handle(), move |_| {
-        RegistryActor::new(reg_cfg, subscribers)
+        RegistryActor::new(reg_cfg, subscribers, Some(poller_rx))
     });
 
     let adds = cfg.worker_urls.iter().map(|url| {
@@ -196,7 +213,17 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Vec<A
         })?;
     let server = server.run();
     info!(%addr, policy = %cfg.policy.kind, workers = cfg.worker_urls.len(), "kvgate listening");
-    Ok((server, addr, Actors { registry, selector }, vec![routing, control]))
+    Ok((
+        server,
+        addr,
+        Actors {
+            registry,
+            selector,
+            poller,
+            index,
+        },
+        vec![routing, control],
+    ))
 }
 
 fn post<F, Args>(path: &str, handler: F) -> actix_web::Resource

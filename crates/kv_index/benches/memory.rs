@@ -17,7 +17,7 @@ fn measure<E: KeyUnit + common::Unit>(
     mut w: Workload<E>,
     prompts: usize,
     page: usize,
-) {
+) -> RadixTree<E, u64> {
     let rss0 = rss_bytes();
     let started = Instant::now();
     let mut tree: RadixTree<E, u64> = RadixTree::new(TreeConfig::paged(
@@ -60,17 +60,20 @@ fn measure<E: KeyUnit + common::Unit>(
         rss as f64 / 1048576.0,
         rss as f64 / distinct as f64
     );
+    tree
 }
 
 fn main() {
     // Criterion passes --bench; this binary takes no options.
-    measure::<u8>(
+    // Each tree is kept alive while the next is built, so that RSS growth is not hidden
+    // by reuse of freed memory.
+    let _text = measure::<u8>(
         "text, 1 KiB prompts, 64 heads of 256-512 B",
         Workload::new(11, 64, (256, 512), 1024, 48),
         1_000_000,
         1,
     );
-    measure::<u32>(
+    let _tokens = measure::<u32>(
         "tokens, 256-token prompts, 64 heads of 64-128, page 16",
         Workload::new(12, 64, (64, 128), 256, 32_000),
         1_000_000,

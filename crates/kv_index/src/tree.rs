@@ -19,9 +19,34 @@ use crate::prefix_match::PrefixMatch;
 #[cfg(test)]
 pub(crate) mod tests;
 
-/// A key element: `u8` for text bytes, `char`, or `u32` for token ids.
-pub trait KeyUnit: Copy + Ord + fmt::Debug {}
-impl<X: Copy + Ord + fmt::Debug> KeyUnit for X {}
+/// A key element: `u8` for text bytes, `char`, or `u32` for token ids (sealed).
+pub trait KeyUnit: Copy + Ord + fmt::Debug + sealed::Sealed {
+    /// The unit as an integer, to key children without touching their edges.
+    fn bits(self) -> u64;
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+macro_rules! key_unit {
+    ($($t:ty),*) => {$(
+        impl sealed::Sealed for $t {}
+        impl KeyUnit for $t {
+            fn bits(self) -> u64 {
+                u64::from(self)
+            }
+        }
+    )*};
+}
+key_unit!(u8, u16, u32, u64);
+
+impl sealed::Sealed for char {}
+impl KeyUnit for char {
+    fn bits(self) -> u64 {
+        u64::from(u32::from(self))
+    }
+}
 
 /// A tenant (worker) id. The gateway uses a `u64`.
 pub trait TenantId: Copy + Ord + Hash + fmt::Debug {}
@@ -89,9 +114,10 @@ pub(crate) const ROOT: u32 = 0;
 #[derive(Debug, Clone)]
 pub(crate) struct Node<E, T> {
     pub(crate) edge: Vec<E>,
-    /// (first unit of the child's edge, child), sorted by unit; on a paged tree several
-    /// children may share a first unit and differ later in their first page.
-    pub(crate) children: Vec<(E, u32)>,
+    /// (key of the child's first page, child), sorted by key. The key is the unit itself
+    /// on an unpaged tree and a digest of the page otherwise, so a lookup is a binary
+    /// search over inline integers; equal digests are told apart by comparing pages.
+    pub(crate) children: Vec<(u64, u32)>,
     /// (tenant, entry), sorted by tenant.
     pub(crate) tenants: Vec<(T, u32)>,
     pub(crate) parent: u32,
@@ -326,7 +352,7 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
             + self.lru.size_bytes();
         for n in &self.nodes {
             bytes += n.edge.capacity() * size_of::<E>()
-                + n.children.capacity() * size_of::<(E, u32)>()
+                + n.children.capacity() * size_of::<(u64, u32)>()
                 + n.tenants.capacity() * size_of::<(T, u32)>();
         }
         bytes
@@ -350,12 +376,12 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
     /// The child of `node` whose first page equals the first page of `rest` (non-empty,
     /// whole pages).
     pub(crate) fn find_child(&self, node: u32, rest: &[E]) -> Option<u32> {
-        let first = rest[0];
+        let key = self.child_key(rest);
         let page = self.page();
         let children = &self.nodes[node as usize].children;
-        let start = children.partition_point(|c| c.0 < first);
-        for &(unit, child) in &children[start..] {
-            if unit != first {
+        let start = children.partition_point(|c| c.0 < key);
+        for &(k, child) in &children[start..] {
+            if k != key {
                 break;
             }
             if page == 1 || self.nodes[child as usize].edge[..page] == rest[..page] {
@@ -363,6 +389,19 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
             }
         }
         None
+    }
+
+    /// The child key of an edge or key suffix (at least one page long).
+    fn child_key(&self, units: &[E]) -> u64 {
+        let page = self.page();
+        if page == 1 {
+            return units[0].bits();
+        }
+        units[..page]
+            .iter()
+            .fold(0x243F_6A88_85A3_08D3, |h: u64, u| {
+                (h.rotate_left(5) ^ u.bits()).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            })
     }
 
     fn descend(&self, key: &[E], path: &mut Vec<u32>) -> Descent {
@@ -486,6 +525,7 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
             Ok(i) => self.lru.move_to_back(list, node.tenants[i].1, clock),
             Err(i) => {
                 let e = self.lru.push_back(list, ts, n, clock);
+                grow_small(&mut node.tenants);
                 node.tenants.insert(i, (tenant, e));
                 list.units += node.edge.len();
                 self.total_units += node.edge.len();
@@ -517,22 +557,35 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
     }
 
     pub(crate) fn link_child(&mut self, parent: u32, child: u32) {
-        let first = self.nodes[child as usize].edge[0];
+        let key = self.child_key(&self.nodes[child as usize].edge);
         let children = &mut self.nodes[parent as usize].children;
-        let at = children.partition_point(|c| c.0 <= first);
-        children.insert(at, (first, child));
+        let at = children.partition_point(|c| c.0 <= key);
+        grow_small(children);
+        children.insert(at, (key, child));
+    }
+
+    /// Position of `child` (whose key is `key`) among `parent`'s children.
+    fn child_slot(&self, parent: u32, child: u32, key: u64) -> Option<usize> {
+        let children = &self.nodes[parent as usize].children;
+        let start = children.partition_point(|c| c.0 < key);
+        children[start..]
+            .iter()
+            .take_while(|c| c.0 == key)
+            .position(|c| c.1 == child)
+            .map(|i| start + i)
     }
 
     /// Cuts `child`'s edge after `k` units. The head becomes a new node in its place;
     /// `child` keeps the tail, its children and its tenants. Returns the head.
     fn split(&mut self, child: u32, k: usize) -> u32 {
+        let parent_key = self.child_key(&self.nodes[child as usize].edge);
         let c = &mut self.nodes[child as usize];
         let parent = c.parent;
         let head_edge = c.edge[..k].to_vec();
         c.edge.drain(..k);
         c.edge.shrink_to_fit();
-        let tail_first = c.edge[0];
         let tenants = c.tenants.clone();
+        let tail_key = self.child_key(&self.nodes[child as usize].edge);
         let head = self.alloc_node(head_edge, parent);
         self.edge_units -= k; // moved from the child, not added
         let mut head_tenants = Vec::with_capacity(tenants.len());
@@ -546,15 +599,11 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
         }
         let h = &mut self.nodes[head as usize];
         h.tenants = head_tenants;
-        h.children = vec![(tail_first, child)];
+        h.children = vec![(tail_key, child)];
         self.nodes[child as usize].parent = head;
-        // The head starts with the same unit, so the parent's order is unchanged.
-        if let Some(slot) = self.nodes[parent as usize]
-            .children
-            .iter_mut()
-            .find(|c| c.1 == child)
-        {
-            slot.1 = head;
+        // The head starts with the same page, so the parent's order is unchanged.
+        if let Some(i) = self.child_slot(parent, child, parent_key) {
+            self.nodes[parent as usize].children[i].1 = head;
         }
         head
     }
@@ -624,6 +673,7 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
     }
 
     fn free_node(&mut self, n: u32) {
+        let key = self.child_key(&self.nodes[n as usize].edge);
         let node = &mut self.nodes[n as usize];
         let parent = node.parent;
         self.edge_units -= node.edge.len();
@@ -632,9 +682,8 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
         node.tenants = Vec::new();
         node.parent = NIL;
         node.generation = node.generation.wrapping_add(1);
-        let siblings = &mut self.nodes[parent as usize].children;
-        if let Some(i) = siblings.iter().position(|c| c.1 == n) {
-            siblings.remove(i);
+        if let Some(i) = self.child_slot(parent, n, key) {
+            self.nodes[parent as usize].children.remove(i);
         }
         self.free_nodes.push(n);
     }
@@ -646,6 +695,7 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
         let list = &mut self.slots[ts as usize].list;
         if let Err(i) = node.tenants.binary_search_by(|p| p.0.cmp(&tenant)) {
             let e = self.lru.push_back(list, ts, n, stamp);
+            grow_small(&mut node.tenants);
             node.tenants.insert(i, (tenant, e));
             list.units += node.edge.len();
             self.total_units += node.edge.len();
@@ -698,7 +748,7 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
             for (j, &(u, c)) in n.children.iter().enumerate() {
                 let ce = &self.nodes[c as usize];
                 assert_eq!(ce.parent, i);
-                assert_eq!(ce.edge[0], u);
+                assert_eq!(self.child_key(&ce.edge), u);
                 for &(_, d) in &n.children[j + 1..] {
                     assert!(
                         self.nodes[d as usize].edge[..page] != ce.edge[..page],
@@ -750,14 +800,23 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
     }
 }
 
+/// Most nodes hold one tenant and have at most a few children: grow those vectors one
+/// slot at a time while they are small (the default first growth is to 4 slots), and
+/// geometrically after.
+fn grow_small<X>(v: &mut Vec<X>) {
+    if v.len() == v.capacity() && v.len() < 4 {
+        v.reserve_exact(1);
+    }
+}
+
 /// Length of the common prefix, comparing 16 units at a time (slice equality on a
 /// constant length compiles to wide loads for the primitive unit types).
 fn common_prefix<E: PartialEq>(a: &[E], b: &[E]) -> usize {
-    const CHUNK: usize = 16;
+    let chunk = 16;
     let n = a.len().min(b.len());
     let mut i = 0;
-    while i + CHUNK <= n && a[i..i + CHUNK] == b[i..i + CHUNK] {
-        i += CHUNK;
+    while i + chunk <= n && a[i..i + chunk] == b[i..i + chunk] {
+        i += chunk;
     }
     while i < n && a[i] == b[i] {
         i += 1;

@@ -67,7 +67,7 @@ impl HashRing {
     /// The first worker clockwise from `position` that `accept` accepts.
     pub fn owner(&self, position: u64, accept: impl Fn(WorkerId) -> bool) -> Option<WorkerId> {
         let start = self.points.partition_point(|(p, _)| *p < position);
-        let (after, before) = self.points.split_at(start);
+        let (before, after) = self.points.split_at(start);
         after
             .iter()
             .chain(before)

@@ -1,5 +1,8 @@
 //! The simulator over real HTTP on loopback: route shapes, scheduling, faults.
 
+// The helpers are test code too, outside `#[test]` fns: a panic there is a failed test.
+#![expect(clippy::unwrap_used, reason = "test code")]
+
 mod faults;
 mod routes;
 mod scheduling;

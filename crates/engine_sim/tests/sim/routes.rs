@@ -35,7 +35,10 @@ fn assert_same_shape(got: &Value, want: &Value) {
 
 #[actix_rt::test]
 async fn v1_loads_has_the_fixture_shape_per_rank() {
-    let (_fleet, url) = one(SimConfig { dp_size: 2, ..fast() });
+    let (_fleet, url) = one(SimConfig {
+        dp_size: 2,
+        ..fast()
+    });
     let fixture: Value = serde_json::from_str(&std::fs::read_to_string(FIXTURE).unwrap()).unwrap();
     let body = get_json(&format!("{url}/v1/loads?include=core")).await;
 
@@ -91,12 +94,19 @@ async fn v1_loads_has_the_fixture_shape_per_rank() {
     let (status, text) = get(&format!("{url}/v1/loads?format=prometheus")).await;
     assert_eq!(status, StatusCode::OK);
     let text = std::str::from_utf8(&text).unwrap();
-    assert!(text.contains("sglang_num_running_reqs{dp_rank=\"1\"} 0\n"), "{text}");
+    assert!(
+        text.contains("sglang_num_running_reqs{dp_rank=\"1\"} 0\n"),
+        "{text}"
+    );
 }
 
 #[actix_rt::test]
 async fn info_and_health_routes_answer_sglang_shapes() {
-    let (_fleet, url) = one(SimConfig { dp_size: 2, page_size: 32, ..fast() });
+    let (_fleet, url) = one(SimConfig {
+        dp_size: 2,
+        page_size: 32,
+        ..fast()
+    });
     for path in ["/health", "/ready", "/health_generate"] {
         let (status, body) = get(&format!("{url}{path}")).await;
         assert_eq!((status, body.len()), (StatusCode::OK, 0), "{path}");
@@ -104,7 +114,10 @@ async fn info_and_health_routes_answer_sglang_shapes() {
     for path in ["/server_info", "/get_server_info"] {
         let info = get_json(&format!("{url}{path}")).await;
         assert_eq!(info["model_path"], "kvgate-sim-model");
-        assert_eq!((info["tp_size"].as_u64(), info["dp_size"].as_u64()), (Some(1), Some(2)));
+        assert_eq!(
+            (info["tp_size"].as_u64(), info["dp_size"].as_u64()),
+            (Some(1), Some(2))
+        );
         assert_eq!(info["page_size"], 32);
         assert_eq!(info["max_running_requests"], 16);
         assert_eq!(info["max_total_num_tokens"], 200_000);
@@ -123,14 +136,26 @@ async fn info_and_health_routes_answer_sglang_shapes() {
     let models = get_json(&format!("{url}/v1/models")).await;
     assert_eq!(models["object"], "list");
     let m = &models["data"][0];
-    assert_eq!((m["id"].as_str(), m["object"].as_str()), (Some("kvgate-sim-model"), Some("model")));
-    assert_eq!((m["owned_by"].as_str(), m["root"].as_str()), (Some("sglang"), Some("kvgate-sim-model")));
+    assert_eq!(
+        (m["id"].as_str(), m["object"].as_str()),
+        (Some("kvgate-sim-model"), Some("model"))
+    );
+    assert_eq!(
+        (m["owned_by"].as_str(), m["root"].as_str()),
+        (Some("sglang"), Some("kvgate-sim-model"))
+    );
     assert_eq!(m["max_model_len"], 32_768);
 
     let (status, text) = get(&format!("{url}/metrics")).await;
     assert_eq!(status, StatusCode::OK);
     let text = std::str::from_utf8(&text).unwrap();
-    for gauge in ["num_running_reqs", "num_queue_reqs", "token_usage", "gen_throughput", "cache_hit_rate"] {
+    for gauge in [
+        "num_running_reqs",
+        "num_queue_reqs",
+        "token_usage",
+        "gen_throughput",
+        "cache_hit_rate",
+    ] {
         let line = format!("sglang_{gauge}{{model_name=\"kvgate-sim-model\",dp_rank=\"1\"}} ");
         assert!(text.contains(&line), "{line} missing from\n{text}");
     }
@@ -140,28 +165,56 @@ async fn info_and_health_routes_answer_sglang_shapes() {
 async fn generate_answers_whole_and_streamed() {
     let (_fleet, url) = one(fast());
     let text = "The quick brown fox jumps over the lazy dog";
-    let body = post_json(&format!("{url}/generate"), &json!({"text": text, "sampling_params": {"max_new_tokens": 3}})).await;
+    let body = post_json(
+        &format!("{url}/generate"),
+        &json!({"text": text, "sampling_params": {"max_new_tokens": 3}}),
+    )
+    .await;
     assert_eq!(body["output_ids"].as_array().unwrap().len(), 3);
     assert_eq!(body["text"].as_str().unwrap().len(), 12);
     let meta = &body["meta_info"];
     assert_eq!(meta["prompt_tokens"], 11);
     assert_eq!(meta["completion_tokens"], 3);
     assert_eq!(meta["cached_tokens"], 0);
-    assert_eq!(meta["finish_reason"], json!({"type": "length", "length": 3}));
+    assert_eq!(
+        meta["finish_reason"],
+        json!({"type": "length", "length": 3})
+    );
     assert!(meta["id"].is_string() && meta["e2e_latency"].is_f64());
 
-    let ids = post_json(&format!("{url}/generate"), &json!({"input_ids": [5, 6, 7], "rid": "mine"})).await;
-    assert_eq!((ids["meta_info"]["prompt_tokens"].as_u64(), ids["meta_info"]["id"].as_str()), (Some(3), Some("mine")));
+    let ids = post_json(
+        &format!("{url}/generate"),
+        &json!({"input_ids": [5, 6, 7], "rid": "mine"}),
+    )
+    .await;
+    assert_eq!(
+        (
+            ids["meta_info"]["prompt_tokens"].as_u64(),
+            ids["meta_info"]["id"].as_str()
+        ),
+        (Some(3), Some("mine"))
+    );
     assert_eq!(ids["meta_info"]["completion_tokens"], 4); // the default
 
-    let (status, raw) = post(&format!("{url}/generate"), &json!({"text": text, "stream": true, "sampling_params": {"max_new_tokens": 3}})).await;
+    let (status, raw) = post(
+        &format!("{url}/generate"),
+        &json!({"text": text, "stream": true, "sampling_params": {"max_new_tokens": 3}}),
+    )
+    .await;
     assert_eq!(status, StatusCode::OK);
     let data = sse_data(&raw);
     assert_eq!(data.len(), 4);
     assert_eq!(data[3], "[DONE]");
-    let chunks: Vec<Value> = data[..3].iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+    let chunks: Vec<Value> = data[..3]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
     for (i, c) in chunks.iter().enumerate() {
-        assert_eq!(c["text"].as_str().unwrap().len(), 4 * (i + 1), "text is cumulative");
+        assert_eq!(
+            c["text"].as_str().unwrap().len(),
+            4 * (i + 1),
+            "text is cumulative"
+        );
         assert_eq!(c["meta_info"]["completion_tokens"], i + 1);
     }
     assert!(chunks[1]["meta_info"]["finish_reason"].is_null());
@@ -172,23 +225,50 @@ async fn generate_answers_whole_and_streamed() {
 async fn completions_answer_whole_and_streamed() {
     let (_fleet, url) = one(fast());
     let endpoint = format!("{url}/v1/completions");
-    for prompt in [json!("abcdefgh"), json!(["abcdefgh"]), json!([1, 2]), json!([[1, 2]])] {
+    for prompt in [
+        json!("abcdefgh"),
+        json!(["abcdefgh"]),
+        json!([1, 2]),
+        json!([[1, 2]]),
+    ] {
         let body = post_json(&endpoint, &json!({"prompt": prompt, "max_tokens": 2})).await;
         assert_eq!(body["object"], "text_completion");
         assert_eq!(body["model"], "kvgate-sim-model");
         let choice = &body["choices"][0];
-        assert_eq!((choice["index"].as_u64(), choice["finish_reason"].as_str()), (Some(0), Some("length")));
+        assert_eq!(
+            (choice["index"].as_u64(), choice["finish_reason"].as_str()),
+            (Some(0), Some("length"))
+        );
         assert_eq!(choice["text"].as_str().unwrap().len(), 8);
         let usage = &body["usage"];
-        assert_eq!((usage["prompt_tokens"].as_u64(), usage["completion_tokens"].as_u64()), (Some(2), Some(2)));
-        assert_eq!((usage["total_tokens"].as_u64(), usage["prompt_tokens_details"]["cached_tokens"].as_u64()), (Some(4), Some(0)));
+        assert_eq!(
+            (
+                usage["prompt_tokens"].as_u64(),
+                usage["completion_tokens"].as_u64()
+            ),
+            (Some(2), Some(2))
+        );
+        assert_eq!(
+            (
+                usage["total_tokens"].as_u64(),
+                usage["prompt_tokens_details"]["cached_tokens"].as_u64()
+            ),
+            (Some(4), Some(0))
+        );
     }
 
     let req = json!({"prompt": "abcd", "max_tokens": 2, "stream": true, "stream_options": {"include_usage": true}});
     let (_, raw) = post(&endpoint, &req).await;
     let data = sse_data(&raw);
-    assert_eq!(data.len(), 5, "two tokens, the finish, usage, [DONE]: {data:?}");
-    let chunks: Vec<Value> = data[..4].iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+    assert_eq!(
+        data.len(),
+        5,
+        "two tokens, the finish, usage, [DONE]: {data:?}"
+    );
+    let chunks: Vec<Value> = data[..4]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
     assert!(chunks.iter().all(|c| c["object"] == "text_completion"));
     assert_eq!(chunks[0]["choices"][0]["text"].as_str().unwrap().len(), 4);
     assert_eq!(chunks[2]["choices"][0]["finish_reason"], "length");
@@ -205,7 +285,11 @@ async fn chat_answers_whole_and_streamed() {
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": "x"}}]},
     ]);
-    let body = post_json(&endpoint, &json!({"messages": messages, "max_completion_tokens": 3})).await;
+    let body = post_json(
+        &endpoint,
+        &json!({"messages": messages, "max_completion_tokens": 3}),
+    )
+    .await;
     assert_eq!(body["object"], "chat.completion");
     let choice = &body["choices"][0];
     assert_eq!(choice["message"]["role"], "assistant");
@@ -218,11 +302,28 @@ async fn chat_answers_whole_and_streamed() {
     let req = json!({"messages": messages, "max_tokens": 2, "stream": true});
     let (_, raw) = post(&endpoint, &req).await;
     let data = sse_data(&raw);
-    assert_eq!(data.len(), 5, "role, two tokens, the finish, [DONE]: {data:?}");
-    let chunks: Vec<Value> = data[..4].iter().map(|d| serde_json::from_str(d).unwrap()).collect();
-    assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk"));
+    assert_eq!(
+        data.len(),
+        5,
+        "role, two tokens, the finish, [DONE]: {data:?}"
+    );
+    let chunks: Vec<Value> = data[..4]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert!(
+        chunks
+            .iter()
+            .all(|c| c["object"] == "chat.completion.chunk")
+    );
     assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
-    assert_eq!(chunks[1]["choices"][0]["delta"]["content"].as_str().unwrap().len(), 4);
+    assert_eq!(
+        chunks[1]["choices"][0]["delta"]["content"]
+            .as_str()
+            .unwrap()
+            .len(),
+        4
+    );
     assert!(chunks[1]["choices"][0]["finish_reason"].is_null());
     assert_eq!(chunks[3]["choices"][0]["finish_reason"], "length");
     assert_eq!(data[4], "[DONE]");
@@ -230,16 +331,29 @@ async fn chat_answers_whole_and_streamed() {
 
 #[actix_rt::test]
 async fn contract_errors_are_400_with_an_error_body() {
-    let (_fleet, url) = one(SimConfig { dp_size: 2, context_length: 64, ..fast() });
+    let (_fleet, url) = one(SimConfig {
+        dp_size: 2,
+        context_length: 64,
+        ..fast()
+    });
     let cases = [
         ("/v1/completions", json!({"max_tokens": 2})),
         ("/v1/completions", json!({"prompt": ["a", "b"]})),
         ("/v1/completions", json!({"prompt": ""})),
         ("/v1/completions", json!({"prompt": "x", "max_tokens": 64})),
-        ("/v1/completions", json!({"prompt": "x", "routed_dp_rank": 2})),
+        (
+            "/v1/completions",
+            json!({"prompt": "x", "routed_dp_rank": 2}),
+        ),
         ("/v1/chat/completions", json!({"messages": []})),
-        ("/v1/chat/completions", json!({"messages": [{"content": "no role"}]})),
-        ("/generate", json!({"sampling_params": {"max_new_tokens": 1}})),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"content": "no role"}]}),
+        ),
+        (
+            "/generate",
+            json!({"sampling_params": {"max_new_tokens": 1}}),
+        ),
         ("/generate", json!({"text": "a", "input_ids": [1]})),
         ("/abort_request", json!({})),
     ];
@@ -248,7 +362,10 @@ async fn contract_errors_are_400_with_an_error_body() {
         assert_eq!(status, StatusCode::BAD_REQUEST, "{path} {body}");
         let err: Value = serde_json::from_slice(&raw).unwrap();
         assert!(err["error"]["message"].is_string(), "{err}");
-        assert_eq!((err["error"]["type"].as_str(), err["error"]["code"].as_u64()), (Some("BadRequestError"), Some(400)));
+        assert_eq!(
+            (err["error"]["type"].as_str(), err["error"]["code"].as_u64()),
+            (Some("BadRequestError"), Some(400))
+        );
     }
     let resp = awc::Client::default()
         .post(format!("{url}/v1/chat/completions"))
@@ -260,34 +377,62 @@ async fn contract_errors_are_400_with_an_error_body() {
 
     let (status, body) = get(&format!("{url}/no/such/route")).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
-    assert_eq!(serde_json::from_slice::<Value>(&body).unwrap(), json!({"detail": "Not Found"}));
+    assert_eq!(
+        serde_json::from_slice::<Value>(&body).unwrap(),
+        json!({"detail": "Not Found"})
+    );
     let (status, _) = get(&format!("{url}/generate")).await;
     assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
 }
 
 #[actix_rt::test]
 async fn legacy_sglang_serves_load_only_on_metrics() {
-    let (_fleet, url) = one(SimConfig { flavor: Flavor::SglangLegacy, ..fast() });
-    assert_eq!(get(&format!("{url}/v1/loads")).await.0, StatusCode::NOT_FOUND);
+    let (_fleet, url) = one(SimConfig {
+        flavor: Flavor::SglangLegacy,
+        ..fast()
+    });
+    assert_eq!(
+        get(&format!("{url}/v1/loads")).await.0,
+        StatusCode::NOT_FOUND
+    );
     assert_eq!(get(&format!("{url}/server_info")).await.0, StatusCode::OK);
     let (_, text) = get(&format!("{url}/metrics")).await;
     let text = std::str::from_utf8(&text).unwrap();
-    assert!(text.contains("sglang:num_running_reqs{model_name=\"kvgate-sim-model\",dp_rank=\"0\"} 0\n"), "{text}");
+    assert!(
+        text.contains("sglang:num_running_reqs{model_name=\"kvgate-sim-model\",dp_rank=\"0\"} 0\n"),
+        "{text}"
+    );
     assert!(!text.contains("sglang_"));
 }
 
 #[actix_rt::test]
 async fn vllm_serves_openai_routes_and_vllm_metrics() {
-    let (_fleet, url) = one(SimConfig { flavor: Flavor::Vllm, ..fast() });
+    let (_fleet, url) = one(SimConfig {
+        flavor: Flavor::Vllm,
+        ..fast()
+    });
     let models = get_json(&format!("{url}/v1/models")).await;
     assert_eq!(models["data"][0]["owned_by"], "vllm");
     for path in ["/v1/loads", "/server_info", "/get_server_info"] {
-        assert_eq!(get(&format!("{url}{path}")).await.0, StatusCode::NOT_FOUND, "{path}");
+        assert_eq!(
+            get(&format!("{url}{path}")).await.0,
+            StatusCode::NOT_FOUND,
+            "{path}"
+        );
     }
-    assert_eq!(post(&format!("{url}/generate"), &json!({"text": "a"})).await.0, StatusCode::NOT_FOUND);
+    assert_eq!(
+        post(&format!("{url}/generate"), &json!({"text": "a"}))
+            .await
+            .0,
+        StatusCode::NOT_FOUND
+    );
     assert!(get_json(&format!("{url}/version")).await["version"].is_string());
 
-    let body = post_json(&format!("{url}/v1/completions"), &json!({"prompt": vec![1; 40], "max_tokens": 3})).await;
+    let body = post_json(
+        &format!("{url}/v1/completions"),
+        &json!({"prompt": vec![1; 40], "max_tokens": 3}),
+    )
+    .await;
     assert_eq!(body["usage"]["completion_tokens"], 3);
     let (_, text) = get(&format!("{url}/metrics")).await;
     let text = std::str::from_utf8(&text).unwrap();
@@ -309,14 +454,29 @@ async fn vllm_serves_openai_routes_and_vllm_metrics() {
 #[actix_rt::test]
 async fn fixed_response_answers_without_scheduling() {
     // A decode step this slow would never finish within the test if it were scheduled.
-    let cfg = SimConfig { fixed_response: true, decode_step_base: std::time::Duration::from_secs(3600), ..fast() };
+    let cfg = SimConfig {
+        fixed_response: true,
+        decode_step_base: std::time::Duration::from_secs(3600),
+        ..fast()
+    };
     let (fleet, url) = one(cfg);
-    let body = post_json(&format!("{url}/v1/chat/completions"), &json!({"messages": [{"role": "user", "content": "hi"}]})).await;
+    let body = post_json(
+        &format!("{url}/v1/chat/completions"),
+        &json!({"messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await;
     assert_eq!(body["choices"][0]["finish_reason"], "length");
-    let (_, raw) = post(&format!("{url}/generate"), &json!({"text": "hi", "stream": true})).await;
+    let (_, raw) = post(
+        &format!("{url}/generate"),
+        &json!({"text": "hi", "stream": true}),
+    )
+    .await;
     assert_eq!(sse_data(&raw).last().unwrap(), "[DONE]");
     let stats = fleet.engine(0).stats();
-    assert_eq!((stats.requests, stats.completed, stats.prompt_tokens), (2, 2, 0));
+    assert_eq!(
+        (stats.requests, stats.completed, stats.prompt_tokens),
+        (2, 2, 0)
+    );
 }
 
 #[actix_rt::test]
@@ -324,22 +484,36 @@ async fn control_routes_drive_an_engine_over_http() {
     let fleet = SimFleet::start(2, fast()).unwrap();
     let url = &fleet.urls()[1];
     post_json(&format!("{url}/v1/completions"), &json!({"prompt": "abcd"})).await;
-    let stats: EngineStats = serde_json::from_value(get_json(&format!("{url}/sim/stats")).await).unwrap();
+    let stats: EngineStats =
+        serde_json::from_value(get_json(&format!("{url}/sim/stats")).await).unwrap();
     assert_eq!(stats, fleet.engine(1).stats());
     assert_eq!((stats.requests, stats.completed), (1, 1));
     assert_eq!(fleet.engine(0).stats().requests, 0);
 
     post_json(&format!("{url}/sim/fault"), &json!({"kind": "health_down"})).await;
-    assert_eq!(get(&format!("{url}/health")).await.0, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        get(&format!("{url}/health")).await.0,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
     post_json(&format!("{url}/sim/fault"), &json!({"kind": "none"})).await;
     assert_eq!(get(&format!("{url}/health")).await.0, StatusCode::OK);
-    for bad in [json!({"kind": "sideways"}), json!({"kind": "error_status", "status": 1000})] {
-        assert_eq!(post(&format!("{url}/sim/fault"), &bad).await.0, StatusCode::BAD_REQUEST);
+    for bad in [
+        json!({"kind": "sideways"}),
+        json!({"kind": "error_status", "status": 1000}),
+    ] {
+        assert_eq!(
+            post(&format!("{url}/sim/fault"), &bad).await.0,
+            StatusCode::BAD_REQUEST
+        );
     }
 
-    let before = get_json(&format!("{url}/server_info")).await["startup_time"].as_f64().unwrap();
+    let before = get_json(&format!("{url}/server_info")).await["startup_time"]
+        .as_f64()
+        .unwrap();
     let answer = post_json(&format!("{url}/sim/restart"), &json!({})).await;
-    let after = get_json(&format!("{url}/server_info")).await["startup_time"].as_f64().unwrap();
+    let after = get_json(&format!("{url}/server_info")).await["startup_time"]
+        .as_f64()
+        .unwrap();
     assert!(after > before);
     assert_eq!(answer["startup_time"].as_f64(), Some(after));
     assert_eq!(fleet.engine(1).stats().restarts, 1);

@@ -5,7 +5,9 @@ use std::time::Duration;
 use kvgate_engine_sim::SimConfig;
 use serde_json::{Value, json};
 
-use crate::support::{endless, fast, get, get_json, one, post, post_json, raw_post, read_until, wait_until};
+use crate::support::{
+    endless, fast, get, get_json, one, post, post_json, raw_post, read_until, wait_until,
+};
 
 async fn cached(url: &str, body: Value) -> u64 {
     let answer = post_json(&format!("{url}/generate"), &body).await;
@@ -30,21 +32,32 @@ async fn a_repeated_prompt_reports_its_page_aligned_prefix_as_cached() {
     assert_eq!(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
     // The chat template shifts the text, so the chat prompt shares no page with the raw one.
     assert_eq!(second["usage"]["prompt_tokens"], 46);
-    assert_eq!(second["usage"]["prompt_tokens_details"]["cached_tokens"], 32);
+    assert_eq!(
+        second["usage"]["prompt_tokens_details"]["cached_tokens"],
+        32
+    );
 
     let stats = fleet.engine(0).stats();
-    assert_eq!((stats.prompt_tokens, stats.cached_tokens), (40 + 40 + 46 + 46, 64));
+    assert_eq!(
+        (stats.prompt_tokens, stats.cached_tokens),
+        (40 + 40 + 46 + 46, 64)
+    );
     assert_eq!(stats.cache_tokens, 64);
 }
 
 #[actix_rt::test]
 async fn requests_beyond_the_slots_wait_and_abort_request_frees_them() {
-    let (fleet, url) = one(SimConfig { max_running_requests: 2, ..endless() });
+    let (fleet, url) = one(SimConfig {
+        max_running_requests: 2,
+        ..endless()
+    });
     let mut clients = Vec::new();
     for i in 0..5 {
         let url = url.clone();
         let body = json!({"input_ids": ids(1000 * i, 20), "rid": format!("r{i}")});
-        clients.push(actix_rt::spawn(async move { post_json(&format!("{url}/generate"), &body).await }));
+        clients.push(actix_rt::spawn(async move {
+            post_json(&format!("{url}/generate"), &body).await
+        }));
     }
     let engine = fleet.engine(0);
     wait_until("2 run and 3 wait", || {
@@ -53,11 +66,25 @@ async fn requests_beyond_the_slots_wait_and_abort_request_frees_them() {
     })
     .await;
     let load = &get_json(&format!("{url}/v1/loads")).await["loads"][0];
-    assert_eq!((load["num_running_reqs"].as_u64(), load["num_waiting_reqs"].as_u64()), (Some(2), Some(3)));
+    assert_eq!(
+        (
+            load["num_running_reqs"].as_u64(),
+            load["num_waiting_reqs"].as_u64()
+        ),
+        (Some(2), Some(3))
+    );
     assert_eq!(load["num_waiting_uncached_tokens"], 60);
 
     for i in 0..5 {
-        assert_eq!(post(&format!("{url}/abort_request"), &json!({"rid": format!("r{i}")})).await.0, 200);
+        assert_eq!(
+            post(
+                &format!("{url}/abort_request"),
+                &json!({"rid": format!("r{i}")})
+            )
+            .await
+            .0,
+            200
+        );
     }
     for client in clients {
         let answer = client.await.unwrap();
@@ -69,17 +96,26 @@ async fn requests_beyond_the_slots_wait_and_abort_request_frees_them() {
 
 #[actix_rt::test]
 async fn a_client_that_hangs_up_is_aborted_and_frees_its_slot() {
-    let (fleet, url) = one(SimConfig { max_running_requests: 1, ..endless() });
+    let (fleet, url) = one(SimConfig {
+        max_running_requests: 1,
+        ..endless()
+    });
     let engine = fleet.engine(0);
 
     let mut streaming = raw_post(&url, "/generate", &json!({"text": "abcd", "stream": true}));
     read_until(&mut streaming, "data: ");
     assert_eq!(engine.stats().running, 1);
     drop(streaming);
-    wait_until("the streaming request is aborted", || engine.stats().aborted == 1).await;
+    wait_until("the streaming request is aborted", || {
+        engine.stats().aborted == 1
+    })
+    .await;
 
     let whole = raw_post(&url, "/v1/completions", &json!({"prompt": "abcd"}));
-    wait_until("the whole-body request runs", || engine.stats().running == 1).await;
+    wait_until("the whole-body request runs", || {
+        engine.stats().running == 1
+    })
+    .await;
     drop(whole);
     wait_until("the whole-body request is aborted", || {
         let s = engine.stats();
@@ -88,13 +124,20 @@ async fn a_client_that_hangs_up_is_aborted_and_frees_its_slot() {
     .await;
 
     // The slot is free again.
-    let answer = post_json(&format!("{url}/generate"), &json!({"text": "x", "sampling_params": {"max_new_tokens": 1}})).await;
+    let answer = post_json(
+        &format!("{url}/generate"),
+        &json!({"text": "x", "sampling_params": {"max_new_tokens": 1}}),
+    )
+    .await;
     assert_eq!(answer["meta_info"]["completion_tokens"], 1);
 }
 
 #[actix_rt::test]
 async fn flush_cache_empties_the_cache_but_only_when_idle() {
-    let (fleet, url) = one(SimConfig { max_running_requests: 1, ..fast() });
+    let (fleet, url) = one(SimConfig {
+        max_running_requests: 1,
+        ..fast()
+    });
     let req = json!({"input_ids": ids(0, 32), "sampling_params": {"max_new_tokens": 1}});
     assert_eq!(cached(&url, req.clone()).await, 0);
     assert_eq!(fleet.engine(0).stats().cache_tokens, 32);
@@ -105,7 +148,11 @@ async fn flush_cache_empties_the_cache_but_only_when_idle() {
     assert_eq!((stats.cache_tokens, stats.flushes), (0, 1));
     assert_eq!(cached(&url, req).await, 0);
 
-    let busy = raw_post(&url, "/generate", &json!({"text": "abcd", "sampling_params": {"max_new_tokens": 30000}}));
+    let busy = raw_post(
+        &url,
+        "/generate",
+        &json!({"text": "abcd", "sampling_params": {"max_new_tokens": 30000}}),
+    );
     wait_until("a request runs", || fleet.engine(0).stats().running == 1).await;
     assert_eq!(post(&format!("{url}/flush_cache"), &json!({})).await.0, 400);
     assert_eq!(fleet.engine(0).stats().cache_tokens, 32);
@@ -117,40 +164,70 @@ async fn restart_aborts_in_flight_work_empties_the_cache_and_changes_startup_tim
     let (fleet, url) = one(fast());
     let req = json!({"input_ids": ids(0, 32), "sampling_params": {"max_new_tokens": 1}});
     cached(&url, req.clone()).await;
-    let before = get_json(&format!("{url}/server_info")).await["startup_time"].as_f64().unwrap();
+    let before = get_json(&format!("{url}/server_info")).await["startup_time"]
+        .as_f64()
+        .unwrap();
 
     let url2 = url.clone();
     let long = actix_rt::spawn(async move {
-        post_json(&format!("{url2}/generate"), &json!({"text": "abcd", "sampling_params": {"max_new_tokens": 30000}})).await
+        post_json(
+            &format!("{url2}/generate"),
+            &json!({"text": "abcd", "sampling_params": {"max_new_tokens": 30000}}),
+        )
+        .await
     });
     wait_until("a request runs", || fleet.engine(0).stats().running == 1).await;
     fleet.engine(0).restart();
-    assert_eq!(long.await.unwrap()["meta_info"]["finish_reason"]["type"], "abort");
+    assert_eq!(
+        long.await.unwrap()["meta_info"]["finish_reason"]["type"],
+        "abort"
+    );
 
-    let after = get_json(&format!("{url}/server_info")).await["startup_time"].as_f64().unwrap();
+    let after = get_json(&format!("{url}/server_info")).await["startup_time"]
+        .as_f64()
+        .unwrap();
     assert!(after > before);
     let stats = fleet.engine(0).stats();
-    assert_eq!((stats.cache_tokens, stats.restarts, stats.aborted, stats.requests), (0, 1, 1, 2));
+    assert_eq!(
+        (
+            stats.cache_tokens,
+            stats.restarts,
+            stats.aborted,
+            stats.requests
+        ),
+        (0, 1, 1, 2)
+    );
     assert_eq!(cached(&url, req).await, 0);
 }
 
 #[actix_rt::test]
 async fn dp_ranks_keep_separate_caches_and_loads_and_routed_dp_rank_pins() {
-    let (fleet, url) = one(SimConfig { dp_size: 2, ..fast() });
+    let (fleet, url) = one(SimConfig {
+        dp_size: 2,
+        ..fast()
+    });
     let pinned = |rank: &str, r: u64| json!({"input_ids": ids(0, 32), rank: r, "sampling_params": {"max_new_tokens": 1}});
     assert_eq!(cached(&url, pinned("routed_dp_rank", 1)).await, 0);
     assert_eq!(cached(&url, pinned("routed_dp_rank", 0)).await, 0);
     assert_eq!(cached(&url, pinned("data_parallel_rank", 1)).await, 32);
 
     let loads = get_json(&format!("{url}/v1/loads")).await;
-    let uncached = |r: usize| loads["loads"][r]["total_prefill_uncached_tokens"].as_u64().unwrap();
+    let uncached = |r: usize| {
+        loads["loads"][r]["total_prefill_uncached_tokens"]
+            .as_u64()
+            .unwrap()
+    };
     assert_eq!((uncached(0), uncached(1)), (32, 32));
     assert!((loads["loads"][1]["cache_hit_rate"].as_f64().unwrap() - 0.5).abs() < 1e-9);
 
     // Unpinned requests go to the rank with fewer running + waiting.
     let mut busy = Vec::new();
     for _ in 0..2 {
-        busy.push(raw_post(&url, "/generate", &json!({"text": "abcd", "sampling_params": {"max_new_tokens": 30000}})));
+        busy.push(raw_post(
+            &url,
+            "/generate",
+            &json!({"text": "abcd", "sampling_params": {"max_new_tokens": 30000}}),
+        ));
         let n = busy.len() as u64;
         wait_until("the request runs", || fleet.engine(0).stats().running == n).await;
     }
@@ -162,8 +239,12 @@ async fn dp_ranks_keep_separate_caches_and_loads_and_routed_dp_rank_pins() {
 #[actix_rt::test]
 async fn the_least_recently_used_prefix_is_evicted_at_capacity() {
     // Room for four pages of 16: two 32-token prompts.
-    let (fleet, url) = one(SimConfig { cache_capacity_tokens: 64, ..fast() });
-    let prompt = |start| json!({"input_ids": ids(start, 32), "sampling_params": {"max_new_tokens": 1}});
+    let (fleet, url) = one(SimConfig {
+        cache_capacity_tokens: 64,
+        ..fast()
+    });
+    let prompt =
+        |start| json!({"input_ids": ids(start, 32), "sampling_params": {"max_new_tokens": 1}});
     let (a, b, c) = (prompt(0), prompt(100), prompt(200));
     cached(&url, a.clone()).await;
     cached(&url, b.clone()).await;
@@ -176,7 +257,9 @@ async fn the_least_recently_used_prefix_is_evicted_at_capacity() {
 }
 
 async fn gen_throughput(url: &str) -> f64 {
-    get_json(&format!("{url}/v1/loads")).await["loads"][0]["gen_throughput"].as_f64().unwrap()
+    get_json(&format!("{url}/v1/loads")).await["loads"][0]["gen_throughput"]
+        .as_f64()
+        .unwrap()
 }
 
 #[actix_rt::test]
@@ -192,9 +275,15 @@ async fn gen_throughput_is_kept_when_idle_unless_a_residual_is_set() {
     post_json(&format!("{url}/generate"), &req).await;
     assert!((gen_throughput(&url).await - 400.0).abs() < 1e-6);
     assert_eq!(get(&format!("{url}/health_generate")).await.0, 200);
-    assert!((gen_throughput(&url).await - 400.0).abs() < 1e-6, "never cleared when idle");
+    assert!(
+        (gen_throughput(&url).await - 400.0).abs() < 1e-6,
+        "never cleared when idle"
+    );
 
-    let (_fleet, url) = one(SimConfig { idle_gen_throughput_residual: Some(0.36), ..cfg });
+    let (_fleet, url) = one(SimConfig {
+        idle_gen_throughput_residual: Some(0.36),
+        ..cfg
+    });
     assert_eq!(gen_throughput(&url).await, 0.0);
     assert_eq!(get(&format!("{url}/health_generate")).await.0, 200);
     assert_eq!(gen_throughput(&url).await, 0.36);
@@ -202,7 +291,11 @@ async fn gen_throughput_is_kept_when_idle_unless_a_residual_is_set() {
     assert_eq!(gen_throughput(&url).await, 0.36);
 
     // While busy the gauge shows the measured rate again.
-    let busy = raw_post(&url, "/generate", &json!({"text": "abcd", "sampling_params": {"max_new_tokens": 30000}}));
+    let busy = raw_post(
+        &url,
+        "/generate",
+        &json!({"text": "abcd", "sampling_params": {"max_new_tokens": 30000}}),
+    );
     let mut rate = 0.0;
     for _ in 0..2_000 {
         rate = gen_throughput(&url).await;

@@ -21,7 +21,10 @@ pub fn fast() -> SimConfig {
 
 /// A config whose requests stay running until aborted.
 pub fn endless() -> SimConfig {
-    SimConfig { default_max_new_tokens: 30_000, ..fast() }
+    SimConfig {
+        default_max_new_tokens: 30_000,
+        ..fast()
+    }
 }
 
 pub fn one(cfg: SimConfig) -> (SimFleet, String) {
@@ -31,7 +34,9 @@ pub fn one(cfg: SimConfig) -> (SimFleet, String) {
 }
 
 fn client() -> awc::Client {
-    awc::Client::builder().timeout(Duration::from_secs(20)).finish()
+    awc::Client::builder()
+        .timeout(Duration::from_secs(20))
+        .finish()
 }
 
 pub async fn get(url: &str) -> (StatusCode, Bytes) {
@@ -84,7 +89,8 @@ pub async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
 pub fn raw_post(url: &str, path: &str, body: &Value) -> TcpStream {
     let addr = url.strip_prefix("http://").unwrap();
     let mut conn = TcpStream::connect(addr).unwrap();
-    conn.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
     let body = body.to_string();
     let head = format!(
         "POST {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
