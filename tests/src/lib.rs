@@ -157,3 +157,18 @@ pub fn sse_events(body: &str) -> (Vec<Value>, bool) {
     }
     (events, done)
 }
+
+/// Like [`wait_for`], for a condition that needs to await (an actor's answer).
+pub async fn wait_for_async<F, Fut>(secs: u64, what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..secs * 50 {
+        if cond().await {
+            return;
+        }
+        actix_rt::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("timed out waiting for {what}");
+}

@@ -72,6 +72,34 @@ fn bench_tree<E: KeyUnit + common::Unit>(
             BatchSize::SmallInput,
         )
     });
+    let budget = tree.config().max_units;
+    tree.set_budgets(None, None);
+    g.bench_function("TMP_new_prompt_no_evict", |b| {
+        b.iter_batched(
+            || w.prompt(),
+            |p| {
+                now += 1;
+                let (m, t) = tree.match_and_insert(&p, now, |m| {
+                    Some(m.per_tenant.first().map_or(now % TENANTS, |x| x.0))
+                });
+                black_box((m.matched_len, t))
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    g.bench_function("TMP_new_prompt_none", |b| {
+        b.iter_batched(
+            || w.prompt(),
+            |p| {
+                now += 1;
+                let (m, t) = tree.match_and_insert(&p, now, |_| None);
+                black_box((m.matched_len, t))
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    tree.set_budgets(budget, None);
+    tree.evict();
     let mut i = 0;
     g.bench_function("match_insert_repeat_prompt", |b| {
         b.iter(|| {

@@ -123,6 +123,8 @@ struct Engine {
     hit_tokens: u64,
     input_tokens: u64,
     gen_since_poll: u64,
+    hits_since_poll: (u64, u64),
+    cache_hit_rate: f64,
     last_poll: f64,
     gen_throughput: f64,
 }
@@ -141,6 +143,8 @@ impl Engine {
             hit_tokens: 0,
             input_tokens: 0,
             gen_since_poll: 0,
+            hits_since_poll: (0, 0),
+            cache_hit_rate: 0.0,
             last_poll: 0.0,
             gen_throughput: 0.0,
         }
@@ -186,6 +190,8 @@ impl Engine {
                 tokens += (r.input - hit) as f64;
                 self.hit_tokens += hit as u64;
                 self.input_tokens += r.input as u64;
+                self.hits_since_poll.0 += hit as u64;
+                self.hits_since_poll.1 += r.input as u64;
                 let len = r.stores.max(self.cache.peek(r.group));
                 self.cache.put(r.group, len);
                 batch.push(r);
@@ -235,6 +241,10 @@ impl Engine {
             self.gen_throughput = self.gen_since_poll as f64 / elapsed;
         }
         self.gen_since_poll = 0;
+        if self.hits_since_poll.1 > 0 {
+            self.cache_hit_rate = self.hits_since_poll.0 as f64 / self.hits_since_poll.1 as f64;
+        }
+        self.hits_since_poll = (0, 0);
         self.last_poll = now;
         let prefilling = match &self.step {
             Some((_, Step::Prefill(b))) => b.len(),
@@ -254,6 +264,7 @@ impl Engine {
                 max_running_requests: MAX_RUNNING as u64,
                 token_usage: (used / self.kv_capacity).min(1.0),
                 gen_throughput: self.gen_throughput,
+                cache_hit_rate: self.cache_hit_rate,
                 total_prefill_uncached_tokens: self.prefill_tokens,
                 total_prefill_busy_us: self.prefill_busy_us,
                 ..RankLoad::default()
@@ -270,8 +281,14 @@ fn secs(t: f64) -> Duration {
 /// A workload: how requests are drawn.
 #[derive(Clone, Copy)]
 enum Workload {
-    /// `groups` long shared prefixes (system prompts, few-shot) with Zipf popularity.
-    SharedPrefix { groups: u64, prefix: u32 },
+    /// `groups` shared prefixes (system prompts, few-shot) with Zipf(`zipf`) popularity,
+    /// each request adding a unique suffix drawn from `suffix`.
+    SharedPrefix {
+        groups: u64,
+        prefix: u32,
+        zipf: f64,
+        suffix: (u32, u32),
+    },
     /// Multi-turn chats: each turn resends the whole history.
     Chat { sessions: u64, turns: u32 },
 }
@@ -281,8 +298,15 @@ fn requests(w: Workload, rate: f64, duration: f64, seed: u64) -> Vec<Req> {
     let mut out = Vec::new();
     let mut t = 0.0;
     match w {
-        Workload::SharedPrefix { groups, prefix } => {
-            let weights: Vec<f64> = (0..groups).map(|k| 1.0 / (k as f64 + 1.0).powf(0.9)).collect();
+        Workload::SharedPrefix {
+            groups,
+            prefix,
+            zipf,
+            suffix,
+        } => {
+            let weights: Vec<f64> = (0..groups)
+                .map(|k| 1.0 / (k as f64 + 1.0).powf(zipf))
+                .collect();
             let total: f64 = weights.iter().sum();
             loop {
                 t += -rng.r#gen::<f64>().max(1e-12).ln() / rate;
@@ -295,7 +319,7 @@ fn requests(w: Workload, rate: f64, duration: f64, seed: u64) -> Vec<Req> {
                     x -= weights[g];
                     g += 1;
                 }
-                let suffix = rng.gen_range(50..300);
+                let suffix = rng.gen_range(suffix.0..suffix.1);
                 out.push(Req {
                     arrival: t,
                     group: g as u64,
@@ -442,14 +466,6 @@ fn simulate(fleet: &Fleet, cfg: &PolicyConfig, reqs: &[Req], seed: u64) -> Outco
         seq += 1;
         let d: Decision = select(cfg, &input, &mut rng);
         *out.paths.entry(d.path).or_default() += 1;
-        if std::env::var("DEBUG_SPILL").is_ok() && d.path == DecisionPath::Spill && now > 100.0 && now < 101.0 {
-            for (c, (e, v)) in d.candidates.iter().zip(engines.iter().zip(&views)) {
-                let l = &v.load.as_ref().unwrap().ranks[0];
-                eprintln!("t={now:.2} w={} matched={:?} score={:.3} prefill={:.3} inflight={} run={} wait={} q={} credit={} real_wait={} chosen={}",
-                    c.worker, c.matched, c.score.unwrap_or(-1.0), c.prefill.unwrap_or(-1.0), c.in_flight, l.num_running_reqs, l.num_waiting_reqs, l.num_waiting_uncached_tokens, v.credit.tokens, e.waiting.len(), Some(c.worker)==d.worker);
-            }
-            eprintln!("--");
-        }
         let Some(chosen) = d.worker else { continue };
         let Some(i) = ids.iter().position(|id| *id == chosen) else {
             continue;
@@ -511,22 +527,38 @@ fn main() {
     let shared = Workload::SharedPrefix {
         groups: 64,
         prefix: 3000,
+        zipf: 0.9,
+        suffix: (50, 300),
+    };
+    let hot = Workload::SharedPrefix {
+        groups: 64,
+        prefix: 3000,
+        zipf: 1.5,
+        suffix: (50, 300),
+    };
+    let template = Workload::SharedPrefix {
+        groups: 4,
+        prefix: 300,
+        zipf: 0.0,
+        suffix: (800, 2000),
     };
     let chat = Workload::Chat {
         sessions: 256,
         turns: 8,
     };
-    let mut cases: Vec<(&str, Workload, Vec<Gpu>, f64, f64)> = vec![
+    let cases: Vec<(&str, Workload, Vec<Gpu>, f64, f64)> = vec![
         ("shared-prefix 8 GPUs", shared, eight_fast.clone(), 1.0, 30.0),
         ("shared-prefix 8 GPUs", shared, eight_fast.clone(), 1.0, 45.0),
         ("shared-prefix 8 GPUs", shared, eight_fast.clone(), 1.0, 60.0),
         ("shared-prefix 8 GPUs, poll 5 s", shared, eight_fast.clone(), 5.0, 45.0),
         ("shared-prefix 4 fast + 4 slow", shared, mixed.clone(), 1.0, 35.0),
+        ("hot prefixes (Zipf 1.5) 8 GPUs", hot, eight_fast.clone(), 1.0, 45.0),
+        ("shared template + long unique 8 GPUs", template, eight_fast.clone(), 1.0, 25.0),
+        ("chat 8 GPUs", chat, eight_fast.clone(), 1.0, 15.0),
         ("chat 8 GPUs", chat, eight_fast.clone(), 1.0, 30.0),
         ("chat 8 GPUs", chat, eight_fast, 1.0, 45.0),
         ("chat 4 fast + 4 slow", chat, mixed, 1.0, 30.0),
     ];
-    if std::env::var("DEBUG_SPILL").is_ok() { cases = vec![("x", shared, vec![FAST; 8], 1.0, 60.0)]; }
     println!(
         "| workload | req/s | policy | TTFT mean (s) | p50 | p90 | p99 | e2e mean (s) | hit tokens | paths |"
     );

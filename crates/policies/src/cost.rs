@@ -89,7 +89,7 @@ pub(crate) fn select(ctx: &Ctx<'_>, rng: &mut dyn RngCore) -> Decision {
     d
 }
 
-/// (ttft, prefill part) for each member of `set`.
+/// (cost, weighted prefill part) for each member of `set`.
 fn ttft(ctx: &Ctx<'_>, set: &[usize]) -> Vec<(f64, f64)> {
     let fleet = &ctx.fleet;
     let p = &fleet.params;
@@ -122,10 +122,22 @@ fn ttft(ctx: &Ctx<'_>, set: &[usize]) -> Vec<(f64, f64)> {
         .map(|(&i, w)| {
             let uncached =
                 estimate::uncached_tokens(ctx.input.request, ctx.matches(), ctx.matched[i], ctx.cfg);
-            let prefill = uncached / rate(i);
+            let prefill = weight(ctx, i) * uncached / rate(i);
             (w.unwrap_or(f64::MAX) + prefill, prefill)
         })
         .collect()
+}
+
+/// How many times a prefill on worker index `i` is paid: once by this request, once by
+/// each request that will queue behind it, and once more with the probability that the
+/// cached tokens it evicts would have been reused.
+fn weight(ctx: &Ctx<'_>, i: usize) -> f64 {
+    let w = &ctx.fleet.workers[i];
+    match ctx.fleet.load(i) {
+        Some(l) => 1.0 + l.waiting_reqs + w.credit.requests as f64 + l.hit_rate,
+        // The no-report wait already treats in-flight requests as queued.
+        None => 1.0 + w.in_flight as f64,
+    }
 }
 
 #[cfg(test)]

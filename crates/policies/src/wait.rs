@@ -76,6 +76,8 @@ pub(crate) struct Load {
     pub ranks: f64,
     /// Mean per-rank prefill rate from the cumulative counters; 0 when unknown.
     pub prefill_rate: f64,
+    /// Mean prefix-cache hit rate over ranks, 0..=1.
+    pub hit_rate: f64,
 }
 
 impl Load {
@@ -110,6 +112,11 @@ impl Load {
         } else {
             0.0
         };
+        let hit_rate = ranks
+            .iter()
+            .map(|r| nonneg(r.cache_hit_rate).min(1.0))
+            .sum::<f64>()
+            / n;
         Some(Load {
             live_rate: live_rate(ranks),
             queued,
@@ -117,6 +124,7 @@ impl Load {
             waiting_reqs,
             ranks: n,
             prefill_rate,
+            hit_rate,
         })
     }
 

@@ -1,0 +1,93 @@
+//! Cache- and load-aware routing end to end: real gateway, simulated engines, real polls.
+
+use kvgate_engine_sim::SimConfig;
+use kvgate_gateway::GetViews;
+use kvgate_policies::PolicyKind;
+use kvgate_poller::PollNow;
+use kvgate_tests::{Harness, post_json, wait_for_async};
+use serde_json::json;
+
+fn sim() -> SimConfig {
+    SimConfig {
+        max_running_requests: 16,
+        idle_gen_throughput_residual: Some(0.36),
+        ..SimConfig::default()
+    }
+}
+
+async fn with_loads(engines: usize, policy: PolicyKind) -> Harness {
+    let h = Harness::start(engines, sim(), |c| {
+        c.policy.kind = policy;
+        c.seed = Some(7);
+    });
+    // Routing must see real load reports (the idle residual among them) before the burst.
+    let actors = h.gw.actors().clone();
+    actors.poller.do_send(PollNow);
+    wait_for_async(10, "a load report from every engine", || {
+        let sel = actors.selector.clone();
+        async move {
+            sel.send(GetViews).await.map(|v| v.iter().all(|w| w.load.is_some())).unwrap_or(false)
+        }
+    })
+    .await;
+    h
+}
+
+async fn burst(h: &Harness, n: usize) {
+    let reqs = (0..n).map(|i| {
+        let url = h.url("/v1/completions");
+        async move {
+            let body = json!({"prompt": format!("unrelated prompt number {i} about topic {}", i * 7919), "max_tokens": 8});
+            let r = post_json(&url, &body).await;
+            assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+        }
+    });
+    futures_util::future::join_all(reqs).await;
+}
+
+#[actix_rt::test]
+async fn a_burst_of_unrelated_prompts_splits_evenly_over_two_engines() {
+    for policy in [PolicyKind::CacheAware, PolicyKind::LeastLoad, PolicyKind::PowerOfTwo] {
+        let h = with_loads(2, policy).await;
+        burst(&h, 32).await;
+        let split = h.split();
+        assert_eq!(split.iter().sum::<u64>(), 32);
+        assert!(split.iter().all(|&n| (14..=18).contains(&n)), "{policy}: {split:?}");
+    }
+}
+
+#[actix_rt::test]
+async fn a_burst_over_four_engines_gives_each_six_to_ten() {
+    for policy in [PolicyKind::CacheAware, PolicyKind::LeastLoad, PolicyKind::PowerOfTwo] {
+        let h = with_loads(4, policy).await;
+        burst(&h, 32).await;
+        let split = h.split();
+        assert_eq!(split.iter().sum::<u64>(), 32);
+        assert!(split.iter().all(|&n| (6..=10).contains(&n)), "{policy}: {split:?}");
+    }
+}
+
+#[actix_rt::test]
+async fn a_shared_prefix_stays_with_the_engine_that_holds_it() {
+    let h = with_loads(4, PolicyKind::CacheAware).await;
+    let system = "You are a careful assistant for the kvgate test suite. ".repeat(40);
+    let ask = |q: String| {
+        let url = h.url("/v1/chat/completions");
+        let system = system.clone();
+        async move {
+            let body = json!({"messages": [{"role": "system", "content": system}, {"role": "user", "content": q}], "max_tokens": 2});
+            let r = post_json(&url, &body).await;
+            assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+            r.json()
+        }
+    };
+    ask("first question".into()).await;
+    let holder = h.split().iter().position(|&n| n == 1).expect("one engine served it");
+    for i in 0..8 {
+        let r = ask(format!("follow-up question {i}")).await;
+        // The engine reused the shared prefix, so the gateway sent it where it was cached.
+        assert!(r["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0) > 0, "{r}");
+    }
+    let split = h.split();
+    assert_eq!(split[holder], 9, "{split:?}");
+}
