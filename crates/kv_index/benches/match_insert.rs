@@ -69,7 +69,7 @@ fn bench_tree<E: KeyUnit + common::Unit>(
                 });
                 black_box((m.matched_len, t))
             },
-            BatchSize::SmallInput,
+            BatchSize::PerIteration,
         )
     });
     let budget = tree.config().max_units;
@@ -84,7 +84,7 @@ fn bench_tree<E: KeyUnit + common::Unit>(
                 });
                 black_box((m.matched_len, t))
             },
-            BatchSize::SmallInput,
+            BatchSize::PerIteration,
         )
     });
     g.bench_function("TMP_new_prompt_none", |b| {
@@ -95,7 +95,7 @@ fn bench_tree<E: KeyUnit + common::Unit>(
                 let (m, t) = tree.match_and_insert(&p, now, |_| None);
                 black_box((m.matched_len, t))
             },
-            BatchSize::SmallInput,
+            BatchSize::PerIteration,
         )
     });
     tree.set_budgets(budget, None);
@@ -160,7 +160,7 @@ fn hash(c: &mut Criterion) {
                     idx.probe_and_record(&p, 0, now, |p| p.holders.first().copied().or(Some(1))),
                 )
             },
-            BatchSize::SmallInput,
+            BatchSize::PerIteration,
         )
     });
     g.finish();

@@ -1,42 +1,64 @@
-//! cache_aware cost mode: the lowest expected time to first token, with no threshold.
+//! cache_aware cost mode (the default): the least marginal cost in seconds of prefill,
+//! with no threshold.
 //!
 //! For each candidate w (the eligible workers the count gate leaves):
 //!
 //! ```text
-//! P(w)        = w's prefill rate per rank: total_prefill_uncached_tokens / total_prefill_busy
-//!               (SGLang's cumulative counters, mean over ranks that report them); a worker
-//!               without counters is priced at the candidates' mean P, or at
-//!               default_prefill_throughput when nobody reports one
-//! wait(w)     = (queued(w) + D(w)) / (n_ranks(w) · P(w)) + λ · k / (1 − k)     w has a report
-//!             = B + in_flight(w) · p̄ / P̄                                       no report
-//!             = in_flight(w) · p̄ / P̄                                           nobody reports
-//! prefill(w)  = uncached(w) / P(w),   uncached(w) = prompt tokens − tokens w already holds
-//! ttft(w)     = wait(w) + prefill(w)
+//! P(w)       = w's prefill rate per rank: total_prefill_uncached_tokens / total_prefill_busy
+//!              (SGLang's cumulative counters, mean over ranks that report them); a worker
+//!              without counters is priced at the candidates' mean P̄, or at
+//!              default_prefill_throughput when nobody reports one
+//! wait(w)    = (queued(w) + D(w)) / (n_ranks(w) · P(w)) + λ · k / (1 − k)     w has a report
+//!            = B + in_flight(w) · p̄ / P̄                                       no report
+//!            = in_flight(w) · p̄ / P̄                                           nobody reports
+//! prefill(w) = m(w) · uncached(w) / P(w),  uncached(w) = prompt tokens − tokens w holds
+//! m(w)       = 1 + waiting_reqs(w) + dispatched_since_sample(w) + cache_hit_rate(w)
+//!            = 1 + in_flight(w)                                               no report
+//! cost(w)    = wait(w) + prefill(w)
 //! ```
 //!
-//! with queued, D, k, λ and p̄ as in the expected wait (`wait` module), B the least wait
-//! among reporting candidates and P̄ the candidates' mean prefill rate. The lowest ttft
-//! wins; ties (within 1e-6 s) are drawn uniformly.
+//! with queued, D, k, λ and p̄ as in the expected wait (`wait` module) and B the least
+//! wait among reporting candidates. The lowest cost wins; ties (within 1e-6 s) are drawn
+//! uniformly. `CandidateScore::score` is `cost(w)`, `CandidateScore::prefill` is
+//! `prefill(w)`.
 //!
-//! Differences from the threshold mode, and why:
-//! - **No cliff.** Affinity is worth exactly the prefill it saves on that worker, so a 40%
-//!   match on an idle worker can beat a 90% match on a backlogged one, and a chat
-//!   template shared by every worker (which matches everywhere) changes nothing.
+//! `wait(w) + uncached(w) / P(w)` is the request's expected time to first token on w. The
+//! multiplier m(w) turns it into a marginal cost: a prefill added to w is paid once by
+//! this request, once by every request that queues behind it (about as many as wait
+//! there now, by Little's law), and once more with the probability that the cached tokens
+//! it evicts would have been reused (the engine's reported hit rate). On an idle worker
+//! m = 1 + hit rate, so at light load the choice is close to the plain fastest first
+//! token; on a worker with a queue a spill or a miss grows expensive, because in
+//! saturation extra prefill is what keeps the queue from draining. Without m (plain time
+//! to first token), `benches/modes.rs` spilled 9–17% of chat requests off their holders,
+//! and saturated chat averaged 32 s to first token against the threshold mode's 4.6 s.
+//!
+//! Why it is the default (figures in docs/benchmarks-policies.md, from
+//! `cargo bench -p kvgate-policies --bench modes`): on the same simulated arrivals it
+//! matched or beat the threshold mode's mean time to first token in 10 of 11 workloads
+//! (shared system prompts, hot prefixes, a fleet of fast and slow GPUs, multi-turn chat, a
+//! shared template with long unique prompts; from light load to saturation), its p99 in
+//! 10 and its mean end-to-end latency in 9. It lost mean TTFT only on light-load chat
+//! (0.109 s vs 0.103 s), where it moves a few sessions to idle workers. These are one
+//! simulator's figures; an end-to-end run against real engines should confirm them.
+//! The design reasons:
+//! - **No cliff.** Affinity is worth exactly the prefill it saves, so a 40% match on an
+//!   idle worker can beat a 90% match on a backlogged one, and a short template shared by
+//!   every worker no longer decides anything.
 //! - **Backlog priced at the prefill rate.** A queued prompt delays a newcomer by its
 //!   prefill time: SGLang schedules waiting prefills ahead of decode steps. The expected
 //!   wait divides queued tokens by the decode throughput instead (the reference's proxy),
-//!   which overprices a queue several-fold against the prefill a hit saves, and would let
-//!   any queue at all outweigh affinity.
+//!   which overprices a queue several-fold against the prefill a hit saves.
 //! - **Measured prefill rate**, so a slower GPU's misses cost what they really cost.
 //! - **Credit is the uncached part**: the chosen worker is credited `uncached(w)` tokens,
 //!   the work it will report as `num_waiting_uncached_tokens`, not the whole prompt.
-//! - The count gate still applies (as a bound on in-flight skew: the time to first token
-//!   ignores how large the decode batch grows), and KV pressure still triggers the
-//!   ungated expected-wait fallback when configured.
+//! - The count gate still applies, as a bound on in-flight skew (time to first token does
+//!   not see how large a decode batch grows), and KV pressure still triggers the ungated
+//!   expected-wait fallback when configured.
 //!
 //! Paths: `hit` (or `hash` on the hash index) when the chosen worker holds part of the
 //! prompt, `spill` when it holds none although an eligible worker does, `miss` when nobody
-//! holds any, `fallback` when no matches were passed.
+//! holds any, `fallback` when no matches were passed (the cost then has no affinity).
 
 use rand::RngCore;
 
