@@ -130,7 +130,7 @@ impl IndexActor {
                 source: MatchSource::Hash { boundary: None },
             },
             (RoutingText::Tokens(t), false) => {
-                let pm = m.tokens.match_prefix(t, now);
+                let pm = m.tokens.peek_prefix(t);
                 PrefixMatches {
                     input_len: pm.input_len,
                     per_worker: pm.per_tenant,
@@ -138,7 +138,7 @@ impl IndexActor {
                 }
             }
             (RoutingText::Text(s), false) => {
-                let pm = m.text.match_prefix(s.as_bytes(), now);
+                let pm = m.text.peek_prefix(s.as_bytes());
                 PrefixMatches {
                     input_len: pm.input_len,
                     per_worker: pm.per_tenant,

@@ -270,14 +270,10 @@ impl<T: TenantId> HashIndex<T> {
                 .into_iter()
                 .map(|(t, age)| (t, now.saturating_sub(age)))
                 .collect();
-            // Freshest first, one per tenant, at most the cap; then oldest first again.
+            // One per tenant (its freshest), the freshest up to the cap, stalest first.
+            holders.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+            holders.dedup_by_key(|h| h.0);
             holders.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-            let mut seen = Vec::new();
-            holders.retain(|h| {
-                let fresh = !seen.contains(&h.0);
-                seen.push(h.0);
-                fresh
-            });
             holders.truncate(index.config.max_holders);
             holders.reverse();
             if let Some(newest) = holders.last().map(|h| h.1) {

@@ -10,6 +10,11 @@
 //! and a key bound. The crate never reads a clock (time is a `u64` the caller passes),
 //! does no I/O, and depends on nothing async.
 //!
+//! Eviction is O(1) per entry dropped (recency lists kept in leaf-first order) and runs
+//! after each insert by default, so no call returns over budget. Snapshots are flat
+//! pre-order records produced in bounded chunks from `&self`, so the owner can interleave
+//! them with routing; [`encode`]/[`decode`] turn them into bytes.
+//!
 //! ```
 //! use kvgate_kv_index::{RadixTree, TreeConfig};
 //!
@@ -34,6 +39,7 @@ mod error;
 mod hash;
 mod lru;
 mod prefix_match;
+mod small;
 mod snapshot;
 mod tree;
 

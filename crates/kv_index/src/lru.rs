@@ -9,33 +9,49 @@
 /// The "no entry" link.
 pub(crate) const NIL: u32 = u32::MAX;
 
+const GLOBAL: usize = 0;
+const TENANT: usize = 1;
+
 #[derive(Debug, Clone)]
 pub(crate) struct Entry {
     /// Index of the tenant's slot in the tree.
     pub(crate) tslot: u32,
     pub(crate) node: u32,
     pub(crate) stamp: u64,
-    prev: u32,
-    next: u32,
-    tprev: u32,
-    tnext: u32,
+    /// Links on the global list (`[GLOBAL]`) and on the tenant's list (`[TENANT]`).
+    prev: [u32; 2],
+    next: [u32; 2],
 }
+
+#[derive(Debug, Clone, Copy)]
+struct Ends {
+    head: u32,
+    tail: u32,
+}
+
+const EMPTY: Ends = Ends {
+    head: NIL,
+    tail: NIL,
+};
 
 /// One tenant's list ends and its unit count.
 #[derive(Debug, Clone)]
 pub(crate) struct TenantList {
-    pub(crate) head: u32,
-    tail: u32,
+    ends: Ends,
     pub(crate) units: usize,
 }
 
 impl TenantList {
     pub(crate) fn new() -> Self {
         Self {
-            head: NIL,
-            tail: NIL,
+            ends: EMPTY,
             units: 0,
         }
+    }
+
+    /// The tenant's least recently used entry.
+    pub(crate) fn head(&self) -> Option<u32> {
+        (self.ends.head != NIL).then_some(self.ends.head)
     }
 }
 
@@ -43,8 +59,7 @@ impl TenantList {
 pub(crate) struct Lru {
     entries: Vec<Entry>,
     free: Vec<u32>,
-    head: u32,
-    tail: u32,
+    ends: Ends,
 }
 
 impl Lru {
@@ -52,8 +67,7 @@ impl Lru {
         Self {
             entries: Vec::new(),
             free: Vec::new(),
-            head: NIL,
-            tail: NIL,
+            ends: EMPTY,
         }
     }
 
@@ -63,7 +77,11 @@ impl Lru {
 
     /// The least recently used entry of all tenants.
     pub(crate) fn head(&self) -> Option<u32> {
-        (self.head != NIL).then_some(self.head)
+        (self.ends.head != NIL).then_some(self.ends.head)
+    }
+
+    pub(crate) fn size_bytes(&self) -> usize {
+        self.entries.capacity() * size_of::<Entry>() + self.free.capacity() * size_of::<u32>()
     }
 
     #[cfg(test)]
@@ -71,44 +89,17 @@ impl Lru {
         self.entries.len() - self.free.len()
     }
 
-    pub(crate) fn size_bytes(&self) -> usize {
-        self.entries.capacity() * size_of::<Entry>() + self.free.capacity() * size_of::<u32>()
-    }
-
-    /// Global order, oldest first (tests and invariant checks).
+    /// Global order, oldest first (invariant checks).
     #[cfg(test)]
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (u32, &Entry)> {
-        let mut cur = self.head;
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Entry> {
+        let mut cur = self.ends.head;
         std::iter::from_fn(move || {
             (cur != NIL).then(|| {
-                let e = cur;
-                cur = self.entries[e as usize].next;
-                (e, &self.entries[e as usize])
+                let e = &self.entries[cur as usize];
+                cur = e.next[GLOBAL];
+                e
             })
         })
-    }
-
-    fn alloc(&mut self, tslot: u32, node: u32, stamp: u64) -> u32 {
-        let entry = Entry {
-            tslot,
-            node,
-            stamp,
-            prev: NIL,
-            next: NIL,
-            tprev: NIL,
-            tnext: NIL,
-        };
-        match self.free.pop() {
-            Some(e) => {
-                self.entries[e as usize] = entry;
-                e
-            }
-            None => {
-                debug_assert!(self.entries.len() < NIL as usize);
-                self.entries.push(entry);
-                (self.entries.len() - 1) as u32
-            }
-        }
     }
 
     /// A new most recent entry.
@@ -120,8 +111,9 @@ impl Lru {
         stamp: u64,
     ) -> u32 {
         let e = self.alloc(tslot, node, stamp);
-        self.link_after(e, self.tail);
-        self.tlink_after(list, e, list.tail);
+        let (gtail, ttail) = (self.ends.tail, list.ends.tail);
+        link_after(&mut self.entries, &mut self.ends, GLOBAL, e, gtail);
+        link_after(&mut self.entries, &mut list.ends, TENANT, e, ttail);
         e
     }
 
@@ -136,97 +128,76 @@ impl Lru {
         stamp: u64,
     ) -> u32 {
         let e = self.alloc(tslot, node, stamp);
-        self.link_after(e, after);
-        self.tlink_after(list, e, after);
+        link_after(&mut self.entries, &mut self.ends, GLOBAL, e, after);
+        link_after(&mut self.entries, &mut list.ends, TENANT, e, after);
         e
     }
 
     pub(crate) fn move_to_back(&mut self, list: &mut TenantList, e: u32, stamp: u64) {
         self.entries[e as usize].stamp = stamp;
-        if self.tail != e {
-            self.unlink(e);
-            self.link_after(e, self.tail);
-        }
-        if list.tail != e {
-            self.tunlink(list, e);
-            self.tlink_after(list, e, list.tail);
+        for (ends, w) in [(&mut self.ends, GLOBAL), (&mut list.ends, TENANT)] {
+            if ends.tail != e {
+                unlink(&mut self.entries, ends, w, e);
+                let tail = ends.tail;
+                link_after(&mut self.entries, ends, w, e, tail);
+            }
         }
     }
 
     pub(crate) fn remove(&mut self, list: &mut TenantList, e: u32) {
-        self.unlink(e);
-        self.tunlink(list, e);
+        unlink(&mut self.entries, &mut self.ends, GLOBAL, e);
+        unlink(&mut self.entries, &mut list.ends, TENANT, e);
         self.free.push(e);
     }
 
-    fn unlink(&mut self, e: u32) {
-        let (prev, next) = {
-            let en = &self.entries[e as usize];
-            (en.prev, en.next)
+    fn alloc(&mut self, tslot: u32, node: u32, stamp: u64) -> u32 {
+        let entry = Entry {
+            tslot,
+            node,
+            stamp,
+            prev: [NIL; 2],
+            next: [NIL; 2],
         };
-        match prev {
-            NIL => self.head = next,
-            p => self.entries[p as usize].next = next,
-        }
-        match next {
-            NIL => self.tail = prev,
-            n => self.entries[n as usize].prev = prev,
+        match self.free.pop() {
+            Some(e) => {
+                self.entries[e as usize] = entry;
+                e
+            }
+            None => {
+                debug_assert!(self.entries.len() < NIL as usize);
+                self.entries.push(entry);
+                (self.entries.len() - 1) as u32
+            }
         }
     }
+}
 
-    /// Links `e` after `after`, or at the front when `after` is NIL.
-    fn link_after(&mut self, e: u32, after: u32) {
-        let next = match after {
-            NIL => self.head,
-            a => self.entries[a as usize].next,
-        };
-        {
-            let en = &mut self.entries[e as usize];
-            en.prev = after;
-            en.next = next;
-        }
-        match after {
-            NIL => self.head = e,
-            a => self.entries[a as usize].next = e,
-        }
-        match next {
-            NIL => self.tail = e,
-            n => self.entries[n as usize].prev = e,
-        }
+fn unlink(entries: &mut [Entry], ends: &mut Ends, w: usize, e: u32) {
+    let (prev, next) = (entries[e as usize].prev[w], entries[e as usize].next[w]);
+    match prev {
+        NIL => ends.head = next,
+        p => entries[p as usize].next[w] = next,
     }
-
-    fn tunlink(&mut self, list: &mut TenantList, e: u32) {
-        let (prev, next) = {
-            let en = &self.entries[e as usize];
-            (en.tprev, en.tnext)
-        };
-        match prev {
-            NIL => list.head = next,
-            p => self.entries[p as usize].tnext = next,
-        }
-        match next {
-            NIL => list.tail = prev,
-            n => self.entries[n as usize].tprev = prev,
-        }
+    match next {
+        NIL => ends.tail = prev,
+        n => entries[n as usize].prev[w] = prev,
     }
+}
 
-    fn tlink_after(&mut self, list: &mut TenantList, e: u32, after: u32) {
-        let next = match after {
-            NIL => list.head,
-            a => self.entries[a as usize].tnext,
-        };
-        {
-            let en = &mut self.entries[e as usize];
-            en.tprev = after;
-            en.tnext = next;
-        }
-        match after {
-            NIL => list.head = e,
-            a => self.entries[a as usize].tnext = e,
-        }
-        match next {
-            NIL => list.tail = e,
-            n => self.entries[n as usize].tprev = e,
-        }
+/// Links `e` after `after`, or at the front when `after` is NIL.
+fn link_after(entries: &mut [Entry], ends: &mut Ends, w: usize, e: u32, after: u32) {
+    let next = match after {
+        NIL => ends.head,
+        a => entries[a as usize].next[w],
+    };
+    entries[e as usize].prev[w] = after;
+    entries[e as usize].next[w] = next;
+    match after {
+        NIL => ends.head = e,
+        a => entries[a as usize].next[w] = e,
+    }
+    match next {
+        NIL => ends.tail = e,
+        n => entries[n as usize].prev[w] = e,
     }
 }

@@ -15,6 +15,7 @@ use std::num::NonZeroUsize;
 
 use crate::lru::{Lru, NIL, TenantList};
 use crate::prefix_match::PrefixMatch;
+use crate::small::Small;
 
 #[cfg(test)]
 pub(crate) mod tests;
@@ -116,10 +117,10 @@ pub(crate) struct Node<E, T> {
     pub(crate) edge: Vec<E>,
     /// (key of the child's first page, child), sorted by key. The key is the unit itself
     /// on an unpaged tree and a digest of the page otherwise, so a lookup is a binary
-    /// search over inline integers; equal digests are told apart by comparing pages.
-    pub(crate) children: Vec<(u64, u32)>,
+    /// search over small inline integers; equal keys are told apart by comparing pages.
+    pub(crate) children: Small<(u32, u32)>,
     /// (tenant, entry), sorted by tenant.
-    pub(crate) tenants: Vec<(T, u32)>,
+    pub(crate) tenants: Small<(T, u32)>,
     pub(crate) parent: u32,
     /// Bumped when the slot is freed, so a snapshot cursor can tell a reused slot.
     pub(crate) generation: u32,
@@ -166,8 +167,8 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
     pub fn new(config: TreeConfig) -> Self {
         let root = Node {
             edge: Vec::new(),
-            children: Vec::new(),
-            tenants: Vec::new(),
+            children: Small::Empty,
+            tenants: Small::Empty,
             parent: NIL,
             generation: 0,
         };
@@ -255,7 +256,8 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
         (m, chosen)
     }
 
-    /// Records `key` (page-truncated) for `tenant`. An empty key records nothing.
+    /// Records `key` (page-truncated) for `tenant`, then evicts if the config says so.
+    /// A key shorter than a page records nothing.
     pub fn insert(&mut self, key: &[E], tenant: T, now: u64) {
         self.tick(now);
         let key_p = self.truncate(key);
@@ -352,8 +354,8 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
             + self.lru.size_bytes();
         for n in &self.nodes {
             bytes += n.edge.capacity() * size_of::<E>()
-                + n.children.capacity() * size_of::<(u64, u32)>()
-                + n.tenants.capacity() * size_of::<(T, u32)>();
+                + n.children.heap_bytes()
+                + n.tenants.heap_bytes();
         }
         bytes
     }
@@ -384,7 +386,7 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
             if k != key {
                 break;
             }
-            if page == 1 || self.nodes[child as usize].edge[..page] == rest[..page] {
+            if self.nodes[child as usize].edge[..page] == rest[..page] {
                 return Some(child);
             }
         }
@@ -392,16 +394,18 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
     }
 
     /// The child key of an edge or key suffix (at least one page long).
-    fn child_key(&self, units: &[E]) -> u64 {
+    fn child_key(&self, units: &[E]) -> u32 {
         let page = self.page();
         if page == 1 {
-            return units[0].bits();
+            // Exact for the 8-, 16- and 32-bit units and char.
+            return units[0].bits() as u32;
         }
-        units[..page]
+        let h = units[..page]
             .iter()
             .fold(0x243F_6A88_85A3_08D3, |h: u64, u| {
                 (h.rotate_left(5) ^ u.bits()).wrapping_mul(0x9E37_79B9_7F4A_7C15)
-            })
+            });
+        (h >> 32) as u32
     }
 
     fn descend(&self, key: &[E], path: &mut Vec<u32>) -> Descent {
@@ -525,7 +529,6 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
             Ok(i) => self.lru.move_to_back(list, node.tenants[i].1, clock),
             Err(i) => {
                 let e = self.lru.push_back(list, ts, n, clock);
-                grow_small(&mut node.tenants);
                 node.tenants.insert(i, (tenant, e));
                 list.units += node.edge.len();
                 self.total_units += node.edge.len();
@@ -546,8 +549,8 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
                 debug_assert!(self.nodes.len() < NIL as usize);
                 self.nodes.push(Node {
                     edge,
-                    children: Vec::new(),
-                    tenants: Vec::new(),
+                    children: Small::Empty,
+                    tenants: Small::Empty,
                     parent,
                     generation: 0,
                 });
@@ -560,12 +563,11 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
         let key = self.child_key(&self.nodes[child as usize].edge);
         let children = &mut self.nodes[parent as usize].children;
         let at = children.partition_point(|c| c.0 <= key);
-        grow_small(children);
         children.insert(at, (key, child));
     }
 
     /// Position of `child` (whose key is `key`) among `parent`'s children.
-    fn child_slot(&self, parent: u32, child: u32, key: u64) -> Option<usize> {
+    fn child_slot(&self, parent: u32, child: u32, key: u32) -> Option<usize> {
         let children = &self.nodes[parent as usize].children;
         let start = children.partition_point(|c| c.0 < key);
         children[start..]
@@ -584,22 +586,22 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
         let head_edge = c.edge[..k].to_vec();
         c.edge.drain(..k);
         c.edge.shrink_to_fit();
-        let tenants = c.tenants.clone();
+        let tenants: Vec<(T, u32)> = c.tenants.to_vec();
         let tail_key = self.child_key(&self.nodes[child as usize].edge);
         let head = self.alloc_node(head_edge, parent);
         self.edge_units -= k; // moved from the child, not added
-        let mut head_tenants = Vec::with_capacity(tenants.len());
-        for (t, e) in tenants {
+        let mut head_tenants = Small::Empty;
+        for (i, (t, e)) in tenants.into_iter().enumerate() {
             let (ts, stamp) = {
                 let en = self.lru.get(e);
                 (en.tslot, en.stamp)
             };
             let list = &mut self.slots[ts as usize].list;
-            head_tenants.push((t, self.lru.insert_after(list, e, ts, head, stamp)));
+            head_tenants.insert(i, (t, self.lru.insert_after(list, e, ts, head, stamp)));
         }
         let h = &mut self.nodes[head as usize];
         h.tenants = head_tenants;
-        h.children = vec![(tail_key, child)];
+        h.children = Small::One((tail_key, child));
         self.nodes[child as usize].parent = head;
         // The head starts with the same page, so the parent's order is unchanged.
         if let Some(i) = self.child_slot(parent, child, parent_key) {
@@ -613,10 +615,9 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
             return;
         };
         while self.slots[ts as usize].list.units > max {
-            let head = self.slots[ts as usize].list.head;
-            if head == NIL {
+            let Some(head) = self.slots[ts as usize].list.head() else {
                 break;
-            }
+            };
             self.drop_entry(head, stats);
         }
     }
@@ -635,11 +636,7 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
 
     fn purge(&mut self, ts: u32) -> usize {
         let mut stats = EvictStats::default();
-        loop {
-            let head = self.slots[ts as usize].list.head;
-            if head == NIL {
-                break;
-            }
+        while let Some(head) = self.slots[ts as usize].list.head() {
             self.drop_entry(head, &mut stats);
         }
         stats.units
@@ -678,8 +675,8 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
         let parent = node.parent;
         self.edge_units -= node.edge.len();
         node.edge = Vec::new();
-        node.children = Vec::new();
-        node.tenants = Vec::new();
+        node.children = Small::Empty;
+        node.tenants = Small::Empty;
         node.parent = NIL;
         node.generation = node.generation.wrapping_add(1);
         if let Some(i) = self.child_slot(parent, n, key) {
@@ -695,117 +692,10 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
         let list = &mut self.slots[ts as usize].list;
         if let Err(i) = node.tenants.binary_search_by(|p| p.0.cmp(&tenant)) {
             let e = self.lru.push_back(list, ts, n, stamp);
-            grow_small(&mut node.tenants);
             node.tenants.insert(i, (tenant, e));
             list.units += node.edge.len();
             self.total_units += node.edge.len();
         }
-    }
-}
-
-#[cfg(test)]
-impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
-    /// Panics unless every structural invariant holds (tests only).
-    pub(crate) fn check_invariants(&self) {
-        use std::collections::HashMap;
-        let page = self.page();
-        let mut units: HashMap<T, usize> = HashMap::new();
-        let mut entries = 0;
-        let mut live = 0;
-        for (i, n) in self.nodes.iter().enumerate() {
-            let i = i as u32;
-            if i != ROOT && n.parent == NIL {
-                continue; // free slot
-            }
-            if i != ROOT {
-                live += 1;
-                assert!(
-                    !n.edge.is_empty() && n.edge.len() % page == 0,
-                    "edge of {i}"
-                );
-                assert!(!n.tenants.is_empty(), "node {i} has no tenant");
-                let p = &self.nodes[n.parent as usize];
-                assert!(
-                    p.children.iter().any(|c| c.1 == i),
-                    "{i} not a child of its parent"
-                );
-                for (t, _) in &n.tenants {
-                    if n.parent != ROOT {
-                        assert!(p.tenants.iter().any(|x| x.0 == *t), "tenant not on parent");
-                    }
-                }
-            } else {
-                assert!(n.tenants.is_empty());
-            }
-            assert!(
-                n.tenants.windows(2).all(|w| w[0].0 < w[1].0),
-                "tenants unsorted"
-            );
-            assert!(
-                n.children.windows(2).all(|w| w[0].0 <= w[1].0),
-                "children unsorted"
-            );
-            for (j, &(u, c)) in n.children.iter().enumerate() {
-                let ce = &self.nodes[c as usize];
-                assert_eq!(ce.parent, i);
-                assert_eq!(self.child_key(&ce.edge), u);
-                for &(_, d) in &n.children[j + 1..] {
-                    assert!(
-                        self.nodes[d as usize].edge[..page] != ce.edge[..page],
-                        "dup page"
-                    );
-                }
-            }
-            for &(t, e) in &n.tenants {
-                let en = self.lru.get(e);
-                assert_eq!(en.node, i);
-                assert_eq!(self.slots[en.tslot as usize].id, t);
-                *units.entry(t).or_default() += n.edge.len();
-                entries += 1;
-            }
-        }
-        assert_eq!(live, self.node_count());
-        let edges: usize = self.nodes.iter().map(|n| n.edge.len()).sum();
-        assert_eq!(edges, self.edge_units);
-        assert_eq!(entries, self.lru.live());
-        let mut total = 0;
-        for (&t, &ts) in &self.index {
-            let u = self.slots[ts as usize].list.units;
-            assert_eq!(u, units.get(&t).copied().unwrap_or(0), "units of {t:?}");
-            total += u;
-        }
-        assert_eq!(
-            units.len(),
-            units.keys().filter(|t| self.index.contains_key(t)).count()
-        );
-        assert_eq!(total, self.total_units);
-        // Recency order: stamps never decrease, and a child's entry precedes its parent's.
-        let mut seen: HashMap<(u32, T), usize> = HashMap::new();
-        let mut last = 0;
-        for (pos, (_, en)) in self.lru.iter().enumerate() {
-            assert!(en.stamp >= last, "stamps decrease");
-            last = en.stamp;
-            let t = self.slots[en.tslot as usize].id;
-            for &(_, c) in &self.nodes[en.node as usize].children {
-                if self.nodes[c as usize].tenants.iter().any(|x| x.0 == t) {
-                    assert!(
-                        seen.contains_key(&(c, t)),
-                        "parent entry before child entry"
-                    );
-                }
-            }
-            seen.insert((en.node, t), pos);
-        }
-        assert_eq!(seen.len(), entries);
-    }
-}
-
-/// Most nodes hold one tenant and have at most a few children: grow those vectors one
-/// slot at a time while they are small (the default first growth is to 4 slots), and
-/// geometrically after.
-fn grow_small<X>(v: &mut Vec<X>) {
-    if v.len() == v.capacity() && v.len() < 4 {
-        v.reserve_exact(1);
     }
 }
 

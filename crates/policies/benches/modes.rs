@@ -343,7 +343,11 @@ fn requests(w: Workload, rate: f64, duration: f64, seed: u64) -> Vec<Req> {
                 let (id, turn, history) = state[s];
                 let user = rng.gen_range(100..400);
                 let output = rng.gen_range(100..300);
-                let input = if turn == 0 { 600 + user } else { history + user };
+                let input = if turn == 0 {
+                    600 + user
+                } else {
+                    history + user
+                };
                 out.push(Req {
                     arrival: t,
                     group: id,
@@ -501,7 +505,10 @@ fn mean(v: &[f64]) -> f64 {
 fn policies() -> Vec<(&'static str, PolicyConfig)> {
     let ca = PolicyConfig::with_kind(PolicyKind::CacheAware);
     vec![
-        ("round_robin", PolicyConfig::with_kind(PolicyKind::RoundRobin)),
+        (
+            "round_robin",
+            PolicyConfig::with_kind(PolicyKind::RoundRobin),
+        ),
         ("least_load", PolicyConfig::with_kind(PolicyKind::LeastLoad)),
         (
             "cache_aware threshold",
@@ -523,7 +530,9 @@ fn policies() -> Vec<(&'static str, PolicyConfig)> {
 fn main() {
     let duration = 300.0;
     let eight_fast = vec![FAST; 8];
-    let mixed: Vec<Gpu> = (0..8).map(|i| if i % 2 == 0 { FAST } else { SLOW }).collect();
+    let mixed: Vec<Gpu> = (0..8)
+        .map(|i| if i % 2 == 0 { FAST } else { SLOW })
+        .collect();
     let shared = Workload::SharedPrefix {
         groups: 64,
         prefix: 3000,
@@ -547,13 +556,55 @@ fn main() {
         turns: 8,
     };
     let cases: Vec<(&str, Workload, Vec<Gpu>, f64, f64)> = vec![
-        ("shared-prefix 8 GPUs", shared, eight_fast.clone(), 1.0, 30.0),
-        ("shared-prefix 8 GPUs", shared, eight_fast.clone(), 1.0, 45.0),
-        ("shared-prefix 8 GPUs", shared, eight_fast.clone(), 1.0, 60.0),
-        ("shared-prefix 8 GPUs, poll 5 s", shared, eight_fast.clone(), 5.0, 45.0),
-        ("shared-prefix 4 fast + 4 slow", shared, mixed.clone(), 1.0, 35.0),
-        ("hot prefixes (Zipf 1.5) 8 GPUs", hot, eight_fast.clone(), 1.0, 45.0),
-        ("shared template + long unique 8 GPUs", template, eight_fast.clone(), 1.0, 25.0),
+        (
+            "shared-prefix 8 GPUs",
+            shared,
+            eight_fast.clone(),
+            1.0,
+            30.0,
+        ),
+        (
+            "shared-prefix 8 GPUs",
+            shared,
+            eight_fast.clone(),
+            1.0,
+            45.0,
+        ),
+        (
+            "shared-prefix 8 GPUs",
+            shared,
+            eight_fast.clone(),
+            1.0,
+            60.0,
+        ),
+        (
+            "shared-prefix 8 GPUs, poll 5 s",
+            shared,
+            eight_fast.clone(),
+            5.0,
+            45.0,
+        ),
+        (
+            "shared-prefix 4 fast + 4 slow",
+            shared,
+            mixed.clone(),
+            1.0,
+            35.0,
+        ),
+        (
+            "hot prefixes (Zipf 1.5) 8 GPUs",
+            hot,
+            eight_fast.clone(),
+            1.0,
+            45.0,
+        ),
+        (
+            "shared template + long unique 8 GPUs",
+            template,
+            eight_fast.clone(),
+            1.0,
+            25.0,
+        ),
         ("chat 8 GPUs", chat, eight_fast.clone(), 1.0, 15.0),
         ("chat 8 GPUs", chat, eight_fast.clone(), 1.0, 30.0),
         ("chat 8 GPUs", chat, eight_fast, 1.0, 45.0),

@@ -67,18 +67,46 @@ fn bench(c: &mut Criterion) {
     };
     let cache_aware = PolicyConfig::with_kind(PolicyKind::CacheAware);
     let cases = [
-        ("cache_aware_cost_16", PolicyConfig { cache_mode: CacheMode::Cost, ..cache_aware.clone() }),
-        ("cache_aware_threshold_16", PolicyConfig { cache_mode: CacheMode::Threshold, ..cache_aware }),
-        ("least_load_16", PolicyConfig::with_kind(PolicyKind::LeastLoad)),
-        ("power_of_two_16", PolicyConfig::with_kind(PolicyKind::PowerOfTwo)),
-        ("prefix_hash_16", PolicyConfig::with_kind(PolicyKind::PrefixHash)),
-        ("round_robin_16", PolicyConfig::with_kind(PolicyKind::RoundRobin)),
+        (
+            "cache_aware_cost_16",
+            PolicyConfig {
+                cache_mode: CacheMode::Cost,
+                ..cache_aware.clone()
+            },
+        ),
+        (
+            "cache_aware_threshold_16",
+            PolicyConfig {
+                cache_mode: CacheMode::Threshold,
+                ..cache_aware
+            },
+        ),
+        (
+            "least_load_16",
+            PolicyConfig::with_kind(PolicyKind::LeastLoad),
+        ),
+        (
+            "power_of_two_16",
+            PolicyConfig::with_kind(PolicyKind::PowerOfTwo),
+        ),
+        (
+            "prefix_hash_16",
+            PolicyConfig::with_kind(PolicyKind::PrefixHash),
+        ),
+        (
+            "round_robin_16",
+            PolicyConfig::with_kind(PolicyKind::RoundRobin),
+        ),
     ];
     let mut rng = SmallRng::seed_from_u64(1);
     for (name, cfg) in &cases {
-        c.bench_function(name, |b| b.iter(|| select(black_box(cfg), black_box(&input), &mut rng)));
+        c.bench_function(name, |b| {
+            b.iter(|| select(black_box(cfg), black_box(&input), &mut rng))
+        });
     }
-    c.bench_function("hash_ring_build_16", |b| b.iter(|| HashRing::from_views(black_box(&workers))));
+    c.bench_function("hash_ring_build_16", |b| {
+        b.iter(|| HashRing::from_views(black_box(&workers)))
+    });
 }
 
 criterion_group!(benches, bench);

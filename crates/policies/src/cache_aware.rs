@@ -29,7 +29,7 @@
 //! no holder → `miss`. A request that reaches no configured boundary (untokenized, or
 //! shorter than the first) is a miss with nothing recorded.
 //!
-//! Credit: the whole prompt (exact tokens, or chars / `chars_per_token` for text, p̄ when
+//! Credit: the whole prompt (exact tokens, or bytes / `bytes_per_token` for text, p̄ when
 //! unknown). The match rate reported is the chosen worker's matched units / input units.
 
 use rand::RngCore;

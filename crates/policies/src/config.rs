@@ -20,7 +20,7 @@
 //! | `balance_token_usage_threshold` | off | |
 //! | `overload_token_usage_threshold` | off | |
 //! | `eviction_interval_secs` | 60 | |
-//! | `max_tree_size` | 16,777,216 | units (chars or tokens) per model per tree, summed over tenants |
+//! | `max_tree_size` | 16,777,216 | units (text bytes or tokens) per model per tree, summed over tenants |
 //! | `block_size` | 16 | |
 //! | `cache_index` | `tree` | |
 //! | `cache_ttl_secs` | 180 | hash-mode holder lifetime |
@@ -30,7 +30,7 @@
 //! | `mean_prefill_tokens` (p̄) | 1024 | |
 //! | `least_load_max_waiting_requests` | off | |
 //! | `default_prefill_throughput` | 10,000 tok/s | cost mode, for a fleet that reports no prefill counters |
-//! | `chars_per_token` | 4.0 | converts text lengths to token estimates |
+//! | `bytes_per_token` | 4.0 | converts text lengths (UTF-8 bytes) to token estimates; alias `chars_per_token` |
 //! | `power_of_two_load_metric` | `expected_wait` | |
 //! | `prefix_token_count` | 256 | |
 //! | `prefix_hash_load_factor` | 1.25 | |
@@ -133,7 +133,7 @@ pub enum CacheMode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CacheIndex {
-    /// A radix tree over text (chars) or tokens (pages of `block_size`).
+    /// A radix tree over text or tokens (pages of `block_size`).
     Tree,
     /// Holders per (boundary, hash of the head), for token requests at `cache_boundaries`.
     Hash,
@@ -179,7 +179,7 @@ pub struct PolicyConfig {
     /// Prefix-index eviction period (the index actor's timer). `None`: never.
     #[serde(rename = "eviction_interval_secs", with = "secs_or_off")]
     pub eviction_interval: Option<Duration>,
-    /// Prefix-tree budget per model, in units (chars or tokens) summed over tenants.
+    /// Prefix-tree budget per model, in units (text bytes or tokens) summed over tenants.
     pub max_tree_size: usize,
     /// Token-tree page size, in tokens.
     pub block_size: usize,
@@ -207,13 +207,14 @@ pub struct PolicyConfig {
     /// Cost mode: prefill rate (tok/s) of a candidate set where nobody reports prefill
     /// counters.
     pub default_prefill_throughput: f64,
-    /// Characters per token, to price text requests in tokens.
-    pub chars_per_token: f64,
+    /// UTF-8 bytes per token, to price text requests in tokens.
+    #[serde(alias = "chars_per_token")]
+    pub bytes_per_token: f64,
 
     /// power_of_two: what the pair is compared on.
     pub power_of_two_load_metric: LoadMetric,
 
-    /// prefix_hash: tokens of the head to hash (4× as many chars for text).
+    /// prefix_hash: tokens of the head to hash (`bytes_per_token` × as many bytes for text).
     pub prefix_token_count: usize,
     /// prefix_hash: a ring target is overloaded above this multiple of the mean...
     pub prefix_hash_load_factor: f64,
@@ -242,7 +243,7 @@ impl Default for PolicyConfig {
             mean_prefill_tokens: 1024,
             least_load_max_waiting_requests: None,
             default_prefill_throughput: 10_000.0,
-            chars_per_token: 4.0,
+            bytes_per_token: 4.0,
             power_of_two_load_metric: LoadMetric::ExpectedWait,
             prefix_token_count: 256,
             prefix_hash_load_factor: 1.25,
@@ -310,8 +311,11 @@ impl PolicyConfig {
                 "least_load_default_throughput",
                 self.least_load_default_throughput,
             ),
-            ("default_prefill_throughput", self.default_prefill_throughput),
-            ("chars_per_token", self.chars_per_token),
+            (
+                "default_prefill_throughput",
+                self.default_prefill_throughput,
+            ),
+            ("bytes_per_token", self.bytes_per_token),
         ] {
             if !(v > 0.0 && v.is_finite()) {
                 return bad(key, "must be a finite number > 0");

@@ -96,12 +96,7 @@ pub(crate) fn select(ctx: &Ctx<'_>, rng: &mut dyn RngCore) -> Decision {
         worker: chosen,
         scored: set.iter().copied().zip(totals).collect(),
     };
-    let mut d = ctx.decide(
-        &pick,
-        path,
-        estimate::to_credit(uncached),
-        ctx.recordable(),
-    );
+    let mut d = ctx.decide(&pick, path, estimate::to_credit(uncached), ctx.recordable());
     for (&i, &(_, prefill)) in set.iter().zip(&costs) {
         let id = ctx.fleet.workers[i].id;
         if let Some(c) = d.candidates.iter_mut().find(|c| c.worker == id) {
@@ -133,7 +128,12 @@ fn ttft(ctx: &Ctx<'_>, set: &[usize]) -> Vec<(f64, f64)> {
             })
         })
         .collect();
-    let baseline = waits.iter().flatten().copied().reduce(f64::min).unwrap_or(0.0);
+    let baseline = waits
+        .iter()
+        .flatten()
+        .copied()
+        .reduce(f64::min)
+        .unwrap_or(0.0);
     for (w, &i) in waits.iter_mut().zip(set) {
         if w.is_none() {
             *w = Some(baseline + fleet.in_flight(i) as f64 * p.p_bar / nominal);
@@ -142,8 +142,12 @@ fn ttft(ctx: &Ctx<'_>, set: &[usize]) -> Vec<(f64, f64)> {
     set.iter()
         .zip(waits)
         .map(|(&i, w)| {
-            let uncached =
-                estimate::uncached_tokens(ctx.input.request, ctx.matches(), ctx.matched[i], ctx.cfg);
+            let uncached = estimate::uncached_tokens(
+                ctx.input.request,
+                ctx.matches(),
+                ctx.matched[i],
+                ctx.cfg,
+            );
             let prefill = weight(ctx, i) * uncached / rate(i);
             (w.unwrap_or(f64::MAX) + prefill, prefill)
         })

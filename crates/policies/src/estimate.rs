@@ -1,9 +1,11 @@
 //! How big a request is, in tokens, when routing only sees its text.
 //!
-//! Token requests are exact. A text request is its character count divided by
-//! `chars_per_token` (4 by default, rounded up): the reference credits a flat p̄ = 1024 to
-//! every text request whatever its length, which overstates short chats and understates
-//! long documents. A request with no prompt at all is credited p̄.
+//! Token requests are exact. A text request is its UTF-8 length in bytes divided by
+//! `bytes_per_token` (4 by default, rounded up); bytes are the text tree's unit too, cost
+//! nothing to count, and for scripts of several bytes per character come closer to a
+//! tokenizer than characters do. The reference credits a flat p̄ = 1024 to every text
+//! request whatever its length, which overstates short chats and understates long
+//! documents. A request with no prompt at all is credited p̄.
 
 use crate::config::PolicyConfig;
 use crate::snapshot::{PrefixMatches, RequestFacts, RoutingText};
@@ -17,12 +19,12 @@ pub(crate) fn prompt_tokens(
     match &req.key {
         RoutingText::Tokens(t) => Some(t.len() as f64),
         RoutingText::Text(s) => {
-            // The text tree already counted the chars (without any namespace marker).
-            let chars = match matches {
-                Some(m) if m.source.counts_chars() => m.input_len,
-                _ => s.chars().count(),
+            // The text tree already measured the text (without any namespace marker).
+            let bytes = match matches {
+                Some(m) if m.source.is_text() => m.input_len,
+                _ => s.len(),
             };
-            Some(chars as f64 / chars_per_token(cfg))
+            Some(bytes as f64 / bytes_per_token(cfg))
         }
         RoutingText::Empty => None,
     }
@@ -50,8 +52,8 @@ pub(crate) fn uncached_tokens(
     match matches {
         Some(m) if m.input_len > 0 => {
             let units = m.input_len.saturating_sub(matched) as f64;
-            if m.source.counts_chars() {
-                units / chars_per_token(cfg)
+            if m.source.is_text() {
+                units / bytes_per_token(cfg)
             } else {
                 units
             }
@@ -69,7 +71,7 @@ pub(crate) fn to_credit(tokens: f64) -> u64 {
     }
 }
 
-fn chars_per_token(cfg: &PolicyConfig) -> f64 {
-    let c = cfg.chars_per_token;
+fn bytes_per_token(cfg: &PolicyConfig) -> f64 {
+    let c = cfg.bytes_per_token;
     if c.is_finite() && c > 0.0 { c } else { 4.0 }
 }

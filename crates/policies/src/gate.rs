@@ -64,8 +64,7 @@ impl Gate {
 
 /// Whether the fleet's KV usage triggers the ungated load fallback.
 pub(crate) fn kv_pressure(fleet: &Fleet<'_>, cfg: &PolicyConfig) -> bool {
-    if cfg.balance_token_usage_threshold.is_none() && cfg.overload_token_usage_threshold.is_none()
-    {
+    if cfg.balance_token_usage_threshold.is_none() && cfg.overload_token_usage_threshold.is_none() {
         return false;
     }
     let mut usages = fleet
@@ -77,5 +76,7 @@ pub(crate) fn kv_pressure(fleet: &Fleet<'_>, cfg: &PolicyConfig) -> bool {
     };
     let (min, max) = usages.fold((first, first), |(lo, hi), u| (lo.min(u), hi.max(u)));
     cfg.overload_token_usage_threshold.is_some_and(|t| max > t)
-        || cfg.balance_token_usage_threshold.is_some_and(|t| max - min > t)
+        || cfg
+            .balance_token_usage_threshold
+            .is_some_and(|t| max - min > t)
 }

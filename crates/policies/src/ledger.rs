@@ -83,10 +83,12 @@ impl CreditLedger {
 
     /// Work dispatched to `worker` since its last report.
     pub fn credit(&self, worker: WorkerId) -> Credit {
-        self.workers.get(&worker).map_or_else(Credit::default, |t| Credit {
-            tokens: t.tokens,
-            requests: t.dispatches.len() as u64,
-        })
+        self.workers
+            .get(&worker)
+            .map_or_else(Credit::default, |t| Credit {
+                tokens: t.tokens,
+                requests: t.dispatches.len() as u64,
+            })
     }
 
     /// Forgets a worker (removed from the fleet).

@@ -85,8 +85,8 @@ pub use error::ConfigError;
 pub use ledger::CreditLedger;
 pub use ring::HashRing;
 pub use snapshot::{
-    Credit, MatchSource, PrefixMatches, RankLoad, RequestFacts, RoutingText, SelectInput,
-    WorkerId, WorkerLoad, WorkerView,
+    Credit, MatchSource, PrefixMatches, RankLoad, RequestFacts, RoutingText, SelectInput, WorkerId,
+    WorkerLoad, WorkerView,
 };
 
 /// Picks a worker for one request under the configured policy.

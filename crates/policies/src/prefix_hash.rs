@@ -5,7 +5,7 @@
 //! - for token requests with `cache_boundaries`, the first `b` tokens for every boundary
 //!   `b` the request reaches, deepest first;
 //! - otherwise the first `prefix_token_count` tokens, or for text the first
-//!   `prefix_token_count × chars_per_token` characters.
+//!   `prefix_token_count × bytes_per_token` bytes (cut back to a character boundary).
 //!
 //! Each head is hashed (xxh3_64 of the u32 little-endian ids, or of the UTF-8 bytes) to a
 //! ring position. A worker is **acceptable** when
@@ -35,8 +35,8 @@ pub(crate) fn select(
     }
     let total: f64 = eligible.iter().map(|w| w.in_flight as f64).sum();
     let avg = (total + 1.0) / eligible.len() as f64;
-    let limit = (avg * cfg.prefix_hash_load_factor)
-        .max(avg + cfg.prefix_hash_balance_abs_threshold as f64);
+    let limit =
+        (avg * cfg.prefix_hash_load_factor).max(avg + cfg.prefix_hash_balance_abs_threshold as f64);
     let acceptable = |w: &WorkerView| total == 0.0 || w.in_flight as f64 <= limit;
     let candidates: Vec<CandidateScore> = eligible
         .iter()
@@ -50,9 +50,8 @@ pub(crate) fn select(
     let heads = head_positions(cfg, input.request);
     let ring = input.ring.filter(|r| !r.is_empty());
     let (Some(ring), false) = (ring, heads.is_empty()) else {
-        return least_loaded(&eligible, rng).map_or_else(Decision::none, |w| {
-            decide(w, DecisionPath::Fallback)
-        });
+        return least_loaded(&eligible, rng)
+            .map_or_else(Decision::none, |w| decide(w, DecisionPath::Fallback));
     };
     let view = |id| eligible.iter().copied().find(|w| w.id == id);
     let mut deepest = None;
@@ -103,8 +102,11 @@ pub(crate) fn head_positions(cfg: &PolicyConfig, req: &RequestFacts) -> Vec<u64>
             }
         }
         RoutingText::Text(s) if !s.is_empty() => {
-            let chars = (cfg.prefix_token_count as f64 * cfg.chars_per_token).max(1.0) as usize;
-            let end = s.char_indices().nth(chars).map_or(s.len(), |(i, _)| i);
+            let want = (cfg.prefix_token_count as f64 * cfg.bytes_per_token).max(1.0) as usize;
+            let mut end = want.min(s.len());
+            while !s.is_char_boundary(end) {
+                end -= 1;
+            }
             vec![HashRing::position(&s.as_bytes()[..end])]
         }
         _ => Vec::new(),

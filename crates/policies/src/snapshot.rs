@@ -138,7 +138,7 @@ impl WorkerView {
 /// How much of the request each tenant (worker) already holds, from the prefix index.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct PrefixMatches {
-    /// Units (chars or tokens) of the request, after any namespace marker.
+    /// Units (text bytes or tokens) of the request, after any namespace marker.
     pub input_len: usize,
     /// Matched units per worker; workers holding nothing are absent.
     pub per_worker: Vec<(WorkerId, usize)>,
@@ -151,7 +151,7 @@ pub struct PrefixMatches {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum MatchSource {
-    /// Radix tree over the request's characters; units are chars.
+    /// Radix tree over the request's text; units are UTF-8 bytes.
     #[default]
     TextTree,
     /// Radix tree over token ids in whole pages; units are tokens.
@@ -163,8 +163,8 @@ pub enum MatchSource {
 }
 
 impl MatchSource {
-    /// Whether the units are characters (to be converted to tokens for pricing).
-    pub fn counts_chars(self) -> bool {
+    /// Whether the units are text bytes (converted to tokens for pricing).
+    pub fn is_text(self) -> bool {
         matches!(self, MatchSource::TextTree)
     }
 }

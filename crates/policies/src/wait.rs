@@ -172,7 +172,9 @@ pub(crate) struct Fleet<'a> {
 impl<'a> Fleet<'a> {
     pub(crate) fn new(workers: &'a [WorkerView], cfg: &PolicyConfig) -> Fleet<'a> {
         let params = Params::from_config(cfg);
-        let eligible: Vec<usize> = (0..workers.len()).filter(|&i| workers[i].eligible).collect();
+        let eligible: Vec<usize> = (0..workers.len())
+            .filter(|&i| workers[i].eligible)
+            .collect();
         let loads = workers
             .iter()
             .map(|w| {
@@ -201,8 +203,11 @@ impl<'a> Fleet<'a> {
     /// The reference expected wait of each worker of `set` (indices into `workers`).
     pub(crate) fn expected_waits(&self, set: &[usize]) -> Vec<f64> {
         let p = &self.params;
-        let nominal = mean_positive(set.iter().filter_map(|&i| self.load(i).map(|l| l.live_rate)))
-            .unwrap_or(p.default_rate);
+        let nominal = mean_positive(
+            set.iter()
+                .filter_map(|&i| self.load(i).map(|l| l.live_rate)),
+        )
+        .unwrap_or(p.default_rate);
         let mut scores: Vec<Option<f64>> = set
             .iter()
             .map(|&i| {
@@ -317,7 +322,11 @@ pub(crate) fn nonneg(x: f64) -> f64 {
 }
 
 fn positive_or(x: f64, fallback: f64) -> f64 {
-    if x.is_finite() && x > 0.0 { x } else { fallback }
+    if x.is_finite() && x > 0.0 {
+        x
+    } else {
+        fallback
+    }
 }
 
 #[cfg(test)]

@@ -5,6 +5,102 @@ use proptest::prelude::*;
 
 use super::*;
 
+impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
+    /// Panics unless every structural invariant holds (tests only).
+    pub(crate) fn check_invariants(&self) {
+        use std::collections::HashMap;
+        let page = self.page();
+        let mut units: HashMap<T, usize> = HashMap::new();
+        let mut entries = 0;
+        let mut live = 0;
+        for (i, n) in self.nodes.iter().enumerate() {
+            let i = i as u32;
+            if i != ROOT && n.parent == NIL {
+                continue; // free slot
+            }
+            if i != ROOT {
+                live += 1;
+                assert!(
+                    !n.edge.is_empty() && n.edge.len() % page == 0,
+                    "edge of {i}"
+                );
+                assert!(!n.tenants.is_empty(), "node {i} has no tenant");
+                let p = &self.nodes[n.parent as usize];
+                assert!(
+                    p.children.iter().any(|c| c.1 == i),
+                    "{i} not a child of its parent"
+                );
+                for (t, _) in &n.tenants {
+                    if n.parent != ROOT {
+                        assert!(p.tenants.iter().any(|x| x.0 == *t), "tenant not on parent");
+                    }
+                }
+            } else {
+                assert!(n.tenants.is_empty());
+            }
+            assert!(
+                n.tenants.windows(2).all(|w| w[0].0 < w[1].0),
+                "tenants unsorted"
+            );
+            assert!(
+                n.children.windows(2).all(|w| w[0].0 <= w[1].0),
+                "children unsorted"
+            );
+            for (j, &(u, c)) in n.children.iter().enumerate() {
+                let ce = &self.nodes[c as usize];
+                assert_eq!(ce.parent, i);
+                assert_eq!(self.child_key(&ce.edge), u);
+                for &(_, d) in &n.children[j + 1..] {
+                    assert!(
+                        self.nodes[d as usize].edge[..page] != ce.edge[..page],
+                        "dup page"
+                    );
+                }
+            }
+            for &(t, e) in &n.tenants {
+                let en = self.lru.get(e);
+                assert_eq!(en.node, i);
+                assert_eq!(self.slots[en.tslot as usize].id, t);
+                *units.entry(t).or_default() += n.edge.len();
+                entries += 1;
+            }
+        }
+        assert_eq!(live, self.node_count());
+        let edges: usize = self.nodes.iter().map(|n| n.edge.len()).sum();
+        assert_eq!(edges, self.edge_units);
+        assert_eq!(entries, self.lru.live());
+        let mut total = 0;
+        for (&t, &ts) in &self.index {
+            let u = self.slots[ts as usize].list.units;
+            assert_eq!(u, units.get(&t).copied().unwrap_or(0), "units of {t:?}");
+            total += u;
+        }
+        assert_eq!(
+            units.len(),
+            units.keys().filter(|t| self.index.contains_key(t)).count()
+        );
+        assert_eq!(total, self.total_units);
+        // Recency order: stamps never decrease, and a child's entry precedes its parent's.
+        let mut seen: HashMap<(u32, T), usize> = HashMap::new();
+        let mut last = 0;
+        for (pos, en) in self.lru.iter().enumerate() {
+            assert!(en.stamp >= last, "stamps decrease");
+            last = en.stamp;
+            let t = self.slots[en.tslot as usize].id;
+            for &(_, c) in &self.nodes[en.node as usize].children {
+                if self.nodes[c as usize].tenants.iter().any(|x| x.0 == t) {
+                    assert!(
+                        seen.contains_key(&(c, t)),
+                        "parent entry before child entry"
+                    );
+                }
+            }
+            seen.insert((en.node, t), pos);
+        }
+        assert_eq!(seen.len(), entries);
+    }
+}
+
 /// One step of a scripted scenario on a byte tree; time advances by one per step.
 #[derive(Debug, Clone, Copy)]
 enum Op<'a> {

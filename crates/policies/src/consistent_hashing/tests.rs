@@ -14,13 +14,22 @@ fn keyed(key: &str) -> RequestFacts {
 }
 
 /// The decision for `req` with a ring over `workers` (or none).
-fn check(workers: &[WorkerView], req: &RequestFacts, with_ring: bool, seed: u64) -> crate::Decision {
+fn check(
+    workers: &[WorkerView],
+    req: &RequestFacts,
+    with_ring: bool,
+    seed: u64,
+) -> crate::Decision {
     let ring = HashRing::from_views(workers);
     let input = SelectInput {
         ring: with_ring.then_some(&ring),
         ..SelectInput::new(workers, req)
     };
-    select(&PolicyConfig::with_kind(PolicyKind::ConsistentHashing), &input, &mut rng(seed))
+    select(
+        &PolicyConfig::with_kind(PolicyKind::ConsistentHashing),
+        &input,
+        &mut rng(seed),
+    )
 }
 
 #[test]
@@ -58,7 +67,13 @@ fn an_unhealthy_owner_is_skipped() {
     let owner = check(&workers, &req, true, 0).worker.unwrap();
     let degraded: Vec<_> = workers
         .iter()
-        .map(|v| if v.id == owner { v.clone().down() } else { v.clone() })
+        .map(|v| {
+            if v.id == owner {
+                v.clone().down()
+            } else {
+                v.clone()
+            }
+        })
         .collect();
     let d = check(&degraded, &req, true, 0);
     assert!(d.worker.is_some() && d.worker != Some(owner));
@@ -73,9 +88,16 @@ fn s61_an_overlong_or_empty_key_is_ignored() {
     assert_eq!(valid_routing_key(Some("")), None);
     assert_eq!(valid_routing_key(Some(&long[..128])), Some(&long[..128]));
     let workers = fleet(4);
-    assert_eq!(check(&workers, &keyed(&long), true, 0).path, DecisionPath::Fallback);
+    assert_eq!(
+        check(&workers, &keyed(&long), true, 0).path,
+        DecisionPath::Fallback
+    );
     let picks: Vec<_> = (0..40)
-        .map(|s| check(&workers, &RequestFacts::default(), true, s).worker.unwrap())
+        .map(|s| {
+            check(&workers, &RequestFacts::default(), true, s)
+                .worker
+                .unwrap()
+        })
         .collect();
     assert!(counts(&picks).len() > 1, "no key: a random worker");
 }

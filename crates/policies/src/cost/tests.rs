@@ -1,1 +1,325 @@
-use super::*;
+//! The threshold-free cost mode.
+
+use crate::testkit::*;
+use crate::{
+    CacheMode, DecisionPath, MatchSource, PolicyConfig, PolicyKind, PrefixMatches, RankLoad,
+    RequestFacts, WorkerLoad, WorkerView,
+};
+
+fn cost_cfg() -> PolicyConfig {
+    PolicyConfig {
+        cache_mode: CacheMode::Cost,
+        ..PolicyConfig::with_kind(PolicyKind::CacheAware)
+    }
+}
+
+/// One busy rank prefilling at `rate` tok/s, with `queued` uncached tokens in `waiting`
+/// requests, KV usage 0 and cache hit rate `hit`.
+fn prefilling(rate: u64, queued: u64, waiting: u64, hit: f64) -> WorkerLoad {
+    report(vec![RankLoad {
+        num_running_reqs: 1,
+        num_waiting_reqs: waiting,
+        num_waiting_uncached_tokens: queued,
+        gen_throughput: 1000.0,
+        cache_hit_rate: hit,
+        total_prefill_uncached_tokens: rate * 10,
+        total_prefill_busy_us: 10_000_000,
+        ..RankLoad::default()
+    }])
+}
+
+fn token_matches(input_len: usize, per_worker: &[(u64, usize)]) -> PrefixMatches {
+    PrefixMatches {
+        source: MatchSource::TokenTree,
+        ..text_matches(input_len, per_worker)
+    }
+}
+
+/// The decision for a token request of `len` tokens with `held` per worker: the chosen
+/// worker and path, over several seeds.
+fn check(
+    cfg: &PolicyConfig,
+    workers: &[WorkerView],
+    req: &RequestFacts,
+    m: Option<&PrefixMatches>,
+    expect: (u64, DecisionPath),
+) -> crate::Decision {
+    for seed in 0..4 {
+        let d = pick(cfg, workers, req, m, seed);
+        assert_eq!(
+            (d.worker, d.path),
+            (Some(id(expect.0)), expect.1),
+            "seed {seed}: {d:?}"
+        );
+    }
+    pick(cfg, workers, req, m, 0)
+}
+
+fn approx(a: f64, b: f64) -> bool {
+    (a - b).abs() < 1e-9
+}
+
+#[test]
+fn an_idle_holder_wins_and_is_credited_the_uncached_part() {
+    let workers = [
+        w(1).load(prefilling(10_000, 0, 0, 0.0)),
+        w(2).load(prefilling(10_000, 0, 0, 0.0)),
+    ];
+    let m = token_matches(2000, &[(1, 1600)]);
+    let d = check(
+        &cost_cfg(),
+        &workers,
+        &tokens(2000),
+        Some(&m),
+        (1, DecisionPath::Hit),
+    );
+    assert_eq!(
+        (d.credit_tokens, d.record_prefix, d.match_rate),
+        (400, true, Some(0.8))
+    );
+    // cost = wait 0 + 1 · 400 / 10k for the holder, 2000 / 10k for the other.
+    let c = &d.candidates;
+    assert!(
+        approx(c[0].score.unwrap(), 0.04) && approx(c[1].score.unwrap(), 0.2),
+        "{c:?}"
+    );
+    assert_eq!(c[0].prefill, c[0].score);
+}
+
+#[test]
+fn a_backlog_outweighs_affinity_only_past_the_prefill_it_saves() {
+    // Holder: one waiting request, so its own prefill counts twice: 0.08 s + Q / 10k.
+    // Idle non-holder: 2000 / 10k = 0.2 s.
+    let m = token_matches(2000, &[(1, 1600)]);
+    let with_queue = |q| {
+        [
+            w(1).load(prefilling(10_000, q, 1, 0.0)),
+            w(2).load(prefilling(10_000, 0, 0, 0.0)),
+        ]
+    };
+    check(
+        &cost_cfg(),
+        &with_queue(1000),
+        &tokens(2000),
+        Some(&m),
+        (1, DecisionPath::Hit),
+    );
+    let d = check(
+        &cost_cfg(),
+        &with_queue(1500),
+        &tokens(2000),
+        Some(&m),
+        (2, DecisionPath::Spill),
+    );
+    assert_eq!(d.credit_tokens, 2000);
+}
+
+#[test]
+fn no_cliff_a_partial_match_on_an_idle_worker_beats_a_deep_one_on_a_busy_worker() {
+    // W1 holds 90% but has 6000 tokens queued; W2 holds 40% and is idle.
+    let workers = [
+        w(1).load(prefilling(10_000, 6000, 2, 0.0)),
+        w(2).load(prefilling(10_000, 0, 0, 0.0)),
+    ];
+    let m = token_matches(4000, &[(1, 3600), (2, 1600)]);
+    check(
+        &cost_cfg(),
+        &workers,
+        &tokens(4000),
+        Some(&m),
+        (2, DecisionPath::Hit),
+    );
+    // The threshold mode sees a hit on W1 (90% > 0.3) and keeps it there.
+    let threshold = PolicyConfig {
+        cache_mode: CacheMode::Threshold,
+        ..cost_cfg()
+    };
+    check(
+        &threshold,
+        &workers,
+        &tokens(4000),
+        Some(&m),
+        (1, DecisionPath::Hit),
+    );
+}
+
+#[test]
+fn a_template_every_worker_holds_leaves_the_choice_to_load() {
+    let workers = [
+        w(1).load(prefilling(10_000, 3000, 1, 0.0)),
+        w(2).load(prefilling(10_000, 0, 0, 0.0)),
+        w(3).load(prefilling(10_000, 1000, 1, 0.0)),
+    ];
+    let m = token_matches(2000, &[(1, 200), (2, 200), (3, 200)]);
+    check(
+        &cost_cfg(),
+        &workers,
+        &tokens(2000),
+        Some(&m),
+        (2, DecisionPath::Hit),
+    );
+}
+
+#[test]
+fn measured_prefill_rates_price_a_slow_holder() {
+    // Slow holder: 2000 tok/s for the 2000 tokens it lacks = 1 s. Fast non-holder:
+    // 4000 tokens at 20k tok/s = 0.2 s.
+    let workers = [
+        w(1).load(prefilling(2000, 0, 0, 0.0)),
+        w(2).load(prefilling(20_000, 0, 0, 0.0)),
+    ];
+    let m = token_matches(4000, &[(1, 2000)]);
+    check(
+        &cost_cfg(),
+        &workers,
+        &tokens(4000),
+        Some(&m),
+        (2, DecisionPath::Spill),
+    );
+}
+
+#[test]
+fn the_multiplier_counts_queued_dispatched_and_reuse() {
+    let workers = [
+        w(1).load(prefilling(10_000, 0, 2, 0.5)).credit(0, 3),
+        // No report: priced at the candidates' mean prefill rate, m = 1 + in flight.
+        w(2).flight(4),
+    ];
+    let m = token_matches(1000, &[]);
+    let d = pick(&cost_cfg(), &workers, &tokens(1000), Some(&m), 0);
+    let c = &d.candidates;
+    // W1: 2 waiting requests of unknown size wait 2 · 1024 / 10k; m = 1 + 2 + 3 + 0.5 = 6.5
+    // on 1000 / 10k.
+    assert!(approx(c[0].prefill.unwrap(), 0.65), "{c:?}");
+    assert!(approx(c[0].score.unwrap(), 0.2048 + 0.65), "{c:?}");
+    // W2: wait = B (W1's) + 4 · 1024 / 10k; m = 1 + 4.
+    assert!(approx(c[1].prefill.unwrap(), 0.5), "{c:?}");
+    assert!(approx(c[1].score.unwrap(), 0.2048 + 0.4096 + 0.5), "{c:?}");
+    assert_eq!(d.path, DecisionPath::Miss);
+}
+
+#[test]
+fn a_dark_fleet_uses_the_default_prefill_rate() {
+    let cfg = PolicyConfig {
+        default_prefill_throughput: 1000.0,
+        ..cost_cfg()
+    };
+    let m = token_matches(1000, &[(1, 500)]);
+    let d = check(
+        &cfg,
+        &[w(1).flight(1), w(2)],
+        &tokens(1000),
+        Some(&m),
+        (2, DecisionPath::Spill),
+    );
+    // W1: 1 · 1024 / 1000 + 2 · 500 / 1000; W2: 1000 / 1000.
+    assert!(approx(d.candidates[0].score.unwrap(), 1.024 + 1.0), "{d:?}");
+    assert!(approx(d.candidates[1].score.unwrap(), 1.0), "{d:?}");
+}
+
+#[test]
+fn text_units_are_converted_to_tokens() {
+    let workers = [
+        w(1).load(prefilling(10_000, 0, 0, 0.0)),
+        w(2).load(prefilling(10_000, 0, 0, 0.0)),
+    ];
+    let req = text(&"a".repeat(4000));
+    let d = check(
+        &cost_cfg(),
+        &workers,
+        &req,
+        Some(&text_matches(4000, &[(2, 3000)])),
+        (2, DecisionPath::Hit),
+    );
+    // 1000 chars left = 250 tokens.
+    assert_eq!(d.credit_tokens, 250);
+    assert!(approx(d.candidates[1].score.unwrap(), 0.025));
+}
+
+#[test]
+fn seed_scenarios_hold_in_cost_mode() {
+    let none = RequestFacts::default();
+    let novel = token_matches(0, &[]);
+    let mut idle_pair = vec![w(1).load(idle(0.36)), w(2).load(idle(0.0))];
+    let picks = run(
+        &cost_cfg(),
+        &mut idle_pair,
+        &none,
+        Some(&novel),
+        8,
+        false,
+        12,
+    );
+    assert_eq!(counts(&picks), [(1, 4), (2, 4)].into_iter().collect());
+    let mut beside_busy = vec![w(1).load(busy(0, 0.1, 8000.0)), w(2).load(idle(0.36))];
+    let picks = run(
+        &cost_cfg(),
+        &mut beside_busy,
+        &none,
+        Some(&novel),
+        8,
+        false,
+        13,
+    );
+    assert_eq!(counts(&picks), [(1, 4), (2, 4)].into_iter().collect());
+    let gate_at_mean = PolicyConfig {
+        balance_abs_threshold: 0,
+        balance_rel_threshold: 1.0,
+        ..cost_cfg()
+    };
+    let mut skewed = vec![
+        w(1).load(busy(0, 0.0, 10_000.0)),
+        w(2).load(busy(0, 0.0, 100.0)),
+    ];
+    let m = text_matches(40, &[]);
+    let picks = run(
+        &gate_at_mean,
+        &mut skewed,
+        &text(&"x".repeat(40)),
+        Some(&m),
+        8,
+        true,
+        28,
+    );
+    assert_eq!(counts(&picks), [(1, 4), (2, 4)].into_iter().collect());
+}
+
+#[test]
+fn paths_and_recording() {
+    let cfg = PolicyConfig {
+        cache_boundaries: vec![16],
+        ..cost_cfg()
+    };
+    let workers = [w(1), w(2).flight(1)];
+    check(
+        &cfg,
+        &workers,
+        &tokens(20),
+        None,
+        (1, DecisionPath::Fallback),
+    );
+    assert!(!pick(&cfg, &workers, &tokens(20), None, 0).record_prefix);
+    let hash = |boundary: Option<usize>, holders: &[u64]| PrefixMatches {
+        input_len: 20,
+        per_worker: holders
+            .iter()
+            .map(|&i| (id(i), boundary.unwrap_or(0)))
+            .collect(),
+        source: MatchSource::Hash { boundary },
+    };
+    let holder_idle = [w(1).flight(1), w(2)];
+    let d = check(
+        &cfg,
+        &holder_idle,
+        &tokens(20),
+        Some(&hash(Some(16), &[2])),
+        (2, DecisionPath::Hash),
+    );
+    assert!(d.record_prefix);
+    // 8 tokens reach no boundary: nothing to record.
+    let short = pick(&cfg, &workers, &tokens(8), Some(&hash(None, &[])), 0);
+    assert_eq!(
+        (short.path, short.record_prefix),
+        (DecisionPath::Miss, false)
+    );
+}

@@ -23,8 +23,16 @@ fn check(cfg: &PolicyConfig, workers: &[crate::WorkerView], expect: Option<u64>)
 fn s14_waiting_cap() {
     // W1 at 64 waiting is dropped although W2 scores worse.
     let w2_worse = busy(100_000, 0.5, 10.0);
-    check(&capped(48), &[w(1).load(waiting(64)), w(2).load(w2_worse)], Some(2));
-    check(&capped(48), &[w(1).load(waiting(48)), w(2).load(waiting(48))], None);
+    check(
+        &capped(48),
+        &[w(1).load(waiting(64)), w(2).load(w2_worse)],
+        Some(2),
+    );
+    check(
+        &capped(48),
+        &[w(1).load(waiting(48)), w(2).load(waiting(48))],
+        None,
+    );
     check(&capped(48), &[w(1).load(waiting(64))], None);
     // Cap 2 with W1 at 1 waiting: the first pick → W1; one dispatch later it is capped.
     let pair = [w(1).load(waiting(1)), w(2).load(waiting(1)).credit(0, 5)];
@@ -37,7 +45,11 @@ fn s14_waiting_cap() {
     check(&capped(1), &[w(1).flight(100)], Some(1));
     // No cap: the worse-scoring worker is never preferred.
     let off = PolicyConfig::with_kind(PolicyKind::LeastLoad);
-    check(&off, &[w(1).load(waiting(64)), w(2).load(busy(100_000, 0.5, 10.0))], Some(1));
+    check(
+        &off,
+        &[w(1).load(waiting(64)), w(2).load(busy(100_000, 0.5, 10.0))],
+        Some(1),
+    );
     check(&off, &[w(1).load(waiting(64))], Some(1));
 }
 
@@ -45,7 +57,11 @@ fn s14_waiting_cap() {
 fn s15_after_a_reset_the_dark_fleet_rule_applies() {
     // Reports and credit forgotten: the lowest in-flight wins.
     let off = PolicyConfig::with_kind(PolicyKind::LeastLoad);
-    check(&off, &[w(1).flight(3), w(2).flight(1), w(3).flight(2)], Some(2));
+    check(
+        &off,
+        &[w(1).flight(3), w(2).flight(1), w(3).flight(2)],
+        Some(2),
+    );
 }
 
 #[test]

@@ -73,6 +73,12 @@ fn apply_credits_the_chosen_worker_only() {
     };
     l.apply(&d, ms(1));
     l.apply(&Decision::none(), ms(2));
-    assert_eq!(l.credit(WorkerId(3)), Credit { tokens: 7, requests: 1 });
+    assert_eq!(
+        l.credit(WorkerId(3)),
+        Credit {
+            tokens: 7,
+            requests: 1
+        }
+    );
     assert_eq!(l.credit(WorkerId(4)), Credit::default());
 }

@@ -11,7 +11,11 @@ fn p2(metric: LoadMetric) -> PolicyConfig {
 }
 
 /// Per-worker win counts over `n` seeded picks (no credit, no in-flight change).
-fn check(metric: LoadMetric, workers: &[WorkerView], n: u64) -> std::collections::BTreeMap<u64, usize> {
+fn check(
+    metric: LoadMetric,
+    workers: &[WorkerView],
+    n: u64,
+) -> std::collections::BTreeMap<u64, usize> {
     let mut r = rng(n);
     let req = RequestFacts::default();
     let picks: Vec<_> = (0..n)
@@ -37,15 +41,32 @@ fn s16_the_pair_never_picks_the_worst() {
 
 #[test]
 fn s17_requests_metric_vs_expected_wait() {
-    let workers = [w(1).flight(5).load(busy(0, 0.0, 100.0)), w(2).flight(2).load(busy(50_000, 0.0, 100.0))];
-    assert_eq!(check(LoadMetric::Requests, &workers, 50), [(2, 50)].into_iter().collect());
-    assert_eq!(check(LoadMetric::ExpectedWait, &workers, 50), [(1, 50)].into_iter().collect());
+    let workers = [
+        w(1).flight(5).load(busy(0, 0.0, 100.0)),
+        w(2).flight(2).load(busy(50_000, 0.0, 100.0)),
+    ];
+    assert_eq!(
+        check(LoadMetric::Requests, &workers, 50),
+        [(2, 50)].into_iter().collect()
+    );
+    assert_eq!(
+        check(LoadMetric::ExpectedWait, &workers, 50),
+        [(1, 50)].into_iter().collect()
+    );
 }
 
 #[test]
 fn s18_least_requests_scans_everyone() {
-    let workers = [w(1).flight(4), w(2).flight(5), w(3).flight(1), w(4).flight(3)];
-    assert_eq!(check(LoadMetric::LeastRequests, &workers, 100), [(3, 100)].into_iter().collect());
+    let workers = [
+        w(1).flight(4),
+        w(2).flight(5),
+        w(3).flight(1),
+        w(4).flight(3),
+    ];
+    assert_eq!(
+        check(LoadMetric::LeastRequests, &workers, 100),
+        [(3, 100)].into_iter().collect()
+    );
 }
 
 #[test]

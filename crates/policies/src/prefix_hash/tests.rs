@@ -15,7 +15,12 @@ fn cfg(abs: u64) -> PolicyConfig {
 /// `load` in total (the others share the rest).
 fn acceptable(abs: u64, load: u64, probe: u64) -> bool {
     let rest = load - probe;
-    let workers = [w(1).flight(probe), w(2).flight(rest / 3), w(3).flight(rest / 3), w(4).flight(rest - 2 * (rest / 3))];
+    let workers = [
+        w(1).flight(probe),
+        w(2).flight(rest / 3),
+        w(3).flight(rest / 3),
+        w(4).flight(rest - 2 * (rest / 3)),
+    ];
     // Force worker 1 to be the ring target by making it the only worker on the ring.
     let ring = HashRing::new([(WorkerId(1), "http://w1:8000")]);
     let req = tokens(10);
@@ -38,7 +43,11 @@ fn s60_overload_test() {
         (10, 800, 260, false),
     ];
     for (abs, load, probe, expect) in cases {
-        assert_eq!(acceptable(abs, load, probe), expect, "abs {abs} load {load} probe {probe}");
+        assert_eq!(
+            acceptable(abs, load, probe),
+            expect,
+            "abs {abs} load {load} probe {probe}"
+        );
     }
 }
 
@@ -68,7 +77,13 @@ fn s60_an_overloaded_deep_target_retries_the_shallower_boundary() {
         .unwrap();
     let loaded: Vec<_> = workers
         .iter()
-        .map(|v| if v.id == deep { v.clone().flight(50) } else { v.clone() })
+        .map(|v| {
+            if v.id == deep {
+                v.clone().flight(50)
+            } else {
+                v.clone()
+            }
+        })
         .collect();
     let input = SelectInput {
         ring: Some(&ring),
@@ -108,6 +123,15 @@ fn heads() {
     let a = text(&format!("{}{}", "é".repeat(24), "tail one"));
     let b = text(&format!("{}{}", "é".repeat(24), "tail two"));
     assert_eq!(head_positions(&c, &a), head_positions(&c, &b));
+    // A byte budget inside a character is cut back to its start: 21 bytes → 10 × "é" (20).
+    let odd = PolicyConfig {
+        bytes_per_token: 3.5,
+        ..c.clone()
+    };
+    let a = text(&format!("{}x", "é".repeat(11)));
+    let b = text(&format!("{}y", "é".repeat(11)));
+    assert_eq!(head_positions(&odd, &a), head_positions(&odd, &b));
+    assert_ne!(head_positions(&c, &a), head_positions(&c, &b));
     assert!(head_positions(&c, &RequestFacts::default()).is_empty());
     assert!(head_positions(&c, &text("")).is_empty());
 }

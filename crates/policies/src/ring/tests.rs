@@ -31,7 +31,12 @@ fn adding_a_worker_moves_about_one_in_n_keys() {
     let moved = before.iter().zip(&after).filter(|(a, b)| a != b).count();
     // Expected 1/5 = 2000; every moved key went to the new worker.
     assert!((1500..2500).contains(&moved), "{moved}");
-    assert!(before.iter().zip(&after).all(|(a, b)| a == b || *b == WorkerId(5)));
+    assert!(
+        before
+            .iter()
+            .zip(&after)
+            .all(|(a, b)| a == b || *b == WorkerId(5))
+    );
 }
 
 #[test]
@@ -54,4 +59,3 @@ fn keys_spread_over_workers() {
         assert!((600..1400).contains(&n), "worker {i}: {n}");
     }
 }
-

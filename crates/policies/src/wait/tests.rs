@@ -85,18 +85,27 @@ fn s04_queue_comparisons() {
     let none = crate::RequestFacts::default();
     // 8000 vs 1000 queued at 100 tok/s: 80 s vs 10 s.
     check(
-        vec![w(1).load(busy(8000, 0.0, 100.0)), w(2).load(busy(1000, 0.0, 100.0))],
+        vec![
+            w(1).load(busy(8000, 0.0, 100.0)),
+            w(2).load(busy(1000, 0.0, 100.0)),
+        ],
         &none,
         2,
     );
     // 5000 queued at 50 vs at 500 tok/s.
     check(
-        vec![w(1).load(busy(5000, 0.0, 50.0)), w(2).load(busy(5000, 0.0, 500.0))],
+        vec![
+            w(1).load(busy(5000, 0.0, 50.0)),
+            w(2).load(busy(5000, 0.0, 500.0)),
+        ],
         &none,
         2,
     );
     // No live rate anywhere: both at the 2000 tok/s default, 5 s vs 0.5 s.
-    let zero = vec![w(1).load(busy(10_000, 0.0, 0.0)), w(2).load(busy(1000, 0.0, 0.0))];
+    let zero = vec![
+        w(1).load(busy(10_000, 0.0, 0.0)),
+        w(2).load(busy(1000, 0.0, 0.0)),
+    ];
     let s = scores(&zero);
     assert!(approx(s[0], 5.0) && approx(s[1], 0.5), "{s:?}");
     check(zero, &none, 2);
@@ -108,7 +117,10 @@ fn s04_queue_comparisons() {
     let mut r1 = rank(1, 500, 0.0, 100.0);
     r1.num_waiting_reqs = 200;
     check(
-        vec![w(1).load(report(vec![r1])), w(2).load(busy(8000, 0.0, 100.0))],
+        vec![
+            w(1).load(report(vec![r1])),
+            w(2).load(busy(8000, 0.0, 100.0)),
+        ],
         &none,
         1,
     );
@@ -123,7 +135,10 @@ fn s05_kv_pressure_term() {
     let none = crate::RequestFacts::default();
     let d = pick(
         &cfg,
-        &[w(1).load(busy(0, 0.9, 100.0)), w(2).load(busy(0, 0.1, 100.0))],
+        &[
+            w(1).load(busy(0, 0.9, 100.0)),
+            w(2).load(busy(0, 0.1, 100.0)),
+        ],
         &none,
         None,
         0,
@@ -131,7 +146,10 @@ fn s05_kv_pressure_term() {
     assert_eq!(d.worker, Some(id(2)));
     let d = pick(
         &cfg,
-        &[w(1).load(busy(0, 0.98, 100.0)), w(2).load(busy(0, 0.0, 100.0))],
+        &[
+            w(1).load(busy(0, 0.98, 100.0)),
+            w(2).load(busy(0, 0.0, 100.0)),
+        ],
         &none,
         None,
         0,
@@ -143,18 +161,30 @@ fn s05_kv_pressure_term() {
 
 #[test]
 fn s06_credit_water_fills_two_equal_workers() {
-    let mut workers = vec![w(1).load(busy(0, 0.0, 100.0)), w(2).load(busy(0, 0.0, 100.0))];
+    let mut workers = vec![
+        w(1).load(busy(0, 0.0, 100.0)),
+        w(2).load(busy(0, 0.0, 100.0)),
+    ];
     let picks = run(&least_load(), &mut workers, &tokens(100), None, 2, false, 6);
     assert_ne!(picks[0], picks[1]);
 }
 
 #[test]
 fn s07_known_token_count_is_credited_exactly() {
-    let workers = vec![w(1).load(busy(0, 0.2, 100.0)), w(2).load(busy(2048, 0.2, 100.0))];
+    let workers = vec![
+        w(1).load(busy(0, 0.2, 100.0)),
+        w(2).load(busy(2048, 0.2, 100.0)),
+    ];
     let d = pick(&least_load(), &workers, &tokens(2100), None, 0);
     assert_eq!((d.worker, d.credit_tokens), (Some(id(1)), 2100));
     let credited = vec![workers[0].clone().credit(2100, 1), workers[1].clone()];
-    let d = pick(&least_load(), &credited, &crate::RequestFacts::default(), None, 0);
+    let d = pick(
+        &least_load(),
+        &credited,
+        &crate::RequestFacts::default(),
+        None,
+        0,
+    );
     assert_eq!((d.worker, d.credit_tokens), (Some(id(2)), 1024));
 }
 
@@ -163,7 +193,13 @@ fn s09_unreported_worker_is_priced_from_the_best_reporter() {
     let workers = vec![w(1).load(waiting(1)), w(2).load(waiting(3)), w(3)];
     let mut picked = Vec::new();
     for trial in 0..150 {
-        let d = pick(&least_load(), &workers, &crate::RequestFacts::default(), None, trial);
+        let d = pick(
+            &least_load(),
+            &workers,
+            &crate::RequestFacts::default(),
+            None,
+            trial,
+        );
         picked.push(d.worker.unwrap());
     }
     let c = counts(&picked);
@@ -190,7 +226,10 @@ fn s10_nominal_is_scoped_to_the_candidates() {
 fn s11_idle_ranks_are_not_live() {
     assert_eq!(live_rate(&[rank(0, 0, 0.0, 0.36)]), 0.0);
     // Reference: 800. kvgate counts the idle rank at the busy rank's rate.
-    assert_eq!(live_rate(&[rank(0, 0, 0.0, 0.36), rank(4, 0, 0.0, 800.0)]), 1600.0);
+    assert_eq!(
+        live_rate(&[rank(0, 0, 0.0, 0.36), rank(4, 0, 0.0, 800.0)]),
+        1600.0
+    );
 }
 
 #[test]
@@ -205,14 +244,30 @@ fn partly_idle_multi_rank_worker_is_not_slower_than_a_busy_peer() {
 #[test]
 fn s12_seed_idle_residual_burst_splits_evenly() {
     let mut workers = vec![w(1).load(idle(0.36)), w(2).load(idle(0.0))];
-    let picks = run(&least_load(), &mut workers, &crate::RequestFacts::default(), None, 8, false, 12);
+    let picks = run(
+        &least_load(),
+        &mut workers,
+        &crate::RequestFacts::default(),
+        None,
+        8,
+        false,
+        12,
+    );
     assert_eq!(counts(&picks), [(1, 4), (2, 4)].into_iter().collect());
 }
 
 #[test]
 fn s13_seed_idle_beside_busy_splits_evenly() {
     let mut workers = vec![w(1).load(busy(0, 0.1, 8000.0)), w(2).load(idle(0.36))];
-    let picks = run(&least_load(), &mut workers, &crate::RequestFacts::default(), None, 8, false, 13);
+    let picks = run(
+        &least_load(),
+        &mut workers,
+        &crate::RequestFacts::default(),
+        None,
+        8,
+        false,
+        13,
+    );
     assert_eq!(counts(&picks), [(1, 4), (2, 4)].into_iter().collect());
 }
 
@@ -229,7 +284,10 @@ fn s33_a_worker_without_a_fresh_report_is_scored_as_unreported() {
 fn argmin_handles_non_finite_scores() {
     let mut r = rng(0);
     assert_eq!(argmin_uniform(&[], &mut r), None);
-    assert_eq!(argmin_uniform(&[f64::NAN, 2.0, f64::INFINITY], &mut r), Some(1));
+    assert_eq!(
+        argmin_uniform(&[f64::NAN, 2.0, f64::INFINITY], &mut r),
+        Some(1)
+    );
     assert!(argmin_uniform(&[f64::NAN, f64::NAN], &mut r).is_some());
 }
 

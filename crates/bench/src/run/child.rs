@@ -1,0 +1,117 @@
+//! Servers run as child processes (the reference gateway, nginx, the release `kvgate`):
+//! each in its own process group, stopped by that group's id when dropped.
+
+use std::fs::File;
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use kvgate_bench::{RawClient, socket_addr};
+
+/// A running child server. Dropping it stops it.
+#[derive(Debug)]
+pub struct ChildServer {
+    name: String,
+    child: Child,
+    url: String,
+}
+
+impl ChildServer {
+    /// Starts `program args...` with stdout and stderr in `log`; `url` is where it listens.
+    pub fn spawn(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        log: &Path,
+        url: String,
+    ) -> anyhow::Result<ChildServer> {
+        let out = File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        let err = out.try_clone()?;
+        let child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            // Its own group, so helpers it forks are stopped with it.
+            .process_group(0)
+            .spawn()
+            .with_context(|| format!("starting {name} ({})", program.display()))?;
+        Ok(ChildServer {
+            name: name.to_owned(),
+            child,
+            url,
+        })
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Waits until one of `paths` answers 200, or fails when the child exits or `timeout`
+    /// passes.
+    pub fn wait_ready(&mut self, paths: &[&str], timeout: Duration) -> anyhow::Result<()> {
+        let addr = socket_addr(&self.url).context("child URL has no socket address")?;
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait()? {
+                bail!("{} exited during startup ({status})", self.name);
+            }
+            for path in paths {
+                let ok = RawClient::connect(addr, Duration::from_secs(1))
+                    .and_then(|mut c| c.request("GET", path, b""))
+                    .is_ok_and(|r| r.status == 200);
+                if ok {
+                    return Ok(());
+                }
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        bail!("{} not ready on {} after {timeout:?}", self.name, self.url)
+    }
+
+    fn signal_group(&self, signal: &str) {
+        let group = format!("-{}", self.child.id());
+        let _ = Command::new("kill")
+            .args([signal, "--", &group])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+impl Drop for ChildServer {
+    fn drop(&mut self) {
+        self.signal_group("-TERM");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // Whatever is left of the group (the leader or its helpers).
+        self.signal_group("-KILL");
+        let _ = self.child.wait();
+    }
+}
+
+/// A port that was free a moment ago on 127.0.0.1.
+pub fn free_port() -> anyhow::Result<u16> {
+    let l = TcpListener::bind("127.0.0.1:0").context("binding a probe port")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// The first executable named `name` on `PATH`.
+pub fn which(name: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|p| {
+            p.metadata()
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}

@@ -1,0 +1,206 @@
+//! Replays a plan against one gateway URL with streaming chat requests, timing each one.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt as _;
+use kvgate_bench::Plan;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{Value, json};
+use tokio::sync::Semaphore;
+
+/// How requests are released.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Arrival {
+    /// At most this many requests in flight; the next goes when one finishes.
+    Closed(usize),
+    /// Sessions start as a seeded Poisson process at this rate (per second); a session's
+    /// later requests follow its previous answer.
+    Poisson(f64),
+}
+
+/// Most requests in flight in Poisson mode, so an overloaded target cannot grow without
+/// bound.
+const OPEN_LOOP_LIMIT: usize = 1024;
+
+/// One request as the client saw it.
+#[derive(Debug, Clone, Default)]
+pub struct Record {
+    pub ok: bool,
+    pub ttft_ms: Option<f64>,
+    pub total_ms: f64,
+    pub output_tokens: u64,
+    pub error: Option<String>,
+}
+
+/// Everything a replay measured.
+#[derive(Debug)]
+pub struct Replay {
+    pub records: Vec<Record>,
+    pub wall: Duration,
+    /// The wall-clock cap stopped it.
+    pub capped: bool,
+}
+
+/// Sends every request of `plan` to `base_url` and waits for all answers, or for `max_wall`.
+pub async fn replay(
+    base_url: &str,
+    model: &str,
+    plan: &Plan,
+    arrival: Arrival,
+    seed: u64,
+    max_wall: Duration,
+    request_timeout: Duration,
+) -> Replay {
+    let limit = match arrival {
+        Arrival::Closed(c) => c.max(1),
+        Arrival::Poisson(_) => OPEN_LOOP_LIMIT,
+    };
+    let client = awc::Client::builder()
+        .timeout(request_timeout)
+        .connector(awc::Connector::new().limit(limit))
+        .finish();
+    let url = format!("{base_url}/v1/chat/completions");
+    let permits = Rc::new(Semaphore::new(limit));
+    let records = Rc::new(RefCell::new(Vec::with_capacity(plan.len())));
+    let starts = start_offsets(plan.sessions.len(), arrival, seed);
+    let begun = Instant::now();
+
+    let sessions = plan.sessions.iter().zip(starts).map(|(session, start)| {
+        let (client, url, permits, records) = (&client, &url, Rc::clone(&permits), Rc::clone(&records));
+        async move {
+            if let Some(at) = start {
+                actix_rt::time::sleep_until((begun + at).into()).await;
+            }
+            for req in &session.requests {
+                let Ok(_permit) = permits.acquire().await else {
+                    return;
+                };
+                let body = json!({
+                    "model": model,
+                    "messages": req.messages,
+                    "max_tokens": plan.max_tokens,
+                    "stream": true,
+                });
+                let rec = send(client, url, &body).await;
+                let failed = !rec.ok;
+                records.borrow_mut().push(rec);
+                if failed {
+                    // A conversation cannot go on without its answer.
+                    return;
+                }
+            }
+        }
+    });
+    let all = futures_util::future::join_all(sessions);
+    let capped = actix_rt::time::timeout(max_wall, all).await.is_err();
+    let wall = begun.elapsed();
+    let records = records.take();
+    Replay {
+        records,
+        wall,
+        capped,
+    }
+}
+
+/// When each session starts: all at once for a closed loop, Poisson arrivals otherwise.
+fn start_offsets(n: usize, arrival: Arrival, seed: u64) -> Vec<Option<Duration>> {
+    match arrival {
+        Arrival::Closed(_) => vec![None; n],
+        Arrival::Poisson(rate) => {
+            let mut rng = SmallRng::seed_from_u64(seed ^ 0x5eed_a11e);
+            let mut t = 0.0_f64;
+            (0..n)
+                .map(|_| {
+                    let u: f64 = rng.r#gen::<f64>().max(f64::MIN_POSITIVE);
+                    t += -u.ln() / rate;
+                    Some(Duration::from_secs_f64(t))
+                })
+                .collect()
+        }
+    }
+}
+
+/// One streaming request: time to the first chunk carrying `data:`, then to the end.
+async fn send(client: &awc::Client, url: &str, body: &Value) -> Record {
+    let started = Instant::now();
+    let mut rec = Record::default();
+    let resp = client
+        .post(url)
+        .insert_header(("content-type", "application/json"))
+        .send_json(body)
+        .await;
+    let mut resp = match resp {
+        Ok(r) => r,
+        Err(e) => {
+            rec.error = Some(format!("send: {e}"));
+            rec.total_ms = ms(started.elapsed());
+            return rec;
+        }
+    };
+    let status = resp.status();
+    let mut pending: Vec<u8> = Vec::new();
+    let mut done = false;
+    while let Some(chunk) = resp.next().await {
+        let chunk = match chunk {
+            Ok(c) => c,
+            Err(e) => {
+                rec.error = Some(format!("body: {e}"));
+                break;
+            }
+        };
+        if rec.ttft_ms.is_none() && chunk.windows(5).any(|w| w == b"data:") {
+            rec.ttft_ms = Some(ms(started.elapsed()));
+        }
+        pending.extend_from_slice(&chunk);
+        // Whole lines only; a line can straddle chunks.
+        while let Some(eol) = pending.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = pending.drain(..=eol).collect();
+            match sse_line(&line) {
+                Line::Token => rec.output_tokens += 1,
+                Line::Done => done = true,
+                Line::Other => {}
+            }
+        }
+    }
+    rec.total_ms = ms(started.elapsed());
+    rec.ok = status.is_success() && done && rec.error.is_none();
+    if !status.is_success() {
+        let text = String::from_utf8_lossy(&pending);
+        rec.error = Some(format!("status {status}: {}", text.chars().take(200).collect::<String>()));
+    } else if !done && rec.error.is_none() {
+        rec.error = Some("stream ended without [DONE]".to_owned());
+    }
+    rec
+}
+
+enum Line {
+    Token,
+    Done,
+    Other,
+}
+
+fn sse_line(line: &[u8]) -> Line {
+    let Some(data) = line.strip_prefix(b"data:") else {
+        return Line::Other;
+    };
+    let data = data.trim_ascii();
+    if data == b"[DONE]" {
+        return Line::Done;
+    }
+    let Ok(v) = serde_json::from_slice::<Value>(data) else {
+        return Line::Other;
+    };
+    let content = &v["choices"][0]["delta"]["content"];
+    if content.as_str().is_some_and(|c| !c.is_empty()) {
+        Line::Token
+    } else {
+        Line::Other
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
