@@ -20,7 +20,9 @@ pub struct Harness {
 
 impl std::fmt::Debug for Harness {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Harness").field("gw", &self.gw.url()).finish()
+        f.debug_struct("Harness")
+            .field("gw", &self.gw.url())
+            .finish()
     }
 }
 
@@ -89,7 +91,12 @@ impl Reply {
         assert_eq!(self.status.as_u16(), status, "body: {}", self.text());
         let j = self.json();
         assert_eq!(j["error"]["code"], code, "body: {j}");
-        assert!(j["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{j}");
+        assert!(
+            j["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{j}"
+        );
         assert!(j["error"]["type"].as_str().is_some(), "{j}");
         assert!(self.header("x-request-id").is_some());
     }
@@ -101,11 +108,19 @@ pub fn client() -> awc::Client {
         .finish()
 }
 
-async fn finish(mut resp: awc::ClientResponse<impl futures_util::Stream<Item = Result<Bytes, awc::error::PayloadError>> + Unpin>) -> Reply {
+async fn finish(
+    mut resp: awc::ClientResponse<
+        impl futures_util::Stream<Item = Result<Bytes, awc::error::PayloadError>> + Unpin,
+    >,
+) -> Reply {
     let status = resp.status();
     let headers = resp.headers().clone();
     let body = resp.body().limit(64 * 1024 * 1024).await.expect("body");
-    Reply { status, headers, body }
+    Reply {
+        status,
+        headers,
+        body,
+    }
 }
 
 pub async fn post(url: &str, body: impl Into<Bytes>) -> Reply {
@@ -151,7 +166,10 @@ pub fn sse_events(body: &str) -> (Vec<Value>, bool) {
             if data == "[DONE]" {
                 done = true;
             } else {
-                events.push(serde_json::from_str(data).unwrap_or_else(|e| panic!("bad SSE data {data:?}: {e}")));
+                events.push(
+                    serde_json::from_str(data)
+                        .unwrap_or_else(|e| panic!("bad SSE data {data:?}: {e}")),
+                );
             }
         }
     }

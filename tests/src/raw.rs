@@ -47,20 +47,34 @@ fn read_request(stream: &mut BufReader<TcpStream>) -> Option<(String, Vec<u8>)> 
 }
 
 fn serve(conn: TcpStream, script: &Script, requests: &AtomicU64) {
-    let Ok(write_half) = conn.try_clone() else { return };
+    let Ok(write_half) = conn.try_clone() else {
+        return;
+    };
     let mut out = write_half;
     let mut reader = BufReader::new(conn);
     while let Some((path, _body)) = read_request(&mut reader) {
         let json = |out: &mut TcpStream, status: &str, body: &str| {
-            let _ = write!(out, "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+            let _ = write!(
+                out,
+                "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            );
         };
         match path.as_str() {
-            "/v1/models" => json(&mut out, "200 OK", r#"{"object":"list","data":[{"id":"raw-model","object":"model","owned_by":"sglang"}]}"#),
+            "/v1/models" => json(
+                &mut out,
+                "200 OK",
+                r#"{"object":"list","data":[{"id":"raw-model","object":"model","owned_by":"sglang"}]}"#,
+            ),
             "/health" => json(&mut out, "200 OK", "{}"),
             p if p.contains("server_info") => json(&mut out, "404 Not Found", "{}"),
             _ => {
                 requests.fetch_add(1, Ordering::SeqCst);
-                let _ = write!(out, "HTTP/1.1 {} X\r\ncontent-type: {}\r\ntransfer-encoding: chunked\r\n\r\n", script.status, script.content_type);
+                let _ = write!(
+                    out,
+                    "HTTP/1.1 {} X\r\ncontent-type: {}\r\ntransfer-encoding: chunked\r\n\r\n",
+                    script.status, script.content_type
+                );
                 for c in &script.chunks {
                     let _ = write!(out, "{:x}\r\n", c.len());
                     let _ = out.write_all(c);

@@ -20,21 +20,34 @@ async fn workers_come_and_go_through_the_api() {
     assert_eq!(w["status"], "ready");
     assert_eq!(w["runtime"], "sglang");
     assert_eq!(w["models"], json!(["kvgate-sim-model"]));
-    assert_eq!(w["max_running_requests"], SimConfig::default().max_running_requests);
+    assert_eq!(
+        w["max_running_requests"],
+        SimConfig::default().max_running_requests
+    );
     assert!(w["startup_time"].as_f64().is_some(), "{w}");
     let id = w["id"].as_str().unwrap().to_owned();
     assert_eq!(r.header("location").unwrap(), format!("/workers/{id}"));
 
-    post_json(&format!("{base}/workers"), &json!({"url": urls[0]})).await.assert_error(409, "worker_already_exists");
-    post_json(&format!("{base}/workers"), &json!({"url": "ftp://x"})).await.assert_error(400, "invalid_request");
-    post(&format!("{base}/workers"), "{").await.assert_error(400, "json_parse_error");
-    post_json(&format!("{base}/workers"), &json!({"uri": "x"})).await.assert_error(400, "invalid_request");
+    post_json(&format!("{base}/workers"), &json!({"url": urls[0]}))
+        .await
+        .assert_error(409, "worker_already_exists");
+    post_json(&format!("{base}/workers"), &json!({"url": "ftp://x"}))
+        .await
+        .assert_error(400, "invalid_request");
+    post(&format!("{base}/workers"), "{")
+        .await
+        .assert_error(400, "json_parse_error");
+    post_json(&format!("{base}/workers"), &json!({"uri": "x"}))
+        .await
+        .assert_error(400, "invalid_request");
 
     // Legacy forms.
     let r = post(&format!("{base}/add_worker?url={}", urls[1]), "").await;
     assert_eq!(r.status.as_u16(), 200, "{}", r.text());
     assert_eq!(r.json()["status"], "success");
-    post(&format!("{base}/add_worker"), "").await.assert_error(400, "invalid_request");
+    post(&format!("{base}/add_worker"), "")
+        .await
+        .assert_error(400, "invalid_request");
     let r = post_json(&format!("{base}/workers"), &json!({"url": urls[2]})).await;
     assert_eq!(r.status.as_u16(), 201);
 
@@ -51,16 +64,31 @@ async fn workers_come_and_go_through_the_api() {
     // Remove by id, by URL-encoded URL, and through the legacy route.
     let one = get(&format!("{base}/workers/{id}")).await;
     assert_eq!(one.status.as_u16(), 200);
-    assert_eq!(delete(&format!("{base}/workers/{id}")).await.status.as_u16(), 200);
-    delete(&format!("{base}/workers/{id}")).await.assert_error(404, "worker_not_found");
+    assert_eq!(
+        delete(&format!("{base}/workers/{id}"))
+            .await
+            .status
+            .as_u16(),
+        200
+    );
+    delete(&format!("{base}/workers/{id}"))
+        .await
+        .assert_error(404, "worker_not_found");
     let encoded = urls[1].replace(':', "%3A").replace('/', "%2F");
     let r = delete(&format!("{base}/workers/{encoded}")).await;
     assert_eq!(r.status.as_u16(), 200, "{}", r.text());
     let r = post(&format!("{base}/remove_worker?url={}", urls[2]), "").await;
     assert_eq!(r.status.as_u16(), 200, "{}", r.text());
-    post(&format!("{base}/remove_worker?url={}", urls[2]), "").await.assert_error(404, "worker_not_found");
-    assert_eq!(get(&format!("{base}/workers")).await.json()["workers"], json!([]));
-    post_json(&format!("{base}/v1/completions"), &json!({"prompt": "x"})).await.assert_error(503, "no_available_workers");
+    post(&format!("{base}/remove_worker?url={}", urls[2]), "")
+        .await
+        .assert_error(404, "worker_not_found");
+    assert_eq!(
+        get(&format!("{base}/workers")).await.json()["workers"],
+        json!([])
+    );
+    post_json(&format!("{base}/v1/completions"), &json!({"prompt": "x"}))
+        .await
+        .assert_error(503, "no_available_workers");
 }
 
 #[actix_rt::test]
@@ -71,13 +99,24 @@ async fn an_unreachable_worker_is_kept_pending_and_not_routed() {
     cfg.worker_urls = fleet.urls();
     let gw = kvgate_gateway::Gateway::start(cfg).unwrap();
     // A port nothing listens on (bound then released).
-    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-    let r = post_json(&format!("{}/workers", gw.url()), &json!({"url": format!("http://{dead}")})).await;
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let r = post_json(
+        &format!("{}/workers", gw.url()),
+        &json!({"url": format!("http://{dead}")}),
+    )
+    .await;
     assert_eq!(r.status.as_u16(), 201);
     assert_eq!(r.json()["status"], "pending");
     assert_eq!(r.json()["healthy"], false);
     for i in 0..6 {
-        let r = post_json(&format!("{}/v1/completions", gw.url()), &json!({"prompt": format!("{i}"), "max_tokens": 1})).await;
+        let r = post_json(
+            &format!("{}/v1/completions", gw.url()),
+            &json!({"prompt": format!("{i}"), "max_tokens": 1}),
+        )
+        .await;
         assert_eq!(r.status.as_u16(), 200);
     }
     assert_eq!(fleet.engine(0).stats().requests, 6);

@@ -11,34 +11,71 @@ use serde_json::json;
 async fn bad_requests_are_400_and_reach_no_worker() {
     let h = Harness::start(1, SimConfig::default(), |_| {});
     let url = h.url("/v1/chat/completions");
-    post(&url, "{not json").await.assert_error(400, "json_parse_error");
+    post(&url, "{not json")
+        .await
+        .assert_error(400, "json_parse_error");
     post(&url, "").await.assert_error(400, "json_parse_error");
-    post(&url, "[1,2,3]").await.assert_error(400, "invalid_request");
-    post(&url, r#"{"messages":"hello"}"#).await.assert_error(400, "invalid_request");
-    post(&url, r#"{"messages":[],"stream":"yes"}"#).await.assert_error(400, "invalid_request");
-    post(&h.url("/v1/completions"), b"{\"prompt\":\"\xff\"}".to_vec()).await.assert_error(400, "json_parse_error");
-    let deep = format!("{{\"prompt\":{}1{}}}", "[".repeat(200_000), "]".repeat(200_000));
-    post(&h.url("/v1/completions"), deep).await.assert_error(400, "json_parse_error");
-    post(&h.url("/generate"), r#"{"sampling_params":{}}"#).await.assert_error(400, "invalid_request");
+    post(&url, "[1,2,3]")
+        .await
+        .assert_error(400, "invalid_request");
+    post(&url, r#"{"messages":"hello"}"#)
+        .await
+        .assert_error(400, "invalid_request");
+    post(&url, r#"{"messages":[],"stream":"yes"}"#)
+        .await
+        .assert_error(400, "invalid_request");
+    post(&h.url("/v1/completions"), b"{\"prompt\":\"\xff\"}".to_vec())
+        .await
+        .assert_error(400, "json_parse_error");
+    let deep = format!(
+        "{{\"prompt\":{}1{}}}",
+        "[".repeat(200_000),
+        "]".repeat(200_000)
+    );
+    post(&h.url("/v1/completions"), deep)
+        .await
+        .assert_error(400, "json_parse_error");
+    post(&h.url("/generate"), r#"{"sampling_params":{}}"#)
+        .await
+        .assert_error(400, "invalid_request");
     assert_eq!(h.split(), vec![0], "no bad request reached the engine");
     // The gateway is still fine afterwards.
-    let r = post_json(&h.url("/v1/completions"), &json!({"prompt": "ok", "max_tokens": 1})).await;
+    let r = post_json(
+        &h.url("/v1/completions"),
+        &json!({"prompt": "ok", "max_tokens": 1}),
+    )
+    .await;
     assert_eq!(r.status.as_u16(), 200);
 }
 
 #[actix_rt::test]
 async fn routing_errors() {
     let h = Harness::start(1, SimConfig::default(), |_| {});
-    post_json(&h.url("/v1/completions"), &json!({"model": "nope", "prompt": "x"})).await.assert_error(404, "model_not_found");
-    get(&h.url("/v2/unknown")).await.assert_error(404, "route_not_found");
-    get(&h.url("/v1/chat/completions")).await.assert_error(405, "method_not_allowed");
-    kvgate_tests::delete(&h.url("/health")).await.assert_error(405, "method_not_allowed");
+    post_json(
+        &h.url("/v1/completions"),
+        &json!({"model": "nope", "prompt": "x"}),
+    )
+    .await
+    .assert_error(404, "model_not_found");
+    get(&h.url("/v2/unknown"))
+        .await
+        .assert_error(404, "route_not_found");
+    get(&h.url("/v1/chat/completions"))
+        .await
+        .assert_error(405, "method_not_allowed");
+    kvgate_tests::delete(&h.url("/health"))
+        .await
+        .assert_error(405, "method_not_allowed");
 }
 
 #[actix_rt::test]
 async fn oversized_bodies_are_refused_from_the_declared_length() {
     let h = Harness::start(1, SimConfig::default(), |c| c.max_payload_size = 1024);
-    let r = post(&h.url("/v1/completions"), format!("{{\"prompt\":\"{}\"}}", "a".repeat(2000))).await;
+    let r = post(
+        &h.url("/v1/completions"),
+        format!("{{\"prompt\":\"{}\"}}", "a".repeat(2000)),
+    )
+    .await;
     r.assert_error(413, "payload_too_large");
     // Only the head is sent: the 413 must come without the body ever being read.
     let mut s = std::net::TcpStream::connect(h.gw.addr()).unwrap();
@@ -57,7 +94,9 @@ async fn no_worker_is_503_until_one_is_added() {
     let dir = tempfile::tempdir().unwrap();
     let gw = kvgate_gateway::Gateway::start(test_config(&dir)).unwrap();
     let url = gw.url();
-    post_json(&format!("{url}/v1/completions"), &json!({"prompt": "x"})).await.assert_error(503, "no_available_workers");
+    post_json(&format!("{url}/v1/completions"), &json!({"prompt": "x"}))
+        .await
+        .assert_error(503, "no_available_workers");
     let r = get(&format!("{url}/readiness")).await;
     assert_eq!(r.status.as_u16(), 503);
     assert_eq!(r.json()["status"], "not ready");
@@ -69,7 +108,11 @@ async fn no_worker_is_503_until_one_is_added() {
     let r = get(&format!("{url}/readiness")).await;
     assert_eq!(r.status.as_u16(), 200);
     assert_eq!(r.json()["healthy_workers"], 1);
-    let r = post_json(&format!("{url}/v1/completions"), &json!({"prompt": "x", "max_tokens": 1})).await;
+    let r = post_json(
+        &format!("{url}/v1/completions"),
+        &json!({"prompt": "x", "max_tokens": 1}),
+    )
+    .await;
     assert_eq!(r.status.as_u16(), 200);
 }
 
@@ -77,20 +120,30 @@ async fn no_worker_is_503_until_one_is_added() {
 async fn upstream_errors_pass_through_unchanged() {
     let h = Harness::start(1, SimConfig::default(), |_| {});
     let body = r#"{"error":{"message":"engine says no","type":"BadRequest","code":400}}"#;
-    h.fleet.engine(0).set_fault(Fault::ErrorStatus { status: 400, body: body.into() });
+    h.fleet.engine(0).set_fault(Fault::ErrorStatus {
+        status: 400,
+        body: body.into(),
+    });
     let r = post_json(&h.url("/v1/completions"), &json!({"prompt": "x"})).await;
     assert_eq!(r.status.as_u16(), 400);
     assert_eq!(r.text(), body);
-    h.fleet.engine(0).set_fault(Fault::ErrorStatus { status: 503, body: "overloaded".into() });
+    h.fleet.engine(0).set_fault(Fault::ErrorStatus {
+        status: 503,
+        body: "overloaded".into(),
+    });
     let r = post_json(&h.url("/v1/completions"), &json!({"prompt": "x"})).await;
     assert_eq!((r.status.as_u16(), r.text().as_str()), (503, "overloaded"));
 }
 
 #[actix_rt::test]
 async fn a_hung_worker_is_504() {
-    let h = Harness::start(1, SimConfig::default(), |c| c.request_timeout = Duration::from_millis(300));
+    let h = Harness::start(1, SimConfig::default(), |c| {
+        c.request_timeout = Duration::from_millis(300)
+    });
     h.fleet.engine(0).set_fault(Fault::Hang);
-    post_json(&h.url("/v1/completions"), &json!({"prompt": "x"})).await.assert_error(504, "upstream_timeout");
+    post_json(&h.url("/v1/completions"), &json!({"prompt": "x"}))
+        .await
+        .assert_error(504, "upstream_timeout");
     let w = get(&h.url("/workers")).await.json();
     assert_eq!(w["workers"][0]["in_flight"], 0);
 }
@@ -104,5 +157,10 @@ async fn a_dead_worker_is_502() {
     let gw = kvgate_gateway::Gateway::start(cfg).unwrap();
     // Registered and healthy, then gone before the next health check.
     fleet.stop();
-    post_json(&format!("{}/v1/completions", gw.url()), &json!({"prompt": "x"})).await.assert_error(502, "upstream_failed");
+    post_json(
+        &format!("{}/v1/completions", gw.url()),
+        &json!({"prompt": "x"}),
+    )
+    .await
+    .assert_error(502, "upstream_failed");
 }

@@ -11,25 +11,48 @@ fn sim() -> SimConfig {
 async fn check_route(h: &Harness, path: &str, body: Value) {
     let r = post_json(&h.url(path), &body).await;
     assert_eq!(r.status.as_u16(), 200, "{path}: {}", r.text());
-    assert!(r.header("content-type").is_some_and(|c| c.starts_with("application/json")), "{path}");
+    assert!(
+        r.header("content-type")
+            .is_some_and(|c| c.starts_with("application/json")),
+        "{path}"
+    );
     let j = r.json();
     if path == "/generate" {
         assert!(j["text"].is_string(), "{j}");
-        assert!(j["meta_info"]["prompt_tokens"].as_u64().is_some_and(|n| n > 0), "{j}");
+        assert!(
+            j["meta_info"]["prompt_tokens"]
+                .as_u64()
+                .is_some_and(|n| n > 0),
+            "{j}"
+        );
     } else {
-        assert!(j["choices"].as_array().is_some_and(|c| !c.is_empty()), "{j}");
-        assert!(j["usage"]["prompt_tokens"].as_u64().is_some_and(|n| n > 0), "{j}");
+        assert!(
+            j["choices"].as_array().is_some_and(|c| !c.is_empty()),
+            "{j}"
+        );
+        assert!(
+            j["usage"]["prompt_tokens"].as_u64().is_some_and(|n| n > 0),
+            "{j}"
+        );
     }
 
     let mut body = body;
     body["stream"] = json!(true);
     let r = post_json(&h.url(path), &body).await;
     assert_eq!(r.status.as_u16(), 200, "{path} stream: {}", r.text());
-    assert!(r.header("content-type").is_some_and(|c| c.starts_with("text/event-stream")), "{path}");
+    assert!(
+        r.header("content-type")
+            .is_some_and(|c| c.starts_with("text/event-stream")),
+        "{path}"
+    );
     let (events, done) = sse_events(&r.text());
     assert!(done, "{path}: stream must end with [DONE]: {}", r.text());
     assert!(events.len() >= 2, "{path}: {}", r.text());
-    assert!(events.iter().all(|e| e.get("error").is_none()), "{path}: {}", r.text());
+    assert!(
+        events.iter().all(|e| e.get("error").is_none()),
+        "{path}: {}",
+        r.text()
+    );
 }
 
 #[actix_rt::test]
@@ -37,11 +60,36 @@ async fn every_inference_route_streams_and_not() {
     let h = Harness::start(2, sim(), |_| {});
     let model = "kvgate-sim-model";
     check_route(&h, "/v1/chat/completions", json!({"model": model, "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 4})).await;
-    check_route(&h, "/v1/completions", json!({"model": model, "prompt": "once upon a time", "max_tokens": 4})).await;
-    check_route(&h, "/v1/completions", json!({"model": model, "prompt": ["one two"], "max_tokens": 4})).await;
-    check_route(&h, "/v1/completions", json!({"model": model, "prompt": [1, 2, 3, 4, 5], "max_tokens": 4})).await;
-    check_route(&h, "/generate", json!({"text": "the quick brown fox", "sampling_params": {"max_new_tokens": 4}})).await;
-    check_route(&h, "/generate", json!({"input_ids": [7, 8, 9], "sampling_params": {"max_new_tokens": 4}})).await;
+    check_route(
+        &h,
+        "/v1/completions",
+        json!({"model": model, "prompt": "once upon a time", "max_tokens": 4}),
+    )
+    .await;
+    check_route(
+        &h,
+        "/v1/completions",
+        json!({"model": model, "prompt": ["one two"], "max_tokens": 4}),
+    )
+    .await;
+    check_route(
+        &h,
+        "/v1/completions",
+        json!({"model": model, "prompt": [1, 2, 3, 4, 5], "max_tokens": 4}),
+    )
+    .await;
+    check_route(
+        &h,
+        "/generate",
+        json!({"text": "the quick brown fox", "sampling_params": {"max_new_tokens": 4}}),
+    )
+    .await;
+    check_route(
+        &h,
+        "/generate",
+        json!({"input_ids": [7, 8, 9], "sampling_params": {"max_new_tokens": 4}}),
+    )
+    .await;
     let total: u64 = h.split().iter().sum();
     assert_eq!(total, 12, "every request reached exactly one engine");
     // Nothing is left in flight once every response has ended.
@@ -53,9 +101,15 @@ async fn every_inference_route_streams_and_not() {
 
 #[actix_rt::test]
 async fn round_robin_spreads_evenly() {
-    let h = Harness::start(4, sim(), |c| c.policy.kind = kvgate_policies::PolicyKind::RoundRobin);
+    let h = Harness::start(4, sim(), |c| {
+        c.policy.kind = kvgate_policies::PolicyKind::RoundRobin
+    });
     for i in 0..40 {
-        let r = post_json(&h.url("/v1/completions"), &json!({"prompt": format!("prompt {i}"), "max_tokens": 1})).await;
+        let r = post_json(
+            &h.url("/v1/completions"),
+            &json!({"prompt": format!("prompt {i}"), "max_tokens": 1}),
+        )
+        .await;
         assert_eq!(r.status.as_u16(), 200, "{}", r.text());
     }
     assert_eq!(h.split(), vec![10, 10, 10, 10]);
@@ -63,9 +117,15 @@ async fn round_robin_spreads_evenly() {
 
 #[actix_rt::test]
 async fn random_uses_every_worker() {
-    let h = Harness::start(2, sim(), |c| c.policy.kind = kvgate_policies::PolicyKind::Random);
+    let h = Harness::start(2, sim(), |c| {
+        c.policy.kind = kvgate_policies::PolicyKind::Random
+    });
     for i in 0..40 {
-        let r = post_json(&h.url("/v1/completions"), &json!({"prompt": format!("p{i}"), "max_tokens": 1})).await;
+        let r = post_json(
+            &h.url("/v1/completions"),
+            &json!({"prompt": format!("p{i}"), "max_tokens": 1}),
+        )
+        .await;
         assert_eq!(r.status.as_u16(), 200);
     }
     let split = h.split();
@@ -89,27 +149,61 @@ async fn request_ids_are_echoed_or_made() {
     assert!(id.starts_with("req-") && id.len() == 28, "{id}");
     // An id that is not visible ASCII or too long is replaced.
     let long = "x".repeat(200);
-    let r = kvgate_tests::client().get(h.url("/health")).insert_header(("x-request-id", long.as_str())).send().await.unwrap();
-    assert_ne!(r.headers().get("x-request-id").unwrap().to_str().unwrap(), long);
+    let r = kvgate_tests::client()
+        .get(h.url("/health"))
+        .insert_header(("x-request-id", long.as_str()))
+        .send()
+        .await
+        .unwrap();
+    assert_ne!(
+        r.headers().get("x-request-id").unwrap().to_str().unwrap(),
+        long
+    );
 }
 
 #[actix_rt::test]
 async fn models_are_the_union_of_workers() {
-    let a = kvgate_engine_sim::SimFleet::start(1, SimConfig { model: "model-a".into(), ..sim() }).unwrap();
-    let b = kvgate_engine_sim::SimFleet::start(1, SimConfig { model: "model-b".into(), ..sim() }).unwrap();
+    let a = kvgate_engine_sim::SimFleet::start(
+        1,
+        SimConfig {
+            model: "model-a".into(),
+            ..sim()
+        },
+    )
+    .unwrap();
+    let b = kvgate_engine_sim::SimFleet::start(
+        1,
+        SimConfig {
+            model: "model-b".into(),
+            ..sim()
+        },
+    )
+    .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = kvgate_tests::test_config(&dir);
     cfg.worker_urls = vec![a.urls()[0].clone(), b.urls()[0].clone()];
     let gw = kvgate_gateway::Gateway::start(cfg).unwrap();
     let m = get(&format!("{}/v1/models", gw.url())).await.json();
-    let mut ids: Vec<&str> = m["data"].as_array().unwrap().iter().map(|d| d["id"].as_str().unwrap()).collect();
+    let mut ids: Vec<&str> = m["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["id"].as_str().unwrap())
+        .collect();
     ids.sort();
     assert_eq!(ids, ["model-a", "model-b"]);
     assert_eq!(m["object"], "list");
     // `model` picks among the workers that serve it.
     for _ in 0..3 {
-        let r = post_json(&format!("{}/v1/completions", gw.url()), &json!({"model": "model-b", "prompt": "x", "max_tokens": 1})).await;
+        let r = post_json(
+            &format!("{}/v1/completions", gw.url()),
+            &json!({"model": "model-b", "prompt": "x", "max_tokens": 1}),
+        )
+        .await;
         assert_eq!(r.status.as_u16(), 200);
     }
-    assert_eq!((a.engine(0).stats().requests, b.engine(0).stats().requests), (0, 3));
+    assert_eq!(
+        (a.engine(0).stats().requests, b.engine(0).stats().requests),
+        (0, 3)
+    );
 }

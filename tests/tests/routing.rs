@@ -26,7 +26,10 @@ async fn with_loads(engines: usize, policy: PolicyKind) -> Harness {
     wait_for_async(10, "a load report from every engine", || {
         let sel = actors.selector.clone();
         async move {
-            sel.send(GetViews).await.map(|v| v.iter().all(|w| w.load.is_some())).unwrap_or(false)
+            sel.send(GetViews)
+                .await
+                .map(|v| v.iter().all(|w| w.load.is_some()))
+                .unwrap_or(false)
         }
     })
     .await;
@@ -47,23 +50,37 @@ async fn burst(h: &Harness, n: usize) {
 
 #[actix_rt::test]
 async fn a_burst_of_unrelated_prompts_splits_evenly_over_two_engines() {
-    for policy in [PolicyKind::CacheAware, PolicyKind::LeastLoad, PolicyKind::PowerOfTwo] {
+    for policy in [
+        PolicyKind::CacheAware,
+        PolicyKind::LeastLoad,
+        PolicyKind::PowerOfTwo,
+    ] {
         let h = with_loads(2, policy).await;
         burst(&h, 32).await;
         let split = h.split();
         assert_eq!(split.iter().sum::<u64>(), 32);
-        assert!(split.iter().all(|&n| (14..=18).contains(&n)), "{policy}: {split:?}");
+        assert!(
+            split.iter().all(|&n| (14..=18).contains(&n)),
+            "{policy}: {split:?}"
+        );
     }
 }
 
 #[actix_rt::test]
 async fn a_burst_over_four_engines_gives_each_six_to_ten() {
-    for policy in [PolicyKind::CacheAware, PolicyKind::LeastLoad, PolicyKind::PowerOfTwo] {
+    for policy in [
+        PolicyKind::CacheAware,
+        PolicyKind::LeastLoad,
+        PolicyKind::PowerOfTwo,
+    ] {
         let h = with_loads(4, policy).await;
         burst(&h, 32).await;
         let split = h.split();
         assert_eq!(split.iter().sum::<u64>(), 32);
-        assert!(split.iter().all(|&n| (6..=10).contains(&n)), "{policy}: {split:?}");
+        assert!(
+            split.iter().all(|&n| (6..=10).contains(&n)),
+            "{policy}: {split:?}"
+        );
     }
 }
 
@@ -82,12 +99,27 @@ async fn a_shared_prefix_stays_with_the_engine_that_holds_it() {
         }
     };
     ask("first question".into()).await;
-    let holder = h.split().iter().position(|&n| n == 1).expect("one engine served it");
+    let holder = h
+        .split()
+        .iter()
+        .position(|&n| n == 1)
+        .expect("one engine served it");
     for i in 0..8 {
         let r = ask(format!("follow-up question {i}")).await;
         // The engine reused the shared prefix, so the gateway sent it where it was cached.
-        assert!(r["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0) > 0, "{r}");
+        assert!(
+            r["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap_or(0)
+                > 0,
+            "{r}"
+        );
     }
     let split = h.split();
     assert_eq!(split[holder], 9, "{split:?}");
+    // Eight at once still fit in the holder's 16 slots: they all stay there.
+    let burst = (0..8).map(|i| ask(format!("concurrent question {i}")));
+    futures_util::future::join_all(burst).await;
+    let split = h.split();
+    assert_eq!(split[holder], 17, "{split:?}");
 }

@@ -10,10 +10,10 @@ use kvgate_tests::{Harness, get, post, post_json, sse_events, test_config, wait_
 use serde_json::json;
 
 fn gateway_for(url: &str) -> (kvgate_gateway::Gateway, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().expect("temp dir");
     let mut cfg = test_config(&dir);
     cfg.worker_urls = vec![url.to_owned()];
-    (kvgate_gateway::Gateway::start(cfg).unwrap(), dir)
+    (kvgate_gateway::Gateway::start(cfg).expect("gateway starts"), dir)
 }
 
 #[actix_rt::test]
@@ -30,12 +30,25 @@ async fn sse_is_relayed_byte_for_byte() {
         b"data: [DONE]\n\n".to_vec(),
     ];
     let expected: Vec<u8> = chunks.concat();
-    let up = RawUpstream::start(Script { status: 200, content_type: "text/event-stream", chunks, crash: false });
+    let up = RawUpstream::start(Script {
+        status: 200,
+        content_type: "text/event-stream",
+        chunks,
+        crash: false,
+    });
     let (gw, _dir) = gateway_for(&up.url);
-    let r = post(&format!("{}/v1/chat/completions", gw.url()), r#"{"messages":[{"role":"user","content":"x"}],"stream":true}"#).await;
+    let r = post(
+        &format!("{}/v1/chat/completions", gw.url()),
+        r#"{"messages":[{"role":"user","content":"x"}],"stream":true}"#,
+    )
+    .await;
     assert_eq!(r.status.as_u16(), 200);
     assert_eq!(r.body.as_ref(), expected.as_slice());
-    assert!(r.header("content-type").unwrap().starts_with("text/event-stream"));
+    assert!(
+        r.header("content-type")
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
 }
 
 #[actix_rt::test]
@@ -43,14 +56,24 @@ async fn upstream_death_mid_stream_ends_with_an_error_event() {
     let up = RawUpstream::start(Script {
         status: 200,
         content_type: "text/event-stream",
-        chunks: vec![b"data: {\"n\":1}\n\n".to_vec(), b"data: {\"n\":2}\n\n".to_vec()],
+        chunks: vec![
+            b"data: {\"n\":1}\n\n".to_vec(),
+            b"data: {\"n\":2}\n\n".to_vec(),
+        ],
         crash: true,
     });
     let (gw, _dir) = gateway_for(&up.url);
-    let r = post(&format!("{}/generate", gw.url()), r#"{"text":"x","stream":true}"#).await;
+    let r = post(
+        &format!("{}/generate", gw.url()),
+        r#"{"text":"x","stream":true}"#,
+    )
+    .await;
     assert_eq!(r.status.as_u16(), 200);
     let text = r.text();
-    assert!(text.starts_with("data: {\"n\":1}\n\ndata: {\"n\":2}\n\n"), "{text}");
+    assert!(
+        text.starts_with("data: {\"n\":1}\n\ndata: {\"n\":2}\n\n"),
+        "{text}"
+    );
     let (events, done) = sse_events(&text);
     assert!(!done);
     let last = events.last().unwrap();
@@ -62,17 +85,31 @@ async fn upstream_death_mid_stream_ends_with_an_error_event() {
 #[actix_rt::test]
 async fn simulated_engine_crash_mid_stream_is_reported() {
     let h = Harness::start(1, SimConfig::default(), |_| {});
-    h.fleet.engine(0).set_fault(Fault::CrashMidStream { after_chunks: 2 });
-    let r = post_json(&h.url("/v1/chat/completions"), &json!({"messages": [{"role": "user", "content": "hi"}], "stream": true, "max_tokens": 16})).await;
+    h.fleet
+        .engine(0)
+        .set_fault(Fault::CrashMidStream { after_chunks: 2 });
+    let r = post_json(
+        &h.url("/v1/chat/completions"),
+        &json!({"messages": [{"role": "user", "content": "hi"}], "stream": true, "max_tokens": 16}),
+    )
+    .await;
     assert_eq!(r.status.as_u16(), 200);
     let (events, done) = sse_events(&r.text());
     assert!(!done, "{}", r.text());
-    assert_eq!(events.last().unwrap()["error"]["type"], "upstream_error", "{}", r.text());
+    assert_eq!(
+        events.last().unwrap()["error"]["type"],
+        "upstream_error",
+        "{}",
+        r.text()
+    );
 }
 
 #[actix_rt::test]
 async fn client_disconnect_frees_the_worker_and_aborts_upstream() {
-    let sim = SimConfig { default_max_new_tokens: 20_000, ..SimConfig::default() };
+    let sim = SimConfig {
+        default_max_new_tokens: 20_000,
+        ..SimConfig::default()
+    };
     let h = Harness::start(1, sim, |_| {});
     let client = kvgate_tests::client();
     let mut resp = client
@@ -91,7 +128,10 @@ async fn client_disconnect_frees_the_worker_and_aborts_upstream() {
     drop(resp);
     drop(client);
     let engine = h.fleet.engine(0);
-    wait_for(10, "the engine to abort the request", || engine.stats().aborted == 1).await;
+    wait_for(10, "the engine to abort the request", || {
+        engine.stats().aborted == 1
+    })
+    .await;
     assert_eq!(engine.stats().running, 0);
     for _ in 0..250 {
         let w = get(&h.url("/workers")).await.json();
@@ -105,23 +145,31 @@ async fn client_disconnect_frees_the_worker_and_aborts_upstream() {
 
 #[actix_rt::test]
 async fn stalled_clients_do_not_block_others() {
-    let h = Harness::start(1, SimConfig::default(), |c| c.header_read_timeout = Duration::from_millis(500));
+    let h = Harness::start(1, SimConfig::default(), |c| {
+        c.header_read_timeout = Duration::from_millis(500)
+    });
     let addr = h.gw.addr();
     // Connections that send half a request head and then stall.
     let mut stalled: Vec<std::net::TcpStream> = (0..64)
         .map(|_| {
             let mut s = std::net::TcpStream::connect(addr).unwrap();
-            s.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n").unwrap();
+            s.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+                .unwrap();
             s
         })
         .collect();
-    let r = post_json(&h.url("/v1/completions"), &json!({"prompt": "still served", "max_tokens": 1})).await;
+    let r = post_json(
+        &h.url("/v1/completions"),
+        &json!({"prompt": "still served", "max_tokens": 1}),
+    )
+    .await;
     assert_eq!(r.status.as_u16(), 200);
     // The server closes each stalled connection once its head is overdue.
     for s in &mut stalled {
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let mut buf = Vec::new();
-        s.read_to_end(&mut buf).expect("the server closes a stalled connection");
+        s.read_to_end(&mut buf)
+            .expect("the server closes a stalled connection");
         let text = String::from_utf8_lossy(&buf);
         assert!(buf.is_empty() || text.starts_with("HTTP/1.1 408"), "{text}");
     }

@@ -11,7 +11,12 @@ use serde_json::Value;
 #[command(name = "kvgatectl", version, about = "Inspect a kvgate gateway")]
 struct Cli {
     /// The gateway's base URL.
-    #[arg(long, global = true, default_value = "http://127.0.0.1:30000", env = "KVGATE_URL")]
+    #[arg(
+        long,
+        global = true,
+        default_value = "http://127.0.0.1:30000",
+        env = "KVGATE_URL"
+    )]
     url: String,
     /// Print the gateway's JSON instead of a table.
     #[arg(long, global = true)]
@@ -35,7 +40,9 @@ enum Cmd {
 }
 
 async fn call(method: &str, url: &str, body: Option<Value>) -> anyhow::Result<(u16, Value)> {
-    let client = awc::Client::builder().timeout(Duration::from_secs(30)).finish();
+    let client = awc::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .finish();
     let req = match method {
         "POST" => client.post(url),
         "DELETE" => client.delete(url),
@@ -47,15 +54,21 @@ async fn call(method: &str, url: &str, body: Option<Value>) -> anyhow::Result<(u
     }
     .map_err(|e| anyhow::anyhow!("{method} {url}: {e}"))?;
     let status = resp.status().as_u16();
-    let bytes = resp.body().await.with_context(|| format!("{method} {url}: reading the body"))?;
-    let v = serde_json::from_slice(&bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+    let bytes = resp
+        .body()
+        .await
+        .with_context(|| format!("{method} {url}: reading the body"))?;
+    let v = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
     Ok((status, v))
 }
 
 fn percent_encode(s: &str) -> String {
     s.bytes()
         .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
             _ => format!("%{b:02X}"),
         })
         .collect()
@@ -105,15 +118,34 @@ fn workers_table(v: &Value) -> String {
         .map(|ws| {
             ws.iter()
                 .map(|w| {
-                    ["id", "url", "status", "in_flight", "runtime", "models", "max_running_requests"]
-                        .iter()
-                        .map(|k| text(&w[*k]))
-                        .collect()
+                    [
+                        "id",
+                        "url",
+                        "status",
+                        "in_flight",
+                        "runtime",
+                        "models",
+                        "max_running_requests",
+                    ]
+                    .iter()
+                    .map(|k| text(&w[*k]))
+                    .collect()
                 })
                 .collect()
         })
         .unwrap_or_default();
-    table(&["ID", "URL", "STATUS", "IN-FLIGHT", "RUNTIME", "MODELS", "SLOTS"], &rows)
+    table(
+        &[
+            "ID",
+            "URL",
+            "STATUS",
+            "IN-FLIGHT",
+            "RUNTIME",
+            "MODELS",
+            "SLOTS",
+        ],
+        &rows,
+    )
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
@@ -127,25 +159,53 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Cmd::Models => {
                 let (s, v) = call("GET", &format!("{base}/v1/models"), None).await?;
                 (s, v, |v| {
-                    let rows: Vec<Vec<String>> = v["data"].as_array().map(|d| d.iter().map(|m| vec![text(&m["id"]), text(&m["owned_by"])]).collect()).unwrap_or_default();
+                    let rows: Vec<Vec<String>> = v["data"]
+                        .as_array()
+                        .map(|d| {
+                            d.iter()
+                                .map(|m| vec![text(&m["id"]), text(&m["owned_by"])])
+                                .collect()
+                        })
+                        .unwrap_or_default();
                     table(&["MODEL", "OWNED-BY"], &rows)
                 })
             }
             Cmd::Health => {
                 let (s, v) = call("GET", &format!("{base}/readiness"), None).await?;
-                (s, v, |v| format!("{} ({} of {} workers healthy)\n", text(&v["status"]), text(&v["healthy_workers"]), text(&v["total_workers"])))
+                (s, v, |v| {
+                    format!(
+                        "{} ({} of {} workers healthy)\n",
+                        text(&v["status"]),
+                        text(&v["healthy_workers"]),
+                        text(&v["total_workers"])
+                    )
+                })
             }
             Cmd::Add { worker_url } => {
-                let (s, v) = call("POST", &format!("{base}/workers"), Some(serde_json::json!({"url": worker_url}))).await?;
-                (s, v, |v| format!("added {} ({})\n", text(&v["url"]), text(&v["status"])))
+                let (s, v) = call(
+                    "POST",
+                    &format!("{base}/workers"),
+                    Some(serde_json::json!({"url": worker_url})),
+                )
+                .await?;
+                (s, v, |v| {
+                    format!("added {} ({})\n", text(&v["url"]), text(&v["status"]))
+                })
             }
             Cmd::Remove { worker } => {
-                let (s, v) = call("DELETE", &format!("{base}/workers/{}", percent_encode(worker)), None).await?;
+                let (s, v) = call(
+                    "DELETE",
+                    &format!("{base}/workers/{}", percent_encode(worker)),
+                    None,
+                )
+                .await?;
                 (s, v, |v| format!("removed {}\n", text(&v["worker"]["url"])))
             }
         };
         if !(200..300).contains(&status) && !matches!(cli.cmd, Cmd::Health) {
-            let msg = v["error"]["message"].as_str().map_or_else(|| v.to_string(), str::to_owned);
+            let msg = v["error"]["message"]
+                .as_str()
+                .map_or_else(|| v.to_string(), str::to_owned);
             bail!("the gateway answered {status}: {msg}");
         }
         if cli.json {
@@ -178,7 +238,13 @@ mod tests {
     fn renders_workers() {
         let v = serde_json::json!({"workers": [{"id": "ab", "url": "http://x:1", "status": "ready", "in_flight": 2, "runtime": "sglang", "models": ["m"], "max_running_requests": null}]});
         let t = workers_table(&v);
-        assert!(t.lines().nth(1).unwrap().starts_with("ab  http://x:1  ready   2          sglang   m       -"), "{t}");
+        assert!(
+            t.lines()
+                .nth(1)
+                .unwrap()
+                .starts_with("ab  http://x:1  ready   2          sglang   m       -"),
+            "{t}"
+        );
     }
 
     #[test]

@@ -11,21 +11,34 @@ fn ctl(gw: &Gateway, args: &[&str]) -> (bool, String, String) {
         .arg(gw.url())
         .args(args)
         .output()
-        .unwrap();
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+        .expect("kvgatectl runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 #[test]
 fn lists_adds_and_removes_workers() {
     let fleet = SimFleet::start(2, SimConfig::default()).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let cfg = GatewayConfig { port: 0, http_workers: Some(1), data_dir: dir.path().join("d"), worker_urls: vec![fleet.urls()[0].clone()], ..GatewayConfig::default() };
+    let cfg = GatewayConfig {
+        port: 0,
+        http_workers: Some(1),
+        data_dir: dir.path().join("d"),
+        worker_urls: vec![fleet.urls()[0].clone()],
+        ..GatewayConfig::default()
+    };
     let gw = Gateway::start(cfg).unwrap();
 
     let (ok, out, _) = ctl(&gw, &["workers"]);
     assert!(ok);
     assert!(out.starts_with("ID"), "{out}");
-    assert!(out.contains(&fleet.urls()[0]) && out.contains("ready"), "{out}");
+    assert!(
+        out.contains(&fleet.urls()[0]) && out.contains("ready"),
+        "{out}"
+    );
 
     let (ok, out, err) = ctl(&gw, &["add", &fleet.urls()[1]]);
     assert!(ok, "{err}");

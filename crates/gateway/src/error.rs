@@ -27,6 +27,8 @@ pub enum ApiError {
     WorkerExists(String),
     #[error("no healthy worker is available{0}")]
     NoWorker(String),
+    #[error("every worker is at its waiting-request cap; retry shortly")]
+    Saturated,
     #[error("upstream worker {worker} failed: {reason}")]
     Upstream { worker: String, reason: String },
     #[error("upstream worker {worker} did not answer within {secs:.1}s")]
@@ -48,6 +50,7 @@ impl ApiError {
             ApiError::WorkerNotFound(_) => ("invalid_request_error", "worker_not_found"),
             ApiError::WorkerExists(_) => ("invalid_request_error", "worker_already_exists"),
             ApiError::NoWorker(_) => ("service_unavailable", "no_available_workers"),
+            ApiError::Saturated => ("rate_limit_error", "workers_saturated"),
             ApiError::Upstream { .. } => ("upstream_error", "upstream_failed"),
             ApiError::UpstreamTimeout { .. } => ("upstream_error", "upstream_timeout"),
             ApiError::Internal(_) => ("internal_error", "internal_error"),
@@ -72,6 +75,7 @@ impl ResponseError for ApiError {
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::WorkerExists(_) => StatusCode::CONFLICT,
             ApiError::NoWorker(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Saturated => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Upstream { .. } => StatusCode::BAD_GATEWAY,
             ApiError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -79,8 +83,11 @@ impl ResponseError for ApiError {
     }
 
     fn error_response(&self) -> HttpResponse {
-        HttpResponse::build(self.status_code())
-            .insert_header(("x-kvgate-error-code", self.kind().1))
-            .json(self.body())
+        let mut b = HttpResponse::build(self.status_code());
+        b.insert_header(("x-kvgate-error-code", self.kind().1));
+        if matches!(self, ApiError::Saturated) {
+            b.insert_header(("retry-after", "1"));
+        }
+        b.json(self.body())
     }
 }

@@ -101,9 +101,12 @@ impl IndexActor {
     fn model(&mut self, name: &str) -> &mut ModelIndex {
         // Looked up by &str first so the hot path does not allocate the key.
         if !self.models.contains_key(name) {
-            self.models.insert(name.to_owned(), ModelIndex::new(&self.cfg));
+            self.models
+                .insert(name.to_owned(), ModelIndex::new(&self.cfg));
         }
-        self.models.get_mut(name).expect("the model's index was inserted above")
+        self.models
+            .get_mut(name)
+            .expect("the model's index was inserted above")
     }
 
     fn lookup(&mut self, model: &str, key: &RoutingText) -> PrefixMatches {

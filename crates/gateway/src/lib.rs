@@ -31,7 +31,9 @@ mod server;
 
 pub use config::{ConfigError, GatewayConfig, Overrides};
 pub use error::ApiError;
-pub use index::{ClearWorker, GetIndexStats, IndexActor, IndexConfig, IndexStats, MatchPrefix, RecordPrefix};
+pub use index::{
+    ClearWorker, GetIndexStats, IndexActor, IndexConfig, IndexStats, MatchPrefix, RecordPrefix,
+};
 pub use parse::{Endpoint, request_facts};
 pub use registry::{
     AddWorker, Fleet, FleetChanged, ListWorkers, RegistryActor, RegistryError, RemoveWorker,

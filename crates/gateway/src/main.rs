@@ -56,25 +56,77 @@ struct Cli {
 const KNOBS: &[(&str, &str, Kind)] = &[
     ("cache-threshold", "policy.cache_threshold", Kind::Float),
     ("cache-aware-mode", "policy.cache_mode", Kind::Text),
-    ("balance-abs-threshold", "policy.balance_abs_threshold", Kind::Int),
-    ("balance-rel-threshold", "policy.balance_rel_threshold", Kind::Float),
-    ("balance-token-usage-threshold", "policy.balance_token_usage_threshold", Kind::Float),
-    ("overload-token-usage-threshold", "policy.overload_token_usage_threshold", Kind::Float),
-    ("eviction-interval-secs", "policy.eviction_interval_secs", Kind::Float),
+    (
+        "balance-abs-threshold",
+        "policy.balance_abs_threshold",
+        Kind::Int,
+    ),
+    (
+        "balance-rel-threshold",
+        "policy.balance_rel_threshold",
+        Kind::Float,
+    ),
+    (
+        "balance-token-usage-threshold",
+        "policy.balance_token_usage_threshold",
+        Kind::Float,
+    ),
+    (
+        "overload-token-usage-threshold",
+        "policy.overload_token_usage_threshold",
+        Kind::Float,
+    ),
+    (
+        "eviction-interval-secs",
+        "policy.eviction_interval_secs",
+        Kind::Float,
+    ),
     ("max-tree-size", "policy.max_tree_size", Kind::Int),
     ("block-size", "policy.block_size", Kind::Int),
     ("cache-index", "policy.cache_index", Kind::Text),
     ("cache-ttl-secs", "policy.cache_ttl_secs", Kind::Float),
     ("cache-boundaries", "policy.cache_boundaries", Kind::IntList),
-    ("least-load-default-throughput", "policy.least_load_default_throughput", Kind::Float),
-    ("least-load-kv-pressure-weight", "policy.kv_pressure_weight", Kind::Float),
-    ("least-load-mean-prefill-tokens", "policy.mean_prefill_tokens", Kind::Int),
-    ("least-load-max-waiting-requests", "policy.least_load_max_waiting_requests", Kind::Int),
-    ("default-prefill-throughput", "policy.default_prefill_throughput", Kind::Float),
-    ("power-of-two-load-metric", "policy.power_of_two_load_metric", Kind::Text),
+    (
+        "least-load-default-throughput",
+        "policy.least_load_default_throughput",
+        Kind::Float,
+    ),
+    (
+        "least-load-kv-pressure-weight",
+        "policy.kv_pressure_weight",
+        Kind::Float,
+    ),
+    (
+        "least-load-mean-prefill-tokens",
+        "policy.mean_prefill_tokens",
+        Kind::Int,
+    ),
+    (
+        "least-load-max-waiting-requests",
+        "policy.least_load_max_waiting_requests",
+        Kind::Int,
+    ),
+    (
+        "default-prefill-throughput",
+        "policy.default_prefill_throughput",
+        Kind::Float,
+    ),
+    (
+        "power-of-two-load-metric",
+        "policy.power_of_two_load_metric",
+        Kind::Text,
+    ),
     ("prefix-token-count", "policy.prefix_token_count", Kind::Int),
-    ("prefix-hash-load-factor", "policy.prefix_hash_load_factor", Kind::Float),
-    ("prefix-hash-balance-abs-threshold", "policy.prefix_hash_balance_abs_threshold", Kind::Int),
+    (
+        "prefix-hash-load-factor",
+        "policy.prefix_hash_load_factor",
+        Kind::Float,
+    ),
+    (
+        "prefix-hash-balance-abs-threshold",
+        "policy.prefix_hash_balance_abs_threshold",
+        Kind::Int,
+    ),
     ("load-monitor-interval", "poller.interval_secs", Kind::Float),
     ("load-monitor-timeout", "poller.timeout_secs", Kind::Float),
 ];
@@ -154,7 +206,10 @@ impl Cli {
         for (k, v) in [
             ("request_timeout_secs", self.request_timeout_secs),
             ("header_read_timeout_secs", self.header_read_timeout_secs),
-            ("health_check_interval_secs", self.health_check_interval_secs),
+            (
+                "health_check_interval_secs",
+                self.health_check_interval_secs,
+            ),
         ] {
             if let Some(v) = v {
                 put(k, v.into());
@@ -236,9 +291,16 @@ fn main() -> anyhow::Result<()> {
 fn print_demo(gw: &Gateway, cfg: &GatewayConfig) {
     let url = gw.url();
     println!();
-    println!("kvgate demo: {} simulated SGLang engines behind {url}", cfg.demo_engines);
+    println!(
+        "kvgate demo: {} simulated SGLang engines behind {url}",
+        cfg.demo_engines
+    );
     println!("  workers:  {}", cfg.worker_urls.join(" "));
-    println!("  policy:   {}    state: {}", cfg.policy.kind, cfg.data_dir.display());
+    println!(
+        "  policy:   {}    state: {}",
+        cfg.policy.kind,
+        cfg.data_dir.display()
+    );
     println!();
     println!("Try it:");
     println!(
@@ -246,6 +308,8 @@ fn print_demo(gw: &Gateway, cfg: &GatewayConfig) {
     );
     println!("  curl -s {url}/workers");
     println!();
-    println!("OpenAI client settings:  base_url=\"{url}/v1\"  api_key=\"none\"  model=\"kvgate-sim-model\"");
+    println!(
+        "OpenAI client settings:  base_url=\"{url}/v1\"  api_key=\"none\"  model=\"kvgate-sim-model\""
+    );
     println!("Ctrl-C stops it.");
 }

@@ -214,7 +214,7 @@ pub fn request_facts(endpoint: Endpoint, body: &[u8]) -> Result<RequestFacts, Ap
 fn render_chat(messages: &[Message<'_>]) -> String {
     let mut out = String::new();
     for m in messages {
-        let _ = write!(out, "<|{}|>\n", m.role);
+        let _ = writeln!(out, "<|{}|>", m.role);
         match &m.content {
             Some(Content::Text(t)) => out.push_str(t),
             Some(Content::Parts(parts)) => {

@@ -16,7 +16,7 @@ use kvgate_policies::WorkerId;
 use tracing::warn;
 
 use crate::error::ApiError;
-use crate::selector::{Release, SelectorActor};
+use crate::selector::{Dispatch, Release, SelectorActor};
 
 /// Holds one in-flight slot on a worker; dropping it reports the completion, whatever
 /// ended the request (finish, upstream failure, client gone).
@@ -24,11 +24,18 @@ use crate::selector::{Release, SelectorActor};
 pub struct InFlight {
     selector: Addr<SelectorActor>,
     worker: WorkerId,
+    booked_at: Duration,
+    credit_tokens: u64,
 }
 
 impl InFlight {
-    pub fn new(selector: Addr<SelectorActor>, worker: WorkerId) -> InFlight {
-        InFlight { selector, worker }
+    pub fn new(selector: Addr<SelectorActor>, d: &Dispatch) -> InFlight {
+        InFlight {
+            selector,
+            worker: d.worker,
+            booked_at: d.booked_at,
+            credit_tokens: d.decision.credit_tokens,
+        }
     }
 }
 
@@ -37,6 +44,8 @@ impl Drop for InFlight {
         // do_send: a completion must never be lost to a full mailbox.
         self.selector.do_send(Release {
             worker: self.worker,
+            booked_at: self.booked_at,
+            credit_tokens: self.credit_tokens,
         });
     }
 }

@@ -112,7 +112,10 @@ pub fn normalize_url(url: &str) -> Result<String, RegistryError> {
     if path.contains(['?', '#']) {
         return Err(bad("must not carry a query or fragment"));
     }
-    Ok(format!("{scheme}://{}{path}", authority.to_ascii_lowercase()))
+    Ok(format!(
+        "{scheme}://{}{path}",
+        authority.to_ascii_lowercase()
+    ))
 }
 
 /// What registration learned from the worker's own routes.
@@ -176,13 +179,20 @@ async fn get_json<T: serde::de::DeserializeOwned>(
 }
 
 /// Probes `/v1/models`, then `/server_info` (falling back to `/get_server_info`).
-pub async fn detect(client: &awc::Client, url: &str, timeout: Duration) -> Result<Detected, String> {
+pub async fn detect(
+    client: &awc::Client,
+    url: &str,
+    timeout: Duration,
+) -> Result<Detected, String> {
     let models: ModelList = get_json(client, &format!("{url}/v1/models"), timeout).await?;
-    let runtime = models.data.iter().find_map(|m| match m.owned_by.as_deref() {
-        Some("sglang") | Some("nvidia") => Some(Runtime::Sglang),
-        Some("vllm") => Some(Runtime::Vllm),
-        _ => None,
-    });
+    let runtime = models
+        .data
+        .iter()
+        .find_map(|m| match m.owned_by.as_deref() {
+            Some("sglang") | Some("nvidia") => Some(Runtime::Sglang),
+            Some("vllm") => Some(Runtime::Vllm),
+            _ => None,
+        });
     let mut d = Detected {
         models: models.data.into_iter().map(|m| m.id).collect(),
         runtime,
@@ -320,9 +330,16 @@ impl RegistryActor {
                     let outcome = if status == WorkerStatus::Pending {
                         detect(&client, &url, timeout).await.map(Some)
                     } else {
-                        match client.get(format!("{url}/health")).timeout(timeout).send().await {
+                        match client
+                            .get(format!("{url}/health"))
+                            .timeout(timeout)
+                            .send()
+                            .await
+                        {
                             Ok(r) if r.status().is_success() => Ok(None),
-                            Ok(r) => Err(format!("GET {url}/health: status {}", r.status().as_u16())),
+                            Ok(r) => {
+                                Err(format!("GET {url}/health: status {}", r.status().as_u16()))
+                            }
                             Err(e) => Err(format!("GET {url}/health: {e}")),
                         }
                     };
@@ -347,7 +364,11 @@ impl RegistryActor {
 }
 
 /// Applies one check's outcome with hysteresis; returns whether the status changed.
-fn settle(rec: &mut WorkerRecord, outcome: Result<Option<Detected>, String>, cfg: &RegistryConfig) -> bool {
+fn settle(
+    rec: &mut WorkerRecord,
+    outcome: Result<Option<Detected>, String>,
+    cfg: &RegistryConfig,
+) -> bool {
     let before = rec.status;
     match outcome {
         Ok(detected) => {
@@ -367,7 +388,9 @@ fn settle(rec: &mut WorkerRecord, outcome: Result<Option<Detected>, String>, cfg
             rec.consecutive_successes = 0;
             rec.consecutive_failures = rec.consecutive_failures.saturating_add(1);
             rec.last_error = Some(e);
-            if rec.status == WorkerStatus::Ready && rec.consecutive_failures >= cfg.failure_threshold {
+            if rec.status == WorkerStatus::Ready
+                && rec.consecutive_failures >= cfg.failure_threshold
+            {
                 rec.status = WorkerStatus::Unhealthy;
             }
         }
@@ -384,7 +407,9 @@ impl Actor for RegistryActor {
     fn started(&mut self, ctx: &mut Self::Context) {
         // The mailbox is bounded for send(); admin traffic is small.
         ctx.set_mailbox_capacity(256);
-        ctx.run_interval(self.cfg.health_check_interval, |act, ctx| act.health_tick(ctx));
+        ctx.run_interval(self.cfg.health_check_interval, |act, ctx| {
+            act.health_tick(ctx)
+        });
     }
 }
 
@@ -520,7 +545,15 @@ mod tests {
         assert_eq!(normalize_url("http://A:8000/").unwrap(), "http://a:8000");
         assert_eq!(normalize_url(" http://h:1/v1 ").unwrap(), "http://h:1/v1");
         assert_eq!(normalize_url("HTTP://[::1]:80").unwrap(), "http://[::1]:80");
-        for bad in ["", "h:8000", "ftp://h", "http://", "http://h:99999", "http://u@h", "http://h/x?y"] {
+        for bad in [
+            "",
+            "h:8000",
+            "ftp://h",
+            "http://",
+            "http://h:99999",
+            "http://u@h",
+            "http://h/x?y",
+        ] {
             assert!(normalize_url(bad).is_err(), "{bad}");
         }
     }
@@ -557,7 +590,10 @@ mod tests {
         let fail = || Err("down".to_string());
         assert!(!settle(&mut r, fail(), &cfg));
         assert!(!settle(&mut r, fail(), &cfg));
-        assert!(!settle(&mut r, Ok(None), &cfg), "a success resets the failure count");
+        assert!(
+            !settle(&mut r, Ok(None), &cfg),
+            "a success resets the failure count"
+        );
         assert!(!settle(&mut r, fail(), &cfg));
         assert!(!settle(&mut r, fail(), &cfg));
         assert!(settle(&mut r, fail(), &cfg));

@@ -44,6 +44,7 @@ impl From<SelectError> for ApiError {
             SelectError::UnknownModel(m) => ApiError::ModelNotFound(m),
             SelectError::NoWorkers => ApiError::NoWorker(" (no worker is registered)".into()),
             SelectError::NoHealthy => ApiError::NoWorker(String::new()),
+            SelectError::Saturated => ApiError::Saturated,
         }
     }
 }
@@ -110,7 +111,7 @@ async fn inference(
     let dispatch = selector::select(&state.selector, facts, Vec::new())
         .await
         .map_err(mailbox)??;
-    let guard = InFlight::new(state.selector.clone(), dispatch.worker);
+    let guard = InFlight::new(state.selector.clone(), &dispatch);
     let request_id = req
         .extensions()
         .get::<RequestId>()
@@ -162,9 +163,7 @@ pub async fn health() -> HttpResponse {
 pub async fn readiness(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let fleet = state.registry.send(ListWorkers).await.map_err(mailbox)?;
     let healthy = fleet.iter().filter(|w| w.healthy()).count();
-    let body = |status: &str| {
-        json!({"status": status, "healthy_workers": healthy, "total_workers": fleet.len()})
-    };
+    let body = |status: &str| json!({"status": status, "healthy_workers": healthy, "total_workers": fleet.len()});
     if healthy > 0 {
         Ok(HttpResponse::Ok().json(body("ready")))
     } else {

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use kvgate_policies::{
-    CreditLedger, Decision, HashRing, PolicyConfig, PrefixMatches, RequestFacts, RoutingText,
-    SelectInput, WorkerId, WorkerView,
+    CreditLedger, Decision, DecisionPath, HashRing, PolicyConfig, PrefixMatches, RequestFacts,
+    RoutingText, SelectInput, WorkerId, WorkerView,
 };
 use kvgate_poller::LoadsPolled;
 use rand::SeedableRng;
@@ -28,6 +28,8 @@ pub enum SelectError {
     NoWorkers,
     #[error("no healthy worker is available")]
     NoHealthy,
+    #[error("every worker is at its waiting-request cap")]
+    Saturated,
 }
 
 /// A worker chosen for one request.
@@ -36,6 +38,8 @@ pub struct Dispatch {
     pub worker: WorkerId,
     pub url: Arc<str>,
     pub decision: Decision,
+    /// When the credit was booked; [`Release`] hands it back.
+    pub booked_at: Duration,
 }
 
 /// Asks for a worker; on success the worker's in-flight count is already raised and the
@@ -63,6 +67,9 @@ pub struct Explain {
 #[rtype(result = "()")]
 pub struct Release {
     pub worker: WorkerId,
+    /// The dispatch's booking, so its credit goes with it.
+    pub booked_at: Duration,
+    pub credit_tokens: u64,
 }
 
 /// The selector's current per-worker view (for `/workers` and inspection).
@@ -180,7 +187,9 @@ impl SelectorActor {
         } else {
             self.scratch.clear();
             match indices {
-                Some(ix) => self.scratch.extend(ix.iter().map(|i| self.views[*i].clone())),
+                Some(ix) => self
+                    .scratch
+                    .extend(ix.iter().map(|i| self.views[*i].clone())),
                 None => self.scratch.extend(self.views.iter().cloned()),
             }
             for v in &mut self.scratch {
@@ -200,7 +209,11 @@ impl SelectorActor {
         };
         let decision = kvgate_policies::select(&self.policy, &input, &mut self.rng);
         let Some(worker) = decision.worker else {
-            return Err(SelectError::NoHealthy);
+            return Err(if decision.path == DecisionPath::Saturated {
+                SelectError::Saturated
+            } else {
+                SelectError::NoHealthy
+            });
         };
         let idx = self.views.iter().position(|v| v.id == worker);
         Ok((idx, decision))
@@ -238,15 +251,17 @@ impl SelectorActor {
         self.seq = self.seq.wrapping_add(1);
         let (idx, decision) = self.decide(facts, matches, exclude, self.seq)?;
         let idx = idx.ok_or(SelectError::NoHealthy)?;
-        self.ledger.apply(&decision, self.epoch.elapsed());
+        let booked_at = self.epoch.elapsed();
+        self.ledger.apply(&decision, booked_at);
         let v = &mut self.views[idx];
         v.in_flight += 1;
         v.credit = self.ledger.credit(v.id);
-        debug!(worker = %v.url, path = ?decision.path, "selected");
+        debug!(worker = %v.url, decision = %decision, "selected");
         Ok(Dispatch {
             worker: v.id,
             url: v.url.clone(),
             decision,
+            booked_at,
         })
     }
 
@@ -277,26 +292,24 @@ impl Handler<Select> for SelectorActor {
             model: model.clone(),
             facts: msg.facts,
         });
-        AtomicResponse::new(Box::pin(ask.into_actor(self).map(
-            move |answer, act, _| {
-                let _enter = span.enter();
-                let (facts, matches) = match answer {
-                    Ok((facts, m)) => (facts, Some(m)),
-                    // The index is gone (shutdown): the facts went with it.
-                    Err(_) => return Err(SelectError::NoHealthy),
-                };
-                let d = act.dispatch(&facts, matches.as_ref(), &exclude)?;
-                if d.decision.record_prefix {
-                    // do_send keeps order with the next lookup, which this actor sends later.
-                    index.do_send(RecordPrefix {
-                        model,
-                        key: facts.key,
-                        worker: d.worker,
-                    });
-                }
-                Ok(d)
-            },
-        )))
+        AtomicResponse::new(Box::pin(ask.into_actor(self).map(move |answer, act, _| {
+            let _enter = span.enter();
+            let (facts, matches) = match answer {
+                Ok((facts, m)) => (facts, Some(m)),
+                // The index is gone (shutdown): the facts went with it.
+                Err(_) => return Err(SelectError::NoHealthy),
+            };
+            let d = act.dispatch(&facts, matches.as_ref(), &exclude)?;
+            if d.decision.record_prefix {
+                // do_send keeps order with the next lookup, which this actor sends later.
+                index.do_send(RecordPrefix {
+                    model,
+                    key: facts.key,
+                    worker: d.worker,
+                });
+            }
+            Ok(d)
+        })))
     }
 }
 
@@ -313,12 +326,10 @@ impl Handler<Explain> for SelectorActor {
             model: self.model_key(&msg.facts),
             facts: msg.facts,
         });
-        AtomicResponse::new(Box::pin(ask.into_actor(self).map(
-            move |answer, act, _| {
-                let (facts, matches) = answer.map_err(|_| SelectError::NoHealthy)?;
-                act.decide(&facts, Some(&matches), &[], seq).map(|(_, d)| d)
-            },
-        )))
+        AtomicResponse::new(Box::pin(ask.into_actor(self).map(move |answer, act, _| {
+            let (facts, matches) = answer.map_err(|_| SelectError::NoHealthy)?;
+            act.decide(&facts, Some(&matches), &[], seq).map(|(_, d)| d)
+        })))
     }
 }
 
@@ -326,8 +337,11 @@ impl Handler<Release> for SelectorActor {
     type Result = ();
 
     fn handle(&mut self, msg: Release, _: &mut Context<Self>) {
+        self.ledger
+            .release(msg.worker, msg.booked_at, msg.credit_tokens);
         if let Some(v) = self.views.iter_mut().find(|v| v.id == msg.worker) {
             v.in_flight = v.in_flight.saturating_sub(1);
+            v.credit = self.ledger.credit(msg.worker);
         }
     }
 }

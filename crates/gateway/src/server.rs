@@ -16,9 +16,9 @@ use tracing::{info, warn};
 
 use crate::config::GatewayConfig;
 use crate::error::ApiError;
+use crate::index::{IndexActor, IndexConfig};
 use crate::registry::{AddWorker, RegistryActor, RegistryConfig, RegistryError, WorkerSource};
 use crate::routes::{self, AppState, RequestId};
-use crate::index::{IndexActor, IndexConfig};
 use crate::selector::SelectorActor;
 use kvgate_poller::LoadPoller;
 
@@ -68,7 +68,9 @@ fn new_request_id() -> String {
 }
 
 /// Starts the actors and the HTTP server inside the current actix System.
-async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Vec<Arbiter>), StartError> {
+async fn build(
+    cfg: &GatewayConfig,
+) -> Result<(Server, SocketAddr, Actors, Vec<Arbiter>), StartError> {
     std::fs::create_dir_all(&cfg.data_dir).map_err(|source| StartError::DataDir {
         path: cfg.data_dir.display().to_string(),
         source,
@@ -79,8 +81,9 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Vec<A
     // The index lives on the selector's thread: the lookup before each decision is a
     // same-thread hop.
     let index_cfg = IndexConfig::from_policy(&cfg.policy);
-    let index =
-        IndexActor::start_in_arbiter(&routing.handle(), move |_| IndexActor::new(index_cfg, epoch));
+    let index = IndexActor::start_in_arbiter(&routing.handle(), move |_| {
+        IndexActor::new(index_cfg, epoch)
+    });
     let policy = cfg.policy.clone();
     let seed = cfg.seed;
     let idx = index.clone();
@@ -271,7 +274,8 @@ impl Gateway {
                     match build(&cfg).await {
                         Ok((server, addr, actors, arbiters)) => {
                             let handle = server.handle();
-                            let _ = tx.send(Ok((addr, handle, actors, actix_rt::System::current())));
+                            let _ =
+                                tx.send(Ok((addr, handle, actors, actix_rt::System::current())));
                             let _ = server.await;
                             for a in arbiters {
                                 a.stop();

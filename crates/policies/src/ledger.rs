@@ -81,6 +81,23 @@ impl CreditLedger {
         }
     }
 
+    /// A dispatch finished before any report covered it: its work is neither queued nor
+    /// going to show up in a later report, so its credit goes now. Removes one dispatch
+    /// booked at `at` for `tokens`; nothing if a report already released it.
+    pub fn release(&mut self, worker: WorkerId, at: Duration, tokens: u64) {
+        let Some(t) = self.workers.get_mut(&worker) else {
+            return;
+        };
+        if let Some(i) = t
+            .dispatches
+            .iter()
+            .position(|(a, tok)| *a == at && *tok == tokens)
+        {
+            t.dispatches.remove(i);
+            t.tokens = t.tokens.saturating_sub(tokens);
+        }
+    }
+
     /// Work dispatched to `worker` since its last report.
     pub fn credit(&self, worker: WorkerId) -> Credit {
         self.workers

@@ -4,7 +4,10 @@ use std::io::Write;
 use super::*;
 
 fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
 }
 
 fn toml_file(text: &str) -> tempfile::NamedTempFile {
@@ -15,19 +18,42 @@ fn toml_file(text: &str) -> tempfile::NamedTempFile {
 
 #[test]
 fn file_then_env_then_flags() {
-    let f = toml_file("port = 1000\nlog_level = \"debug\"\nhost = \"0.0.0.0\"\nworker_urls = [\"http://f:1\"]\n");
+    let f = toml_file(
+        "port = 1000\nlog_level = \"debug\"\nhost = \"0.0.0.0\"\nworker_urls = [\"http://f:1\"]\n",
+    );
     let from_file = GatewayConfig::load(Some(f.path()), &HashMap::new(), vec![]).unwrap();
-    assert_eq!((from_file.port, from_file.log_level.as_str(), from_file.host.as_str()), (1000, "debug", "0.0.0.0"));
+    assert_eq!(
+        (
+            from_file.port,
+            from_file.log_level.as_str(),
+            from_file.host.as_str()
+        ),
+        (1000, "debug", "0.0.0.0")
+    );
     assert_eq!(from_file.worker_urls, vec!["http://f:1"]);
 
-    let e = env(&[("KVGATE_PORT", "2000"), ("KVGATE_WORKER_URLS", "http://e:1 http://e:2"), ("OTHER", "x")]);
+    let e = env(&[
+        ("KVGATE_PORT", "2000"),
+        ("KVGATE_WORKER_URLS", "http://e:1 http://e:2"),
+        ("OTHER", "x"),
+    ]);
     let from_env = GatewayConfig::load(Some(f.path()), &e, vec![]).unwrap();
-    assert_eq!((from_env.port, from_env.log_level.as_str()), (2000, "debug"));
+    assert_eq!(
+        (from_env.port, from_env.log_level.as_str()),
+        (2000, "debug")
+    );
     assert_eq!(from_env.worker_urls, vec!["http://e:1", "http://e:2"]);
 
     let flags = vec![("port".to_string(), config::Value::from(3000))];
     let from_flags = GatewayConfig::load(Some(f.path()), &e, flags).unwrap();
-    assert_eq!((from_flags.port, from_flags.log_level.as_str(), from_flags.host.as_str()), (3000, "debug", "0.0.0.0"));
+    assert_eq!(
+        (
+            from_flags.port,
+            from_flags.log_level.as_str(),
+            from_flags.host.as_str()
+        ),
+        (3000, "debug", "0.0.0.0")
+    );
 }
 
 #[test]
@@ -43,7 +69,9 @@ fn nested_policy_and_durations() {
 
 fn load_err(file: &str, e: &[(&str, &str)]) -> String {
     let f = toml_file(file);
-    GatewayConfig::load(Some(f.path()), &env(e), vec![]).unwrap_err().to_string()
+    GatewayConfig::load(Some(f.path()), &env(e), vec![])
+        .unwrap_err()
+        .to_string()
 }
 
 #[test]
@@ -53,9 +81,14 @@ fn bad_config_names_the_key() {
     assert!(load_err("", &[("KVGATE_PORT", "99999")]).contains("port"));
     assert!(load_err("", &[("KVGATE_BOGUS", "1")]).contains("bogus"));
     assert!(load_err("worker_urls = [\"ftp://x\"]\n", &[]).contains("worker_urls"));
-    assert!(load_err("health_check_interval_secs = 0\n", &[]).contains("health_check_interval_secs"));
+    assert!(
+        load_err("health_check_interval_secs = 0\n", &[]).contains("health_check_interval_secs")
+    );
     assert!(load_err("[policy]\nkind = \"fastest\"\n", &[]).contains("kind"));
-    assert!(load_err("port = [\n", &[]).contains("port") || load_err("port = [\n", &[]).contains("TOML"));
+    assert!(
+        load_err("port = [\n", &[]).contains("port")
+            || load_err("port = [\n", &[]).contains("TOML")
+    );
 }
 
 #[test]

@@ -30,8 +30,20 @@ fn extracts_routing_facts() {
         None,
         false,
     );
-    check(Endpoint::Completions, r#"{"prompt":"hello"}"#, text("hello"), None, false);
-    check(Endpoint::Completions, r#"{"prompt":["a","b"]}"#, text("a\nb"), None, false);
+    check(
+        Endpoint::Completions,
+        r#"{"prompt":"hello"}"#,
+        text("hello"),
+        None,
+        false,
+    );
+    check(
+        Endpoint::Completions,
+        r#"{"prompt":["a","b"]}"#,
+        text("a\nb"),
+        None,
+        false,
+    );
     check(
         Endpoint::Completions,
         r#"{"prompt":[1,2,3],"model":"x"}"#,
@@ -60,13 +72,27 @@ fn extracts_routing_facts() {
         None,
         true,
     );
-    check(Endpoint::Chat, r#"{"messages":[{"role":"user","content":"caf\u00e9"}]}"#, text("<|user|>\ncafé\n"), None, false);
+    check(
+        Endpoint::Chat,
+        r#"{"messages":[{"role":"user","content":"caf\u00e9"}]}"#,
+        text("<|user|>\ncafé\n"),
+        None,
+        false,
+    );
 }
 
 #[test]
 fn roles_are_part_of_the_key() {
-    let a = request_facts(Endpoint::Chat, br#"{"messages":[{"role":"user","content":"x"}]}"#).unwrap();
-    let b = request_facts(Endpoint::Chat, br#"{"messages":[{"role":"assistant","content":"x"}]}"#).unwrap();
+    let a = request_facts(
+        Endpoint::Chat,
+        br#"{"messages":[{"role":"user","content":"x"}]}"#,
+    )
+    .unwrap();
+    let b = request_facts(
+        Endpoint::Chat,
+        br#"{"messages":[{"role":"assistant","content":"x"}]}"#,
+    )
+    .unwrap();
     assert_ne!(a.key, b.key);
 }
 
@@ -95,7 +121,11 @@ fn rejects_bad_bodies_cleanly() {
     // Invalid UTF-8 inside a string.
     check_err(Endpoint::Completions, b"{\"prompt\":\"\xff\xfe\"}", true);
     // A 200k-deep document must be refused, not overflow the stack.
-    let deep = format!("{{\"prompt\":\"x\",\"extra\":{}{}}}", "[".repeat(200_000), "]".repeat(200_000));
+    let deep = format!(
+        "{{\"prompt\":\"x\",\"extra\":{}{}}}",
+        "[".repeat(200_000),
+        "]".repeat(200_000)
+    );
     check_err(Endpoint::Completions, deep.as_bytes(), true);
     let deep_obj = format!("{}{}", "{\"a\":".repeat(200_000), "}".repeat(200_000));
     check_err(Endpoint::Chat, deep_obj.as_bytes(), true);

@@ -82,3 +82,24 @@ fn apply_credits_the_chosen_worker_only() {
     );
     assert_eq!(l.credit(WorkerId(4)), Credit::default());
 }
+
+#[test]
+fn a_finished_dispatch_releases_its_credit_once() {
+    let w = WorkerId(1);
+    let mut l = CreditLedger::new();
+    l.record(w, 100, ms(1));
+    l.record(w, 50, ms(2));
+    l.release(w, ms(1), 100);
+    assert_eq!(
+        l.credit(w),
+        Credit {
+            tokens: 50,
+            requests: 1
+        }
+    );
+    // Already gone (released, or covered by a report): nothing changes.
+    l.release(w, ms(1), 100);
+    l.on_report(w, Some(ms(5)));
+    l.release(w, ms(2), 50);
+    assert_eq!(l.credit(w), Credit::default());
+}
