@@ -13,7 +13,10 @@ fn gateway_for(url: &str) -> (kvgate_gateway::Gateway, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("temp dir");
     let mut cfg = test_config(&dir);
     cfg.worker_urls = vec![url.to_owned()];
-    (kvgate_gateway::Gateway::start(cfg).expect("gateway starts"), dir)
+    (
+        kvgate_gateway::Gateway::start(cfg).expect("gateway starts"),
+        dir,
+    )
 }
 
 #[actix_rt::test]

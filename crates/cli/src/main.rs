@@ -37,6 +37,73 @@ enum Cmd {
     Add { worker_url: String },
     /// Remove a worker, by id or URL.
     Remove { worker: String },
+    /// Stored state (offline: stop the gateway first, sled allows one process at a time).
+    Snapshot {
+        #[command(subcommand)]
+        cmd: SnapshotCmd,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum SnapshotCmd {
+    /// What the store under a data dir holds: format, age, entries per model and worker,
+    /// the registry.
+    Inspect {
+        #[arg(long, default_value = "./kvgate-data")]
+        data_dir: std::path::PathBuf,
+    },
+}
+
+fn inspect_text(s: &kvgate_gateway::store::StoreSummary) -> String {
+    let mut out = format!(
+        "store:           {}\nformat version:  {}\n",
+        s.path, s.format_version
+    );
+    match (s.written_at, s.generation) {
+        (Some(at), Some(g)) => {
+            let age = kvgate_gateway::store::unix_now() - at;
+            out.push_str(&format!(
+                "written:         {at:.0} (unix), {age:.0}s ago, generation {g}\n"
+            ));
+        }
+        _ => out.push_str("written:         never (no snapshot yet)\n"),
+    }
+    out.push_str(&format!("size on disk:    {} bytes\n", s.size_on_disk));
+    for m in &s.models {
+        out.push_str(&format!("\nmodel {:?}\n", m.model));
+        let rows: Vec<Vec<String>> = m
+            .workers
+            .iter()
+            .map(|w| {
+                vec![
+                    w.worker.clone(),
+                    w.url.clone().unwrap_or_else(|| "-".into()),
+                    w.entries.to_string(),
+                    w.units.to_string(),
+                    w.startup_time
+                        .map_or_else(|| "-".into(), |t| format!("{t:.3}")),
+                ]
+            })
+            .collect();
+        out.push_str(&table(
+            &["WORKER", "URL", "ENTRIES", "UNITS", "STARTUP-TIME"],
+            &rows,
+        ));
+    }
+    out.push_str(&format!(
+        "\nregistry: added through the API: {}; removed through the API: {}\n",
+        if s.registry.added.is_empty() {
+            "-".to_owned()
+        } else {
+            s.registry.added.join(" ")
+        },
+        if s.registry.removed.is_empty() {
+            "-".to_owned()
+        } else {
+            s.registry.removed.join(" ")
+        },
+    ));
+    out
 }
 
 async fn call(method: &str, url: &str, body: Option<Value>) -> anyhow::Result<(u16, Value)> {
@@ -149,6 +216,19 @@ fn workers_table(v: &Value) -> String {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
+    if let Cmd::Snapshot {
+        cmd: SnapshotCmd::Inspect { data_dir },
+    } = &cli.cmd
+    {
+        let s = kvgate_gateway::store::inspect(data_dir)
+            .with_context(|| format!("reading the store under {}", data_dir.display()))?;
+        if cli.json {
+            println!("{}", serde_json::to_string_pretty(&s)?);
+        } else {
+            print!("{}", inspect_text(&s));
+        }
+        return Ok(());
+    }
     let base = cli.url.trim_end_matches('/').to_owned();
     actix_rt::System::new().block_on(async move {
         let (status, v, render): (u16, Value, fn(&Value) -> String) = match &cli.cmd {
@@ -192,6 +272,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     format!("added {} ({})\n", text(&v["url"]), text(&v["status"]))
                 })
             }
+            Cmd::Snapshot { .. } => unreachable_snapshot(),
             Cmd::Remove { worker } => {
                 let (s, v) = call(
                     "DELETE",
@@ -218,6 +299,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Ok(())
     })
+}
+
+/// Snapshot commands return before the HTTP client starts.
+fn unreachable_snapshot() -> (u16, Value, fn(&Value) -> String) {
+    (500, Value::Null, |_| String::new())
 }
 
 fn main() -> anyhow::Result<()> {

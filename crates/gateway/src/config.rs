@@ -50,6 +50,9 @@ pub struct GatewayConfig {
     pub health_failure_threshold: u32,
     /// Consecutive passing checks before an unhealthy worker is healthy again.
     pub health_success_threshold: u32,
+    /// How often a changed prefix index is written to the store under `data_dir`.
+    #[serde(rename = "snapshot_interval_secs", with = "secs")]
+    pub snapshot_interval: Duration,
     /// HTTP worker threads; `None` means one per core.
     pub http_workers: Option<usize>,
     pub policy: PolicyConfig,
@@ -80,6 +83,7 @@ impl Default for GatewayConfig {
             health_check_timeout: Duration::from_secs(3),
             health_failure_threshold: 3,
             health_success_threshold: 2,
+            snapshot_interval: Duration::from_secs(5),
             http_workers: None,
             policy: PolicyConfig::with_kind(kvgate_policies::PolicyKind::CacheAware),
             poller: PollerConfig::default(),
@@ -155,6 +159,7 @@ impl GatewayConfig {
             ("header_read_timeout_secs", self.header_read_timeout),
             ("health_check_interval_secs", self.health_check_interval),
             ("health_check_timeout_secs", self.health_check_timeout),
+            ("snapshot_interval_secs", self.snapshot_interval),
         ] {
             if d.is_zero() {
                 return invalid(key, "must be greater than 0");

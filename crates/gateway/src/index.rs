@@ -7,13 +7,22 @@ use std::num::NonZeroUsize;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use kvgate_kv_index::{HashConfig, HashIndex, RadixTree, TreeConfig};
+use kvgate_kv_index::{HashConfig, HashIndex, RadixTree, SnapshotCursor, TreeConfig, TreeSnapshot};
 use kvgate_policies::{
     CacheIndex, MatchSource, PolicyConfig, PrefixMatches, RequestFacts, RoutingText, WorkerId,
 };
-use tracing::debug;
+use tracing::{debug, info, warn};
 
+use crate::persist::{Persist, Persister};
 use crate::registry::FleetChanged;
+use crate::store::{Chunk, Image, ImageHeader, WorkerStamp, unix_now};
+
+/// The trees' clock starts here, so ages restored from disk never saturate at zero.
+const CLOCK_BASE: u64 = 1 << 40;
+
+/// Records per snapshot chunk: small enough that producing one stalls routing for about a
+/// millisecond.
+const CHUNK_RECORDS: usize = 8192;
 
 /// What the index needs from the policy configuration.
 #[derive(Debug, Clone)]
@@ -25,11 +34,14 @@ pub struct IndexConfig {
     pub eviction_interval: Option<Duration>,
     pub boundaries: Vec<usize>,
     pub ttl: Duration,
+    /// How often a changed index is written to the store.
+    pub snapshot_interval: Duration,
 }
 
 impl IndexConfig {
-    pub fn from_policy(p: &PolicyConfig) -> IndexConfig {
+    pub fn from_policy(p: &PolicyConfig, snapshot_interval: Duration) -> IndexConfig {
         IndexConfig {
+            snapshot_interval,
             cache_index: p.cache_index,
             block_size: p.block_size,
             max_tree_size: p.max_tree_size,
@@ -48,22 +60,26 @@ struct ModelIndex {
     hash: HashIndex<WorkerId>,
 }
 
+fn tree_config(cfg: &IndexConfig, page: usize) -> TreeConfig {
+    // Evicting on insert keeps memory bounded by the budget between sweeps.
+    TreeConfig {
+        page_size: NonZeroUsize::new(page).unwrap_or(NonZeroUsize::MIN),
+        max_units: Some(cfg.max_tree_size),
+        max_tenant_units: None,
+        evict_on_insert: true,
+    }
+}
+
+fn hash_config(cfg: &IndexConfig) -> HashConfig {
+    HashConfig::new(cfg.boundaries.clone(), cfg.ttl.as_millis() as u64)
+}
+
 impl ModelIndex {
     fn new(cfg: &IndexConfig) -> ModelIndex {
-        // Evicting on insert keeps memory bounded by the budget between sweeps.
-        let tree = |page: usize| TreeConfig {
-            page_size: NonZeroUsize::new(page).unwrap_or(NonZeroUsize::MIN),
-            max_units: Some(cfg.max_tree_size),
-            max_tenant_units: None,
-            evict_on_insert: true,
-        };
         ModelIndex {
-            text: RadixTree::new(tree(1)),
-            tokens: RadixTree::new(tree(cfg.block_size)),
-            hash: HashIndex::new(HashConfig::new(
-                cfg.boundaries.clone(),
-                cfg.ttl.as_millis() as u64,
-            )),
+            text: RadixTree::new(tree_config(cfg, 1)),
+            tokens: RadixTree::new(tree_config(cfg, cfg.block_size)),
+            hash: HashIndex::new(hash_config(cfg)),
         }
     }
 
@@ -74,28 +90,263 @@ impl ModelIndex {
     }
 }
 
+/// What the index knows of a worker whose entries it holds.
+#[derive(Debug, Clone)]
+struct Known {
+    url: String,
+    /// The engine start its entries belong to; a different one means an emptied cache.
+    startup_time: Option<f64>,
+    /// Seen in a fleet update of this process (restored workers start unconfirmed).
+    confirmed: bool,
+}
+
+/// A snapshot being produced a chunk at a time, between requests.
+#[derive(Debug)]
+struct SnapJob {
+    generation: u64,
+    models: Vec<String>,
+    model: usize,
+    /// 0 text, 1 tokens, 2 hash.
+    stage: u8,
+    cursor: Option<SnapshotCursor>,
+    seq: u32,
+}
+
 #[derive(Debug)]
 pub struct IndexActor {
     cfg: IndexConfig,
     models: HashMap<String, ModelIndex>,
-    /// Engine start times, to notice a restarted (emptied) engine.
-    startup: HashMap<WorkerId, Option<f64>>,
+    known: HashMap<WorkerId, Known>,
     epoch: Instant,
+    persist: Option<Persister>,
+    /// Changed since the last committed snapshot.
+    dirty: bool,
+    job: Option<SnapJob>,
+    generation: u64,
 }
 
 impl IndexActor {
-    pub fn new(cfg: IndexConfig, epoch: Instant) -> IndexActor {
+    pub fn new(cfg: IndexConfig, epoch: Instant, persist: Option<Persister>) -> IndexActor {
         IndexActor {
             cfg,
             models: HashMap::new(),
-            startup: HashMap::new(),
+            known: HashMap::new(),
             epoch,
+            persist,
+            dirty: false,
+            job: None,
+            generation: 0,
         }
     }
 
-    /// Milliseconds on the shared monotonic clock: the trees' LRU stamps.
+    /// Rebuilds the index from a stored snapshot. Every entry is a hint until its worker
+    /// is confirmed by the registry with the same engine start time.
+    pub fn restore(&mut self, image: Image) {
+        let now = self.now();
+        let Image { header, chunks } = image;
+        self.generation = header.generation;
+        let mut text: HashMap<u32, TreeSnapshot<u8, WorkerId>> = HashMap::new();
+        let mut tokens: HashMap<u32, TreeSnapshot<u32, WorkerId>> = HashMap::new();
+        for c in chunks {
+            match c {
+                Chunk::Text {
+                    model,
+                    page_size,
+                    records,
+                } => text
+                    .entry(model)
+                    .or_insert_with(|| TreeSnapshot::new(page_size))
+                    .records
+                    .extend(records),
+                Chunk::Tokens {
+                    model,
+                    page_size,
+                    records,
+                } => tokens
+                    .entry(model)
+                    .or_insert_with(|| TreeSnapshot::new(page_size))
+                    .records
+                    .extend(records),
+                Chunk::Hash { model, snapshot } => {
+                    let Some(name) = header.models.get(model as usize) else {
+                        continue;
+                    };
+                    match HashIndex::restore(snapshot, hash_config(&self.cfg), now) {
+                        Ok(h) => self.model(&name.clone()).hash = h,
+                        Err(e) => warn!(model = %name, error = %e, "stored hash index dropped"),
+                    }
+                }
+            }
+        }
+        for (i, snap) in text {
+            let Some(name) = header.models.get(i as usize).cloned() else {
+                continue;
+            };
+            match RadixTree::restore(snap, tree_config(&self.cfg, 1), now) {
+                Ok(t) => self.model(&name).text = t,
+                Err(e) => warn!(model = %name, error = %e, "stored text index dropped"),
+            }
+        }
+        for (i, snap) in tokens {
+            let Some(name) = header.models.get(i as usize).cloned() else {
+                continue;
+            };
+            match RadixTree::restore(snap, tree_config(&self.cfg, self.cfg.block_size), now) {
+                Ok(t) => self.model(&name).tokens = t,
+                // A changed --block-size makes stored pages meaningless.
+                Err(e) => warn!(model = %name, error = %e, "stored token index dropped"),
+            }
+        }
+        for s in header.workers {
+            self.known.insert(
+                s.worker,
+                Known {
+                    url: s.url,
+                    startup_time: s.startup_time,
+                    confirmed: false,
+                },
+            );
+        }
+        info!(
+            generation = header.generation,
+            models = header.models.len(),
+            workers = self.known.len(),
+            "prefix index restored"
+        );
+    }
+
+    /// Milliseconds on the shared monotonic clock (offset by `CLOCK_BASE`): LRU stamps.
     fn now(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
+        CLOCK_BASE + self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn purge(&mut self, w: WorkerId) {
+        for m in self.models.values_mut() {
+            m.remove(w);
+        }
+        self.dirty = true;
+    }
+
+    fn header(&self, generation: u64, models: &[String], chunks: u32) -> ImageHeader {
+        let mut workers: Vec<WorkerStamp> = self
+            .known
+            .iter()
+            .map(|(w, k)| WorkerStamp {
+                worker: *w,
+                url: k.url.clone(),
+                startup_time: k.startup_time,
+            })
+            .collect();
+        workers.sort_by_key(|s| s.worker);
+        ImageHeader {
+            format_version: crate::store::FORMAT_VERSION,
+            generation,
+            written_at: unix_now(),
+            models: models.to_vec(),
+            workers,
+            chunks,
+        }
+    }
+
+    fn start_snapshot(&mut self, ctx: &mut Context<Self>) {
+        if self.persist.is_none() || self.job.is_some() || !self.dirty {
+            return;
+        }
+        self.start_snapshot_now();
+        ctx.run_later(Duration::ZERO, |act, ctx| {
+            act.snapshot_step(ctx, false);
+        });
+    }
+
+    /// Produces the next chunk of the running job. With `blocking`, waits for room in
+    /// the writer's queue instead of abandoning the job (shutdown).
+    fn snapshot_step(&mut self, ctx: &mut Context<Self>, blocking: bool) -> bool {
+        let (Some(mut job), Some(persist)) = (self.job.take(), self.persist.clone()) else {
+            return false;
+        };
+        loop {
+            let Some(name) = job.models.get(job.model).cloned() else {
+                let header = self.header(job.generation, &job.models, job.seq);
+                let ok = if blocking {
+                    persist.send_blocking(Persist::Commit(header))
+                } else {
+                    persist.offer(Persist::Commit(header))
+                };
+                if !ok {
+                    self.dirty = true;
+                }
+                return ok;
+            };
+            let model_ix = job.model as u32;
+            let Some(m) = self.models.get(&name) else {
+                job.model += 1;
+                continue;
+            };
+            let chunk = match job.stage {
+                0 => {
+                    let cursor = job.cursor.get_or_insert_with(|| m.text.snapshot_cursor());
+                    let records = m.text.snapshot_chunk(cursor, CHUNK_RECORDS);
+                    if cursor.is_done() {
+                        job.cursor = None;
+                        job.stage = 1;
+                    }
+                    (!records.is_empty()).then(|| Chunk::Text {
+                        model: model_ix,
+                        page_size: m.text.page_size(),
+                        records,
+                    })
+                }
+                1 => {
+                    let cursor = job.cursor.get_or_insert_with(|| m.tokens.snapshot_cursor());
+                    let records = m.tokens.snapshot_chunk(cursor, CHUNK_RECORDS);
+                    if cursor.is_done() {
+                        job.cursor = None;
+                        job.stage = 2;
+                    }
+                    (!records.is_empty()).then(|| Chunk::Tokens {
+                        model: model_ix,
+                        page_size: m.tokens.page_size(),
+                        records,
+                    })
+                }
+                _ => {
+                    job.stage = 0;
+                    job.model += 1;
+                    (m.hash.key_count() > 0).then(|| Chunk::Hash {
+                        model: model_ix,
+                        snapshot: m.hash.snapshot(),
+                    })
+                }
+            };
+            let Some(chunk) = chunk else { continue };
+            let msg = Persist::Chunk {
+                generation: job.generation,
+                seq: job.seq,
+                chunk: Box::new(chunk),
+            };
+            job.seq += 1;
+            let sent = if blocking {
+                persist.send_blocking(msg)
+            } else {
+                persist.offer(msg)
+            };
+            if !sent {
+                // The writer is behind: abandon this one, the next interval tries again.
+                warn!(
+                    generation = job.generation,
+                    "snapshot skipped: the writer is behind"
+                );
+                self.dirty = true;
+                return false;
+            }
+            if !blocking {
+                self.job = Some(job);
+                ctx.run_later(Duration::ZERO, |act, ctx| {
+                    act.snapshot_step(ctx, false);
+                });
+                return true;
+            }
+        }
     }
 
     fn model(&mut self, name: &str) -> &mut ModelIndex {
@@ -162,8 +413,9 @@ impl IndexActor {
             }
             (RoutingText::Tokens(t), false) => m.tokens.insert(t, worker, now),
             (RoutingText::Text(s), false) => m.text.insert(s.as_bytes(), worker, now),
-            (RoutingText::Text(_), true) | (RoutingText::Empty, _) => {}
+            (RoutingText::Text(_), true) | (RoutingText::Empty, _) => return,
         }
+        self.dirty = true;
     }
 
     fn sweep(&mut self) {
@@ -184,6 +436,11 @@ impl Actor for IndexActor {
         ctx.set_mailbox_capacity(65_536);
         if let Some(every) = self.cfg.eviction_interval {
             ctx.run_interval(every, |act, _| act.sweep());
+        }
+        if self.persist.is_some() {
+            ctx.run_interval(self.cfg.snapshot_interval, |act, ctx| {
+                act.start_snapshot(ctx)
+            });
         }
     }
 }
@@ -232,16 +489,26 @@ impl Handler<ClearWorker> for IndexActor {
     type Result = ();
 
     fn handle(&mut self, msg: ClearWorker, _: &mut Context<Self>) {
-        for m in self.models.values_mut() {
-            m.remove(msg.0);
-        }
+        self.purge(msg.0);
     }
 }
 
-/// Per-model sizes, for inspection and tests.
+/// Per-model sizes and the persistence state, for inspection and tests.
 #[derive(Message, Debug)]
-#[rtype(result = "Vec<IndexStats>")]
+#[rtype(result = "(Vec<IndexStats>, PersistState)")]
 pub struct GetIndexStats;
+
+/// Where persistence stands, for inspection and tests.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct PersistState {
+    pub enabled: bool,
+    /// Changes not yet in a committed snapshot.
+    pub pending: bool,
+    pub snapshots_written: u64,
+    pub write_failures: u64,
+    pub dropped: u64,
+    pub committed_generation: u64,
+}
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct IndexStats {
@@ -278,7 +545,22 @@ impl Handler<GetIndexStats> for IndexActor {
             })
             .collect();
         out.sort_by(|a, b| a.model.cmp(&b.model));
-        MessageResult(out)
+        let persist = self
+            .persist
+            .as_ref()
+            .map_or_else(PersistState::default, |p| {
+                use std::sync::atomic::Ordering::{Acquire, Relaxed};
+                let committed = p.stats.committed_generation.load(Acquire);
+                PersistState {
+                    enabled: true,
+                    pending: self.dirty || self.job.is_some() || committed < self.generation,
+                    snapshots_written: p.stats.snapshots_written.load(Relaxed),
+                    write_failures: p.stats.write_failures.load(Relaxed),
+                    dropped: p.stats.dropped.load(Relaxed),
+                    committed_generation: committed,
+                }
+            });
+        MessageResult((out, persist))
     }
 }
 
@@ -286,25 +568,99 @@ impl Handler<FleetChanged> for IndexActor {
     type Result = ();
 
     /// A removed worker is purged; a worker whose engine restarted (new `startup_time`)
-    /// starts empty, like its cache.
+    /// starts empty, like its cache. Restored workers not yet seen wait for `FleetSettled`.
     fn handle(&mut self, msg: FleetChanged, _: &mut Context<Self>) {
-        let mut gone: Vec<WorkerId> = self.startup.keys().copied().collect();
+        let mut drop = Vec::new();
+        for (w, k) in &self.known {
+            if k.confirmed && !msg.0.iter().any(|r| r.id == *w) {
+                drop.push(*w);
+            }
+        }
         for rec in msg.0.iter() {
-            gone.retain(|w| *w != rec.id);
-            let prev = self.startup.insert(rec.id, rec.startup_time);
-            if let Some(Some(before)) = prev
-                && rec.startup_time.is_some_and(|now| now != before)
-            {
-                for m in self.models.values_mut() {
-                    m.remove(rec.id);
-                }
+            let k = self.known.entry(rec.id).or_insert_with(|| Known {
+                url: rec.url.clone(),
+                startup_time: rec.startup_time,
+                confirmed: true,
+            });
+            k.confirmed = true;
+            let Some(now) = rec.startup_time else {
+                continue;
+            };
+            if k.startup_time.is_some_and(|before| before != now) {
+                info!(worker = %rec.url, "engine restarted (new startup_time): its index entries are dropped");
+                drop.push(rec.id);
+            }
+            k.startup_time = Some(now);
+        }
+        for w in drop {
+            self.purge(w);
+            if !msg.0.iter().any(|r| r.id == w) {
+                self.known.remove(&w);
             }
         }
+    }
+}
+
+/// Startup registration is over: restored entries of workers that did not come back go.
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct FleetSettled;
+
+impl Handler<FleetSettled> for IndexActor {
+    type Result = ();
+
+    fn handle(&mut self, _: FleetSettled, _: &mut Context<Self>) {
+        let gone: Vec<WorkerId> = self
+            .known
+            .iter()
+            .filter(|(_, k)| !k.confirmed)
+            .map(|(w, _)| *w)
+            .collect();
         for w in gone {
-            self.startup.remove(&w);
-            for m in self.models.values_mut() {
-                m.remove(w);
+            if let Some(k) = self.known.remove(&w) {
+                info!(worker = %k.url, "worker did not come back: its restored index entries are dropped");
             }
+            self.purge(w);
         }
+    }
+}
+
+/// Writes a complete snapshot now and waits until it is on disk (graceful shutdown).
+#[derive(Message, Debug)]
+#[rtype(result = "bool")]
+pub struct FinalSnapshot;
+
+impl Handler<FinalSnapshot> for IndexActor {
+    type Result = bool;
+
+    fn handle(&mut self, _: FinalSnapshot, ctx: &mut Context<Self>) -> bool {
+        let Some(persist) = self.persist.clone() else {
+            return false;
+        };
+        // A job in flight is superseded by this complete one.
+        self.job = None;
+        self.dirty = true;
+        self.start_snapshot_now();
+        let ok = self.snapshot_step(ctx, true);
+        persist.flush();
+        ok
+    }
+}
+
+impl IndexActor {
+    /// Changes made while the job runs mark the index dirty again.
+    fn start_snapshot_now(&mut self) {
+        self.generation += 1;
+        let mut models: Vec<String> = self.models.keys().cloned().collect();
+        models.sort();
+        self.job = Some(SnapJob {
+            generation: self.generation,
+            models,
+            model: 0,
+            stage: 0,
+            cursor: None,
+            seq: 0,
+        });
+        self.dirty = false;
     }
 }

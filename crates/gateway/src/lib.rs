@@ -23,11 +23,13 @@ mod config;
 mod error;
 mod index;
 mod parse;
+mod persist;
 mod proxy;
 mod registry;
 mod routes;
 mod selector;
 mod server;
+pub mod store;
 
 pub use config::{ConfigError, GatewayConfig, Overrides};
 pub use error::ApiError;

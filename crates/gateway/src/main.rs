@@ -128,6 +128,11 @@ const KNOBS: &[(&str, &str, Kind)] = &[
         Kind::Int,
     ),
     ("load-monitor-interval", "poller.interval_secs", Kind::Float),
+    (
+        "snapshot-interval-secs",
+        "snapshot_interval_secs",
+        Kind::Float,
+    ),
     ("load-monitor-timeout", "poller.timeout_secs", Kind::Float),
 ];
 
@@ -229,7 +234,10 @@ fn init_logging(cfg: &GatewayConfig) {
     let filter = EnvFilter::try_from_env("RUST_LOG")
         .or_else(|_| EnvFilter::try_new(&cfg.log_level))
         .unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    use std::io::IsTerminal;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stdout().is_terminal());
     if cfg.log_json {
         builder.json().flatten_event(true).init();
     } else {

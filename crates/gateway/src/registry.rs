@@ -8,6 +8,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use actix::prelude::*;
 use kvgate_policies::WorkerId;
 use kvgate_poller::{PollTarget, SetTargets};
+
+use crate::persist::{Persist, Persister};
+use crate::store::RegistryImage;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tracing::{info, warn};
@@ -236,6 +239,9 @@ pub struct RegistryActor {
     poller: Option<Recipient<SetTargets>>,
     client: awc::Client,
     checking: bool,
+    /// What the admin API changed, kept across restarts.
+    image: RegistryImage,
+    persist: Option<Persister>,
 }
 
 impl std::fmt::Debug for RegistryActor {
@@ -251,6 +257,8 @@ impl RegistryActor {
         cfg: RegistryConfig,
         subscribers: Vec<Recipient<FleetChanged>>,
         poller: Option<Recipient<SetTargets>>,
+        persist: Option<Persister>,
+        image: RegistryImage,
     ) -> Self {
         let client = awc::Client::builder()
             .timeout(cfg.health_check_timeout)
@@ -262,6 +270,23 @@ impl RegistryActor {
             poller,
             client,
             checking: false,
+            image,
+            persist,
+        }
+    }
+
+    /// Records an admin change and hands it to the writer.
+    fn remember(&mut self, url: &str, added: bool) {
+        self.image.added.retain(|u| u != url);
+        self.image.removed.retain(|u| u != url);
+        if added {
+            self.image.added.push(url.to_owned());
+        } else {
+            self.image.removed.push(url.to_owned());
+        }
+        if let Some(p) = &self.persist {
+            // Rare admin traffic: waiting for room in the queue is fine here.
+            p.send_blocking(Persist::Registry(self.image.clone()));
         }
     }
 
@@ -457,6 +482,9 @@ impl Handler<AddWorker> for RegistryActor {
                 last_error: None,
             },
         );
+        if msg.source == WorkerSource::Api {
+            self.remember(&url, true);
+        }
         let client = self.client.clone();
         let timeout = self.cfg.health_check_timeout;
         let probe_url = url.clone();
@@ -506,6 +534,7 @@ impl Handler<RemoveWorker> for RegistryActor {
             .remove(&id)
             .ok_or_else(|| RegistryError::NotFound(msg.key.clone()))?;
         info!(worker = %rec.url, "worker removed");
+        self.remember(&rec.url, false);
         self.publish();
         Ok(rec)
     }

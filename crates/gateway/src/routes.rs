@@ -14,6 +14,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::error::ApiError;
+use crate::index::{ClearWorker, GetIndexStats, IndexActor};
 use crate::parse::{Endpoint, request_facts};
 use crate::proxy::{self, InFlight, Upstream};
 use crate::registry::{
@@ -26,6 +27,7 @@ use crate::selector::{self, GetViews, SelectError, SelectorActor};
 pub struct AppState {
     pub selector: Addr<SelectorActor>,
     pub registry: Addr<RegistryActor>,
+    pub index: Addr<IndexActor>,
     pub max_payload_size: usize,
     pub request_timeout: Duration,
 }
@@ -342,6 +344,80 @@ pub async fn legacy_list(state: web::Data<AppState>) -> Result<HttpResponse, Api
     let fleet = state.registry.send(ListWorkers).await.map_err(mailbox)?;
     let urls: Vec<&str> = fleet.iter().map(|w| w.url.as_str()).collect();
     Ok(HttpResponse::Ok().json(json!({"urls": urls})))
+}
+
+/// Fans `/flush_cache` out to every ready worker; the index forgets what a flushed worker
+/// held, since its cache is now empty.
+pub async fn flush_cache(
+    state: web::Data<AppState>,
+    client: web::Data<awc::Client>,
+) -> Result<HttpResponse, ApiError> {
+    let fleet = state.registry.send(ListWorkers).await.map_err(mailbox)?;
+    let calls = fleet.iter().filter(|w| w.healthy()).map(|w| {
+        let client = client.clone();
+        async move {
+            let r = client
+                .post(format!("{}/flush_cache", w.url))
+                .timeout(Duration::from_secs(30))
+                .send()
+                .await;
+            let outcome = match r {
+                Ok(resp) if resp.status().is_success() => Ok(()),
+                Ok(mut resp) => {
+                    let body = resp.body().limit(4096).await.unwrap_or_default();
+                    Err(format!(
+                        "status {}: {}",
+                        resp.status().as_u16(),
+                        String::from_utf8_lossy(&body)
+                    ))
+                }
+                Err(e) => Err(e.to_string()),
+            };
+            (w.id, w.url.clone(), outcome)
+        }
+    });
+    let results = futures_util::future::join_all(calls).await;
+    let mut flushed = 0;
+    let mut failed = Vec::new();
+    for (id, url, outcome) in results {
+        match outcome {
+            Ok(()) => {
+                flushed += 1;
+                state.index.do_send(ClearWorker(id));
+            }
+            Err(e) => failed.push(json!({"worker": url, "error": e})),
+        }
+    }
+    let total = fleet.len();
+    let status = if failed.is_empty() {
+        StatusCode::OK
+    } else {
+        StatusCode::PARTIAL_CONTENT
+    };
+    Ok(HttpResponse::build(status).json(json!({
+        "status": if failed.is_empty() { "success" } else { "partial_success" },
+        "workers_flushed": flushed,
+        "total_workers": total,
+        "failed": failed,
+    })))
+}
+
+/// What the prefix index holds, per model and worker.
+pub async fn index_stats(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let (stats, persist) = state.index.send(GetIndexStats).await.map_err(mailbox)?;
+    let models: Vec<Value> = stats
+        .iter()
+        .map(|m| {
+            json!({
+                "model": m.model,
+                "text_units": m.text_units,
+                "token_units": m.token_units,
+                "hash_keys": m.hash_keys,
+                "per_worker": m.per_worker.iter().map(|(w, n)| json!({"worker": w.to_string(), "units": n})).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    Ok(HttpResponse::Ok().json(json!({"models": models, "persistence": persist})))
 }
 
 pub async fn not_found(req: HttpRequest) -> Result<HttpResponse, ApiError> {

@@ -12,14 +12,16 @@ use actix_web::http::header::{HeaderName, HeaderValue};
 use actix_web::{App, HttpMessage, HttpServer, web};
 use rand::Rng;
 use thiserror::Error;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::config::GatewayConfig;
 use crate::error::ApiError;
-use crate::index::{IndexActor, IndexConfig};
+use crate::index::{FinalSnapshot, FleetSettled, IndexActor, IndexConfig};
+use crate::registry::normalize_url;
 use crate::registry::{AddWorker, RegistryActor, RegistryConfig, RegistryError, WorkerSource};
 use crate::routes::{self, AppState, RequestId};
 use crate::selector::SelectorActor;
+use crate::{persist, store};
 use kvgate_poller::LoadPoller;
 
 #[derive(Debug, Error)]
@@ -33,11 +35,6 @@ pub enum StartError {
     Thread(std::io::Error),
     #[error("the gateway thread exited during startup")]
     Startup,
-    #[error("cannot create the data directory {path}: {source}")]
-    DataDir {
-        path: String,
-        source: std::io::Error,
-    },
 }
 
 /// Addresses of the running actors, for embedders and tests.
@@ -71,18 +68,37 @@ fn new_request_id() -> String {
 async fn build(
     cfg: &GatewayConfig,
 ) -> Result<(Server, SocketAddr, Actors, Vec<Arbiter>), StartError> {
-    std::fs::create_dir_all(&cfg.data_dir).map_err(|source| StartError::DataDir {
-        path: cfg.data_dir.display().to_string(),
-        source,
-    })?;
     let epoch = Instant::now();
+    // A store that cannot be used is reported once and never stops the gateway.
+    let (store, problem) = store::open_or_reset(&cfg.data_dir);
+    if let Some(p) = problem {
+        error!("{p}");
+    }
+    let image = store.as_ref().and_then(|s| s.load().ok().flatten());
+    let reg_image = store
+        .as_ref()
+        .and_then(|s| s.registry().ok())
+        .unwrap_or_default();
+    let persister = match store.map(persist::spawn) {
+        Some(Ok((p, _writer))) => Some(p),
+        Some(Err(e)) => {
+            error!(error = %e, "cannot start the store writer; running without persistence");
+            None
+        }
+        None => None,
+    };
     let routing = Arbiter::new();
     let control = Arbiter::new();
     // The index lives on the selector's thread: the lookup before each decision is a
     // same-thread hop.
-    let index_cfg = IndexConfig::from_policy(&cfg.policy);
+    let index_cfg = IndexConfig::from_policy(&cfg.policy, cfg.snapshot_interval);
+    let index_persist = persister.clone();
     let index = IndexActor::start_in_arbiter(&routing.handle(), move |_| {
-        IndexActor::new(index_cfg, epoch)
+        let mut a = IndexActor::new(index_cfg, epoch, index_persist);
+        if let Some(img) = image {
+            a.restore(img);
+        }
+        a
     });
     let policy = cfg.policy.clone();
     let seed = cfg.seed;
@@ -103,18 +119,37 @@ async fn build(
     });
     let subscribers = vec![selector.clone().recipient(), index.clone().recipient()];
     let poller_rx = poller.clone().recipient();
+    // Flags and config, less what the API removed, plus what the API added.
+    let mut startup: Vec<(String, WorkerSource)> = Vec::new();
+    for u in &cfg.worker_urls {
+        let norm = normalize_url(u).unwrap_or_else(|_| u.clone());
+        if reg_image.removed.contains(&norm) {
+            info!(worker = %norm, "not registered: it was removed through the admin API");
+        } else {
+            startup.push((u.clone(), WorkerSource::Config));
+        }
+    }
+    for u in &reg_image.added {
+        startup.push((u.clone(), WorkerSource::Api));
+    }
+    let reg_persist = persister.clone();
     let registry = RegistryActor::start_in_arbiter(&control.handle(), move |_| {
-        RegistryActor::new(reg_cfg, subscribers, Some(poller_rx))
+        RegistryActor::new(
+            reg_cfg,
+            subscribers,
+            Some(poller_rx),
+            reg_persist,
+            reg_image,
+        )
     });
 
-    let adds = cfg.worker_urls.iter().map(|url| {
+    let adds = startup.into_iter().map(|(url, source)| {
         let registry = registry.clone();
-        let url = url.clone();
         async move {
             let r = registry
                 .send(AddWorker {
                     url: url.clone(),
-                    source: WorkerSource::Config,
+                    source,
                 })
                 .await;
             match r {
@@ -125,10 +160,12 @@ async fn build(
         }
     });
     futures_util::future::join_all(adds).await;
+    index.do_send(FleetSettled);
 
     let state = web::Data::new(AppState {
         selector: selector.clone(),
         registry: registry.clone(),
+        index: index.clone(),
         max_payload_size: cfg.max_payload_size,
         request_timeout: cfg.request_timeout,
     });
@@ -188,6 +225,8 @@ async fn build(
                     .route(web::delete().to(routes::delete_worker))
                     .default_service(web::to(routes::method_not_allowed)),
             )
+            .service(post("/flush_cache", routes::flush_cache))
+            .service(get("/admin/index", routes::index_stats))
             .service(post("/add_worker", routes::legacy_add))
             .service(post("/remove_worker", routes::legacy_remove))
             .service(get("/list_workers", routes::legacy_list))
@@ -331,10 +370,15 @@ impl Gateway {
     fn shutdown(&mut self, graceful: bool) {
         if let Some(t) = self.thread.take() {
             let server = self.server.clone();
+            let index = self.actors.index.clone();
             // The stop runs on the gateway's own runtime, so this works from any thread,
             // inside an async runtime or not.
             self.system.arbiter().spawn(async move {
                 server.stop(graceful).await;
+                if graceful {
+                    // In-flight requests have drained: what the index holds now is final.
+                    let _ = index.send(FinalSnapshot).await;
+                }
                 actix_rt::System::current().stop();
             });
             let _ = t.join();

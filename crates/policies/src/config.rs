@@ -30,6 +30,7 @@
 //! | `mean_prefill_tokens` (p̄) | 1024 | |
 //! | `least_load_max_waiting_requests` | off | |
 //! | `default_prefill_throughput` | 10,000 tok/s | cost mode, for a fleet that reports no prefill counters |
+//! | `min_match_tokens` | 64 | cost mode: smaller holdings count as none |
 //! | `bytes_per_token` | 4.0 | converts text lengths (UTF-8 bytes) to token estimates; alias `chars_per_token` |
 //! | `power_of_two_load_metric` | `expected_wait` | |
 //! | `prefix_token_count` | 256 | |
@@ -210,6 +211,11 @@ pub struct PolicyConfig {
     /// UTF-8 bytes per token, to price text requests in tokens.
     #[serde(alias = "chars_per_token")]
     pub bytes_per_token: f64,
+    /// Cost mode: a worker holding fewer tokens of the prompt than this is priced as holding
+    /// none. Savings that small are noise, and without the floor a short shared head (a
+    /// chat template, a common greeting) pulls every unrelated request onto the worker
+    /// that saw it first.
+    pub min_match_tokens: usize,
 
     /// power_of_two: what the pair is compared on.
     pub power_of_two_load_metric: LoadMetric,
@@ -243,6 +249,7 @@ impl Default for PolicyConfig {
             mean_prefill_tokens: 1024,
             least_load_max_waiting_requests: None,
             default_prefill_throughput: 10_000.0,
+            min_match_tokens: 64,
             bytes_per_token: 4.0,
             power_of_two_load_metric: LoadMetric::ExpectedWait,
             prefix_token_count: 256,

@@ -12,6 +12,7 @@
 //!            = B + in_flight(w) · p̄ / P̄                                       no report
 //!            = in_flight(w) · p̄ / P̄                                           nobody reports
 //! prefill(w) = m(w) · uncached(w) / P(w),  uncached(w) = prompt tokens − tokens w holds
+//!              (holdings under min_match_tokens, default 64, count as none)
 //! m(w)       = 1 + waiting_reqs(w) + dispatched_since_sample(w) + cache_hit_rate(w)
 //!            = 1 + in_flight(w)                                               no report
 //! cost(w)    = wait(w) + prefill(w)
@@ -145,13 +146,26 @@ fn ttft(ctx: &Ctx<'_>, set: &[usize]) -> Vec<(f64, f64)> {
             let uncached = estimate::uncached_tokens(
                 ctx.input.request,
                 ctx.matches(),
-                ctx.matched[i],
+                useful_match(ctx, ctx.matched[i]),
                 ctx.cfg,
             );
             let prefill = weight(ctx, i) * uncached / rate(i);
             (w.unwrap_or(f64::MAX) + prefill, prefill)
         })
         .collect()
+}
+
+/// `matched` index units, or 0 when they are fewer than `min_match_tokens` tokens.
+fn useful_match(ctx: &Ctx<'_>, matched: usize) -> usize {
+    let tokens = match ctx.matches() {
+        Some(m) if m.source.is_text() => matched as f64 / estimate::bytes_per_token(ctx.cfg),
+        _ => matched as f64,
+    };
+    if tokens < ctx.cfg.min_match_tokens as f64 {
+        0
+    } else {
+        matched
+    }
 }
 
 /// How many times a prefill on worker index `i` is paid: once by this request, once by

@@ -71,7 +71,7 @@ pub(crate) fn to_credit(tokens: f64) -> u64 {
     }
 }
 
-fn bytes_per_token(cfg: &PolicyConfig) -> f64 {
+pub(crate) fn bytes_per_token(cfg: &PolicyConfig) -> f64 {
     let c = cfg.bytes_per_token;
     if c.is_finite() && c > 0.0 { c } else { 4.0 }
 }

@@ -1,0 +1,393 @@
+//! The one module that touches sled: where kvgate keeps the prefix index and the runtime
+//! worker registry across restarts, under `--data-dir`.
+//!
+//! Layout (sled 0.34, directory `DATA_DIR/store`):
+//! - tree `meta`: `format_version` (u32, big-endian), `current` (the committed
+//!   [`ImageHeader`]), `registry` (JSON [`RegistryImage`]).
+//! - tree `index`: key `generation (u64 BE) ‖ seq (u32 BE)` → one encoded [`Chunk`].
+//!
+//! A snapshot writes all its chunks under a new generation, flushes, then replaces
+//! `current` in one insert and flushes again; older generations are deleted after. A crash
+//! at any point leaves `current` naming a complete generation.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use kvgate_kv_index::{HashSnapshot, SnapshotRecord};
+use kvgate_policies::WorkerId;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// Bumped whenever the layout or an encoded type changes.
+pub const FORMAT_VERSION: u32 = 1;
+
+#[derive(Debug, Error)]
+pub enum StoreError {
+    #[error("store at {path}: {source}")]
+    Sled { path: String, source: sled::Error },
+    #[error("store at {path} has format version {found}, this kvgate reads {FORMAT_VERSION}")]
+    Version { path: String, found: u32 },
+    #[error("store at {path} is damaged: {reason}")]
+    Corrupt { path: String, reason: String },
+    #[error("store at {path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+/// Which engine restart an index entry belongs to.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerStamp {
+    pub worker: WorkerId,
+    pub url: String,
+    pub startup_time: Option<f64>,
+}
+
+/// The committed description of one snapshot.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ImageHeader {
+    pub format_version: u32,
+    pub generation: u64,
+    /// Seconds since the Unix epoch.
+    pub written_at: f64,
+    pub models: Vec<String>,
+    pub workers: Vec<WorkerStamp>,
+    pub chunks: u32,
+}
+
+/// One piece of a snapshot. `model` indexes `ImageHeader::models`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Chunk {
+    Text {
+        model: u32,
+        page_size: usize,
+        records: Vec<SnapshotRecord<u8, WorkerId>>,
+    },
+    Tokens {
+        model: u32,
+        page_size: usize,
+        records: Vec<SnapshotRecord<u32, WorkerId>>,
+    },
+    Hash {
+        model: u32,
+        snapshot: HashSnapshot<WorkerId>,
+    },
+}
+
+/// Workers that came and went through the admin API.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegistryImage {
+    /// Added through the API: registered again at start.
+    pub added: Vec<String>,
+    /// Removed through the API: not registered at start even when the flags list them.
+    pub removed: Vec<String>,
+}
+
+/// A loaded snapshot.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Image {
+    pub header: ImageHeader,
+    pub chunks: Vec<Chunk>,
+}
+
+pub fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+#[derive(Debug)]
+pub struct Store {
+    path: PathBuf,
+    db: sled::Db,
+    meta: sled::Tree,
+    index: sled::Tree,
+}
+
+fn chunk_key(generation: u64, seq: u32) -> [u8; 12] {
+    let mut k = [0u8; 12];
+    k[..8].copy_from_slice(&generation.to_be_bytes());
+    k[8..].copy_from_slice(&seq.to_be_bytes());
+    k
+}
+
+impl Store {
+    /// Opens (or creates) the store in `dir/store` and checks its format version.
+    pub fn open(dir: &Path) -> Result<Store, StoreError> {
+        let path = dir.join("store");
+        let p = path.display().to_string();
+        let sled_err = |source| StoreError::Sled {
+            path: p.clone(),
+            source,
+        };
+        std::fs::create_dir_all(dir).map_err(|source| StoreError::Io {
+            path: dir.display().to_string(),
+            source,
+        })?;
+        let db = sled::Config::new()
+            .path(&path)
+            .cache_capacity(64 * 1024 * 1024)
+            .open()
+            .map_err(sled_err)?;
+        let meta = db.open_tree("meta").map_err(sled_err)?;
+        let index = db.open_tree("index").map_err(sled_err)?;
+        match meta.get("format_version").map_err(sled_err)? {
+            None => {
+                meta.insert("format_version", &FORMAT_VERSION.to_be_bytes())
+                    .map_err(sled_err)?;
+                db.flush().map_err(sled_err)?;
+            }
+            Some(v) => {
+                let found = <[u8; 4]>::try_from(v.as_ref())
+                    .map(u32::from_be_bytes)
+                    .map_err(|_| StoreError::Corrupt {
+                        path: p.clone(),
+                        reason: "unreadable format version".into(),
+                    })?;
+                if found != FORMAT_VERSION {
+                    return Err(StoreError::Version { path: p, found });
+                }
+            }
+        }
+        Ok(Store {
+            path,
+            db,
+            meta,
+            index,
+        })
+    }
+
+    fn sled_err(&self, source: sled::Error) -> StoreError {
+        StoreError::Sled {
+            path: self.path.display().to_string(),
+            source,
+        }
+    }
+
+    fn corrupt(&self, reason: impl Into<String>) -> StoreError {
+        StoreError::Corrupt {
+            path: self.path.display().to_string(),
+            reason: reason.into(),
+        }
+    }
+
+    /// The committed header, if a snapshot was ever written.
+    pub fn header(&self) -> Result<Option<ImageHeader>, StoreError> {
+        let Some(raw) = self.meta.get("current").map_err(|e| self.sled_err(e))? else {
+            return Ok(None);
+        };
+        kvgate_kv_index::decode(&raw)
+            .map(Some)
+            .map_err(|e| self.corrupt(format!("snapshot header: {e}")))
+    }
+
+    /// The last complete snapshot.
+    pub fn load(&self) -> Result<Option<Image>, StoreError> {
+        let Some(header) = self.header()? else {
+            return Ok(None);
+        };
+        let mut chunks = Vec::with_capacity(header.chunks as usize);
+        for seq in 0..header.chunks {
+            let raw = self
+                .index
+                .get(chunk_key(header.generation, seq))
+                .map_err(|e| self.sled_err(e))?
+                .ok_or_else(|| {
+                    self.corrupt(format!(
+                        "chunk {seq} of generation {} is missing",
+                        header.generation
+                    ))
+                })?;
+            chunks.push(
+                kvgate_kv_index::decode(&raw)
+                    .map_err(|e| self.corrupt(format!("chunk {seq}: {e}")))?,
+            );
+        }
+        Ok(Some(Image { header, chunks }))
+    }
+
+    /// Writes one chunk of a generation that is not committed yet.
+    pub fn put_chunk(&self, generation: u64, seq: u32, chunk: &Chunk) -> Result<(), StoreError> {
+        let bytes =
+            kvgate_kv_index::encode(chunk).map_err(|e| self.corrupt(format!("encoding: {e}")))?;
+        self.index
+            .insert(chunk_key(generation, seq), bytes)
+            .map_err(|e| self.sled_err(e))?;
+        Ok(())
+    }
+
+    /// Makes `header`'s generation the current one, then drops the others.
+    pub fn commit(&self, header: &ImageHeader) -> Result<(), StoreError> {
+        // Chunks must be durable before the header that names them.
+        self.db.flush().map_err(|e| self.sled_err(e))?;
+        let bytes =
+            kvgate_kv_index::encode(header).map_err(|e| self.corrupt(format!("encoding: {e}")))?;
+        self.meta
+            .insert("current", bytes)
+            .map_err(|e| self.sled_err(e))?;
+        self.db.flush().map_err(|e| self.sled_err(e))?;
+        self.drop_generations_except(header.generation)
+    }
+
+    /// Removes every chunk not of `keep` (stale or abandoned generations).
+    pub fn drop_generations_except(&self, keep: u64) -> Result<(), StoreError> {
+        let mut stale = Vec::new();
+        for kv in self.index.iter().keys() {
+            let k = kv.map_err(|e| self.sled_err(e))?;
+            if k.len() < 8 || k[..8] != keep.to_be_bytes() {
+                stale.push(k);
+            }
+        }
+        for k in stale {
+            self.index.remove(k).map_err(|e| self.sled_err(e))?;
+        }
+        Ok(())
+    }
+
+    pub fn registry(&self) -> Result<RegistryImage, StoreError> {
+        match self.meta.get("registry").map_err(|e| self.sled_err(e))? {
+            None => Ok(RegistryImage::default()),
+            Some(raw) => {
+                serde_json::from_slice(&raw).map_err(|e| self.corrupt(format!("registry: {e}")))
+            }
+        }
+    }
+
+    pub fn put_registry(&self, r: &RegistryImage) -> Result<(), StoreError> {
+        let bytes = serde_json::to_vec(r).map_err(|e| self.corrupt(format!("registry: {e}")))?;
+        self.meta
+            .insert("registry", bytes)
+            .map_err(|e| self.sled_err(e))?;
+        self.db.flush().map_err(|e| self.sled_err(e))?;
+        Ok(())
+    }
+
+    /// Bytes on disk.
+    pub fn size_on_disk(&self) -> u64 {
+        self.db.size_on_disk().unwrap_or(0)
+    }
+}
+
+/// Opens the store; one that cannot be used is moved aside (`store.bad-<unix time>`) and a
+/// fresh one opened, so a damaged store never keeps kvgate from starting. `None` when even
+/// that fails (an unwritable directory): kvgate then runs without persistence.
+pub fn open_or_reset(dir: &Path) -> (Option<Store>, Option<String>) {
+    let first = match Store::open(dir).and_then(|s| s.load().map(|_| s)) {
+        Ok(s) => return (Some(s), None),
+        Err(e) => e,
+    };
+    let src = dir.join("store");
+    let aside = dir.join(format!("store.bad-{}", unix_now() as u64));
+    let problem = match std::fs::rename(&src, &aside) {
+        Ok(()) => format!("{first}; moved it to {} and started empty", aside.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            format!("{first}; starting without persistence")
+        }
+        Err(e) => format!("{first}; could not move it aside ({e}); starting without persistence"),
+    };
+    (Store::open(dir).ok(), Some(problem))
+}
+
+/// What `kvgatectl snapshot inspect` prints.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StoreSummary {
+    pub path: String,
+    pub format_version: u32,
+    pub written_at: Option<f64>,
+    pub generation: Option<u64>,
+    pub size_on_disk: u64,
+    pub models: Vec<ModelSummary>,
+    pub registry: RegistryImage,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelSummary {
+    pub model: String,
+    pub workers: Vec<WorkerSummary>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WorkerSummary {
+    pub worker: String,
+    pub url: Option<String>,
+    pub startup_time: Option<f64>,
+    /// Index nodes (text and token trees) and hash-mode keys the worker holds.
+    pub entries: u64,
+    /// Bytes of text plus tokens the worker holds.
+    pub units: u64,
+}
+
+/// Reads a store offline.
+pub fn inspect(dir: &Path) -> Result<StoreSummary, StoreError> {
+    let store = Store::open(dir)?;
+    let image = store.load()?;
+    let registry = store.registry()?;
+    let mut models = Vec::new();
+    if let Some(img) = &image {
+        let mut per: BTreeMap<(u32, WorkerId), (u64, u64)> = BTreeMap::new();
+        let mut add = |m: u32, w: WorkerId, units: usize| {
+            let e = per.entry((m, w)).or_default();
+            e.0 += 1;
+            e.1 += units as u64;
+        };
+        for c in &img.chunks {
+            match c {
+                Chunk::Text { model, records, .. } => {
+                    for r in records {
+                        for (w, _) in &r.tenants {
+                            add(*model, *w, r.edge.len());
+                        }
+                    }
+                }
+                Chunk::Tokens { model, records, .. } => {
+                    for r in records {
+                        for (w, _) in &r.tenants {
+                            add(*model, *w, r.edge.len());
+                        }
+                    }
+                }
+                Chunk::Hash { model, snapshot } => {
+                    for r in &snapshot.records {
+                        for (w, _) in &r.holders {
+                            add(*model, *w, 0);
+                        }
+                    }
+                }
+            }
+        }
+        for (i, name) in img.header.models.iter().enumerate() {
+            let workers = per
+                .iter()
+                .filter(|((m, _), _)| *m as usize == i)
+                .map(|((_, w), (entries, units))| {
+                    let stamp = img.header.workers.iter().find(|s| s.worker == *w);
+                    WorkerSummary {
+                        worker: w.to_string(),
+                        url: stamp.map(|s| s.url.clone()),
+                        startup_time: stamp.and_then(|s| s.startup_time),
+                        entries: *entries,
+                        units: *units,
+                    }
+                })
+                .collect();
+            models.push(ModelSummary {
+                model: name.clone(),
+                workers,
+            });
+        }
+    }
+    Ok(StoreSummary {
+        path: store.path.display().to_string(),
+        format_version: FORMAT_VERSION,
+        written_at: image.as_ref().map(|i| i.header.written_at),
+        generation: image.as_ref().map(|i| i.header.generation),
+        size_on_disk: store.size_on_disk(),
+        models,
+        registry,
+    })
+}
+
+#[cfg(test)]
+mod tests;

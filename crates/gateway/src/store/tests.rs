@@ -1,0 +1,158 @@
+use kvgate_kv_index::{RadixTree, TreeConfig};
+
+use super::*;
+
+fn text_chunk(prompts: &[(&str, u64)]) -> Chunk {
+    let mut t: RadixTree<u8, WorkerId> = RadixTree::new(TreeConfig::default());
+    for (p, w) in prompts {
+        t.insert(p.as_bytes(), WorkerId(*w), 10);
+    }
+    Chunk::Text {
+        model: 0,
+        page_size: 1,
+        records: t.snapshot().records,
+    }
+}
+
+fn header(generation: u64, chunks: u32) -> ImageHeader {
+    ImageHeader {
+        format_version: FORMAT_VERSION,
+        generation,
+        written_at: 1.0,
+        models: vec!["m".into()],
+        workers: vec![WorkerStamp {
+            worker: WorkerId(1),
+            url: "http://a:1".into(),
+            startup_time: Some(5.0),
+        }],
+        chunks,
+    }
+}
+
+fn write(store: &Store, generation: u64, chunks: &[Chunk]) {
+    for (i, c) in chunks.iter().enumerate() {
+        store.put_chunk(generation, i as u32, c).unwrap();
+    }
+    store
+        .commit(&header(generation, chunks.len() as u32))
+        .unwrap();
+}
+
+#[test]
+fn a_snapshot_round_trips_and_survives_reopening() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = text_chunk(&[("hello world", 1), ("hello there", 2)]);
+    {
+        let s = Store::open(dir.path()).unwrap();
+        assert_eq!(s.load().unwrap(), None);
+        write(&s, 1, std::slice::from_ref(&c));
+        s.put_registry(&RegistryImage {
+            added: vec!["http://x:1".into()],
+            removed: vec![],
+        })
+        .unwrap();
+    }
+    let s = Store::open(dir.path()).unwrap();
+    let img = s.load().unwrap().unwrap();
+    assert_eq!(img.header, header(1, 1));
+    assert_eq!(img.chunks, vec![c]);
+    assert_eq!(s.registry().unwrap().added, vec!["http://x:1"]);
+}
+
+#[test]
+fn an_interrupted_snapshot_leaves_the_previous_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = text_chunk(&[("first", 1)]);
+    {
+        let s = Store::open(dir.path()).unwrap();
+        write(&s, 1, std::slice::from_ref(&first));
+        // Generation 2 dies between its chunks and its commit (a kill -9 at that moment).
+        s.put_chunk(2, 0, &text_chunk(&[("second", 2)])).unwrap();
+        s.put_chunk(2, 1, &text_chunk(&[("more", 2)])).unwrap();
+    }
+    let s = Store::open(dir.path()).unwrap();
+    let img = s.load().unwrap().unwrap();
+    assert_eq!(img.header.generation, 1);
+    assert_eq!(img.chunks, vec![first]);
+    // The next commit clears the abandoned chunks.
+    write(&s, 3, &[text_chunk(&[("third", 1)])]);
+    assert_eq!(s.index.len(), 1);
+}
+
+#[test]
+fn a_header_naming_missing_chunks_is_reported_as_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(dir.path()).unwrap();
+    s.commit(&header(7, 2)).unwrap();
+    let e = s.load().unwrap_err();
+    assert!(matches!(e, StoreError::Corrupt { .. }), "{e}");
+}
+
+#[test]
+fn wrong_versions_and_garbage_are_moved_aside() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let s = Store::open(dir.path()).unwrap();
+        write(&s, 1, &[text_chunk(&[("x", 1)])]);
+        s.meta
+            .insert("format_version", &99u32.to_be_bytes())
+            .unwrap();
+        s.db.flush().unwrap();
+    }
+    let e = Store::open(dir.path()).unwrap_err();
+    assert!(e.to_string().contains("format version 99"), "{e}");
+    let (s, problem) = open_or_reset(dir.path());
+    let problem = problem.unwrap();
+    assert!(
+        problem.contains("format version 99") && problem.contains("moved it to"),
+        "{problem}"
+    );
+    let s = s.unwrap();
+    assert_eq!(s.load().unwrap(), None, "a fresh store");
+    let moved = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with("store.bad-"))
+        .count();
+    assert_eq!(moved, 1);
+    drop(s);
+
+    // Random bytes where sled's files should be.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("store")).unwrap();
+    std::fs::write(dir.path().join("store").join("conf"), b"\xff\xfe garbage").unwrap();
+    std::fs::write(dir.path().join("store").join("db"), vec![0xAB; 4096]).unwrap();
+    let (s, problem) = open_or_reset(dir.path());
+    assert!(problem.is_some());
+    assert!(s.is_some());
+}
+
+#[test]
+fn inspect_counts_entries_per_model_and_worker() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let s = Store::open(dir.path()).unwrap();
+        write(
+            &s,
+            4,
+            &[text_chunk(&[("hello world", 1), ("hello there", 2)])],
+        );
+    }
+    let sum = inspect(dir.path()).unwrap();
+    assert_eq!(sum.generation, Some(4));
+    assert_eq!(sum.models.len(), 1);
+    let w: Vec<(String, u64, u64)> = sum.models[0]
+        .workers
+        .iter()
+        .map(|w| (w.worker.clone(), w.entries, w.units))
+        .collect();
+    // "hello " is shared: each worker holds it plus its own tail.
+    assert_eq!(
+        w,
+        vec![
+            (WorkerId(1).to_string(), 2, 11),
+            (WorkerId(2).to_string(), 2, 11)
+        ]
+    );
+    assert_eq!(sum.models[0].workers[0].url.as_deref(), Some("http://a:1"));
+}
