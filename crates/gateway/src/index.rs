@@ -625,6 +625,20 @@ impl Handler<FleetSettled> for IndexActor {
     }
 }
 
+/// Starts a background snapshot now, as the timer would (benchmarks, operators); a no-op
+/// when nothing changed or one is already running.
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct SnapshotNow;
+
+impl Handler<SnapshotNow> for IndexActor {
+    type Result = ();
+
+    fn handle(&mut self, _: SnapshotNow, ctx: &mut Context<Self>) {
+        self.start_snapshot(ctx);
+    }
+}
+
 /// Writes a complete snapshot now and waits until it is on disk (graceful shutdown).
 #[derive(Message, Debug)]
 #[rtype(result = "bool")]

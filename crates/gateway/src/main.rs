@@ -232,7 +232,8 @@ impl Cli {
 
 fn init_logging(cfg: &GatewayConfig) {
     let filter = EnvFilter::try_from_env("RUST_LOG")
-        .or_else(|_| EnvFilter::try_new(&cfg.log_level))
+        // The HTTP server's own start/stop lines are noise at info.
+        .or_else(|_| EnvFilter::try_new(format!("{},actix_server=warn", cfg.log_level)))
         .unwrap_or_else(|_| EnvFilter::new("info"));
     use std::io::IsTerminal;
     let builder = tracing_subscriber::fmt()

@@ -313,9 +313,13 @@ impl Gateway {
                     match build(&cfg).await {
                         Ok((server, addr, actors, arbiters)) => {
                             let handle = server.handle();
+                            let index = actors.index.clone();
                             let _ =
                                 tx.send(Ok((addr, handle, actors, actix_rt::System::current())));
                             let _ = server.await;
+                            // In-flight requests have drained: what the index holds now is
+                            // final, and it is on disk before the process goes.
+                            let _ = index.send(FinalSnapshot).await;
                             for a in arbiters {
                                 a.stop();
                             }
@@ -370,16 +374,10 @@ impl Gateway {
     fn shutdown(&mut self, graceful: bool) {
         if let Some(t) = self.thread.take() {
             let server = self.server.clone();
-            let index = self.actors.index.clone();
             // The stop runs on the gateway's own runtime, so this works from any thread,
-            // inside an async runtime or not.
+            // inside an async runtime or not. The final snapshot follows in that thread.
             self.system.arbiter().spawn(async move {
                 server.stop(graceful).await;
-                if graceful {
-                    // In-flight requests have drained: what the index holds now is final.
-                    let _ = index.send(FinalSnapshot).await;
-                }
-                actix_rt::System::current().stop();
             });
             let _ = t.join();
         }
