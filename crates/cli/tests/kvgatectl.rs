@@ -105,7 +105,10 @@ fn snapshot_inspect_reads_a_stopped_gateways_store() {
     assert!(out.contains("format version:  1"), "{out}");
     assert!(out.contains("generation"), "{out}");
     assert!(out.contains("model \"kvgate-sim-model\""), "{out}");
-    assert!(out.contains("added through the API: http://127.0.0.1:9"), "{out}");
+    assert!(
+        out.contains("added through the API: http://127.0.0.1:9"),
+        "{out}"
+    );
 
     let (ok, out, _) = run(&["--json", "snapshot", "inspect", "--data-dir", d]);
     assert!(ok);
@@ -116,7 +119,12 @@ fn snapshot_inspect_reads_a_stopped_gateways_store() {
     let entries: u64 = workers.iter().map(|w| w["entries"].as_u64().unwrap()).sum();
     // Six prompts share a 32-byte head: each worker that got one holds the head once.
     assert!(entries >= 6 && units >= 32 + 6, "{v}");
-    assert!(workers.iter().all(|w| w["url"].as_str().is_some_and(|u| fleet.urls().contains(&u.to_owned()))), "{v}");
+    assert!(
+        workers.iter().all(|w| w["url"]
+            .as_str()
+            .is_some_and(|u| fleet.urls().contains(&u.to_owned()))),
+        "{v}"
+    );
 
     // A missing or unusable directory is a clear error, not a panic.
     let (ok, _, err) = run(&["snapshot", "inspect", "--data-dir", "/proc/nonexistent/x"]);

@@ -64,10 +64,30 @@ fn new_request_id() -> String {
     id
 }
 
+/// The threads behind the actors, stopped in order at shutdown.
+struct Threads {
+    arbiters: Vec<Arbiter>,
+    writer: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Threads {
+    /// Stops the actors; once they are gone the writer sees its channel close, finishes
+    /// what is queued and releases the store (sled's lock) before this returns.
+    fn join(self) {
+        for a in &self.arbiters {
+            a.stop();
+        }
+        for a in self.arbiters {
+            let _ = a.join();
+        }
+        if let Some(w) = self.writer {
+            let _ = w.join();
+        }
+    }
+}
+
 /// Starts the actors and the HTTP server inside the current actix System.
-async fn build(
-    cfg: &GatewayConfig,
-) -> Result<(Server, SocketAddr, Actors, Vec<Arbiter>), StartError> {
+async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threads), StartError> {
     let epoch = Instant::now();
     // A store that cannot be used is reported once and never stops the gateway.
     let (store, problem) = store::open_or_reset(&cfg.data_dir);
@@ -79,8 +99,12 @@ async fn build(
         .as_ref()
         .and_then(|s| s.registry().ok())
         .unwrap_or_default();
+    let mut writer = None;
     let persister = match store.map(persist::spawn) {
-        Some(Ok((p, _writer))) => Some(p),
+        Some(Ok((p, w))) => {
+            writer = Some(w);
+            Some(p)
+        }
         Some(Err(e)) => {
             error!(error = %e, "cannot start the store writer; running without persistence");
             None
@@ -264,7 +288,10 @@ async fn build(
             poller,
             index,
         },
-        vec![routing, control],
+        Threads {
+            arbiters: vec![routing, control],
+            writer,
+        },
     ))
 }
 
@@ -311,7 +338,7 @@ impl Gateway {
                 let sys = actix_rt::System::new();
                 sys.block_on(async move {
                     match build(&cfg).await {
-                        Ok((server, addr, actors, arbiters)) => {
+                        Ok((server, addr, actors, threads)) => {
                             let handle = server.handle();
                             let index = actors.index.clone();
                             let _ =
@@ -320,9 +347,7 @@ impl Gateway {
                             // In-flight requests have drained: what the index holds now is
                             // final, and it is on disk before the process goes.
                             let _ = index.send(FinalSnapshot).await;
-                            for a in arbiters {
-                                a.stop();
-                            }
+                            threads.join();
                         }
                         Err(e) => {
                             let _ = tx.send(Err(e));

@@ -25,7 +25,14 @@ impl Kvgate {
 
     fn start_with(data_dir: &Path, workers: &[String], interval: &str, extra: &[&str]) -> Kvgate {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvgate"));
-        cmd.args(["--port", "0", "--log-level", "info", "--snapshot-interval-secs", interval])
+        cmd.args([
+            "--port",
+            "0",
+            "--log-level",
+            "info",
+            "--snapshot-interval-secs",
+            interval,
+        ])
         .arg("--data-dir")
         .arg(data_dir)
         .args(extra)
