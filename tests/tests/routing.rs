@@ -123,3 +123,79 @@ async fn a_shared_prefix_stays_with_the_engine_that_holds_it() {
     let split = h.split();
     assert_eq!(split[holder], 17, "{split:?}");
 }
+
+#[actix_rt::test]
+async fn explain_is_a_dry_run_with_reasons() {
+    use kvgate_gateway::Explain;
+    use kvgate_policies::{DecisionPath, RequestFacts, RoutingText};
+    let h = with_loads(2, PolicyKind::CacheAware).await;
+    let text = "<|user|>\nexplain me\n".to_owned();
+    let facts = RequestFacts {
+        key: RoutingText::Text(text),
+        ..RequestFacts::default()
+    };
+    let sel = h.gw.actors().selector.clone();
+    let d = sel
+        .send(Explain {
+            facts: facts.clone(),
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(d.path, DecisionPath::Miss, "{d:?}");
+    assert_eq!(d.candidates.len(), 2, "every candidate is scored: {d:?}");
+    assert!(d.candidates.iter().all(|c| c.score.is_some()), "{d:?}");
+    assert!(d.worker.is_some());
+    // Nothing was dispatched, credited or recorded.
+    let views = sel.send(GetViews).await.unwrap();
+    assert!(
+        views
+            .iter()
+            .all(|v| v.in_flight == 0 && v.credit.requests == 0),
+        "{views:?}"
+    );
+    let again = sel.send(Explain { facts }).await.unwrap().unwrap();
+    assert_eq!(again.path, DecisionPath::Miss);
+    assert_eq!(h.split(), vec![0, 0]);
+}
+
+#[actix_rt::test]
+async fn a_routing_key_sticks_to_one_worker() {
+    let h = Harness::start(4, sim(), |c| c.policy.kind = PolicyKind::ConsistentHashing);
+    let client = kvgate_tests::client();
+    let mut owner_of = Vec::new();
+    for key in [
+        "alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi",
+    ] {
+        let before = h.split();
+        for i in 0..5 {
+            let header = if i % 2 == 0 {
+                "x-kvgate-routing-key"
+            } else {
+                "x-smg-routing-key"
+            };
+            let r = client
+                .post(h.url("/v1/completions"))
+                .insert_header((header, key))
+                .send_json(&json!({"prompt": format!("{key} asks question {i}"), "max_tokens": 1}))
+                .await
+                .unwrap();
+            assert_eq!(r.status().as_u16(), 200);
+        }
+        let after = h.split();
+        let moved: Vec<usize> = (0..4).filter(|e| after[*e] != before[*e]).collect();
+        assert_eq!(
+            moved.len(),
+            1,
+            "{key}: all five on one worker: {before:?} -> {after:?}"
+        );
+        assert_eq!(after[moved[0]] - before[moved[0]], 5);
+        owner_of.push(moved[0]);
+    }
+    owner_of.sort();
+    owner_of.dedup();
+    assert!(
+        owner_of.len() >= 2,
+        "eight keys do not all hash to one worker"
+    );
+}

@@ -104,12 +104,17 @@ struct Known {
 #[derive(Debug)]
 struct SnapJob {
     generation: u64,
+    /// Taken when the job starts: a worker purged meanwhile must not vouch for chunks
+    /// written before its purge.
+    workers: Vec<WorkerStamp>,
     models: Vec<String>,
     model: usize,
     /// 0 text, 1 tokens, 2 hash.
     stage: u8,
     cursor: Option<SnapshotCursor>,
     seq: u32,
+    /// A piece the writer had no room for yet.
+    pending: Option<Persist>,
 }
 
 #[derive(Debug)]
@@ -225,9 +230,13 @@ impl IndexActor {
             m.remove(w);
         }
         self.dirty = true;
+        // Chunks already written may hold its old entries: that snapshot must not commit.
+        if self.job.take().is_some() {
+            debug!("snapshot restarted after a purge");
+        }
     }
 
-    fn header(&self, generation: u64, models: &[String], chunks: u32) -> ImageHeader {
+    fn stamps(&self) -> Vec<WorkerStamp> {
         let mut workers: Vec<WorkerStamp> = self
             .known
             .iter()
@@ -238,14 +247,7 @@ impl IndexActor {
             })
             .collect();
         workers.sort_by_key(|s| s.worker);
-        ImageHeader {
-            format_version: crate::store::FORMAT_VERSION,
-            generation,
-            written_at: unix_now(),
-            models: models.to_vec(),
-            workers,
-            chunks,
-        }
+        workers
     }
 
     fn start_snapshot(&mut self, ctx: &mut Context<Self>) {
@@ -258,27 +260,72 @@ impl IndexActor {
         });
     }
 
-    /// Produces the next chunk of the running job. With `blocking`, waits for room in
-    /// the writer's queue instead of abandoning the job (shutdown).
+    /// Produces and hands over the next piece of the running job. When the writer's queue
+    /// is full the piece waits and is offered again shortly (the job is paused, not lost);
+    /// with `blocking` (shutdown) it waits for room instead.
     fn snapshot_step(&mut self, ctx: &mut Context<Self>, blocking: bool) -> bool {
         let (Some(mut job), Some(persist)) = (self.job.take(), self.persist.clone()) else {
             return false;
         };
         loop {
-            let Some(name) = job.models.get(job.model).cloned() else {
-                let header = self.header(job.generation, &job.models, job.seq);
-                let ok = if blocking {
-                    persist.send_blocking(Persist::Commit(header))
+            if let Some(msg) = job.pending.take() {
+                let is_commit = matches!(msg, Persist::Commit(_));
+                let outcome = if blocking {
+                    if persist.send_blocking(msg) {
+                        Ok(())
+                    } else {
+                        Err(None)
+                    }
                 } else {
-                    persist.offer(Persist::Commit(header))
+                    persist.offer(msg)
                 };
-                if !ok {
-                    self.dirty = true;
+                match outcome {
+                    Ok(()) if is_commit => return true,
+                    Ok(()) if blocking => {}
+                    Ok(()) => {
+                        self.job = Some(job);
+                        ctx.run_later(Duration::ZERO, |act, ctx| {
+                            act.snapshot_step(ctx, false);
+                        });
+                        return true;
+                    }
+                    Err(Some(msg)) => {
+                        job.pending = Some(msg);
+                        self.job = Some(job);
+                        ctx.run_later(Duration::from_millis(20), |act, ctx| {
+                            act.snapshot_step(ctx, false);
+                        });
+                        return true;
+                    }
+                    Err(None) => {
+                        warn!(
+                            generation = job.generation,
+                            "snapshot abandoned: the writer is gone"
+                        );
+                        self.dirty = true;
+                        return false;
+                    }
                 }
-                return ok;
+            }
+            job.pending = Some(self.next_piece(&mut job));
+        }
+    }
+
+    /// The next chunk of the job, or its commit once every model is written.
+    fn next_piece(&self, job: &mut SnapJob) -> Persist {
+        loop {
+            let Some(name) = job.models.get(job.model) else {
+                return Persist::Commit(ImageHeader {
+                    format_version: crate::store::FORMAT_VERSION,
+                    generation: job.generation,
+                    written_at: unix_now(),
+                    models: job.models.clone(),
+                    workers: std::mem::take(&mut job.workers),
+                    chunks: job.seq,
+                });
             };
             let model_ix = job.model as u32;
-            let Some(m) = self.models.get(&name) else {
+            let Some(m) = self.models.get(name) else {
                 job.model += 1;
                 continue;
             };
@@ -318,33 +365,13 @@ impl IndexActor {
                     })
                 }
             };
-            let Some(chunk) = chunk else { continue };
-            let msg = Persist::Chunk {
-                generation: job.generation,
-                seq: job.seq,
-                chunk: Box::new(chunk),
-            };
-            job.seq += 1;
-            let sent = if blocking {
-                persist.send_blocking(msg)
-            } else {
-                persist.offer(msg)
-            };
-            if !sent {
-                // The writer is behind: abandon this one, the next interval tries again.
-                warn!(
-                    generation = job.generation,
-                    "snapshot skipped: the writer is behind"
-                );
-                self.dirty = true;
-                return false;
-            }
-            if !blocking {
-                self.job = Some(job);
-                ctx.run_later(Duration::ZERO, |act, ctx| {
-                    act.snapshot_step(ctx, false);
-                });
-                return true;
+            if let Some(chunk) = chunk {
+                job.seq += 1;
+                return Persist::Chunk {
+                    generation: job.generation,
+                    seq: job.seq - 1,
+                    chunk: Box::new(chunk),
+                };
             }
         }
     }
@@ -363,7 +390,25 @@ impl IndexActor {
     fn lookup(&mut self, model: &str, key: &RoutingText) -> PrefixMatches {
         let now = self.now();
         let hash_mode = self.cfg.cache_index == CacheIndex::Hash;
-        let m = self.model(model);
+        // Only a record creates a model's index: a lookup never grows memory.
+        let Some(m) = self.models.get_mut(model) else {
+            let (input_len, source) = match key {
+                RoutingText::Tokens(t) if hash_mode => {
+                    (t.len(), MatchSource::Hash { boundary: None })
+                }
+                RoutingText::Tokens(t) => (t.len(), MatchSource::TokenTree),
+                RoutingText::Text(s) if hash_mode => {
+                    (s.len(), MatchSource::Hash { boundary: None })
+                }
+                RoutingText::Text(s) => (s.len(), MatchSource::TextTree),
+                RoutingText::Empty => (0, MatchSource::TextTree),
+            };
+            return PrefixMatches {
+                input_len,
+                per_worker: Vec::new(),
+                source,
+            };
+        };
         match (key, hash_mode) {
             (RoutingText::Tokens(t), true) => {
                 let probe = m.hash.probe(t, 0, now);
@@ -404,6 +449,10 @@ impl IndexActor {
     }
 
     fn record(&mut self, model: &str, key: &RoutingText, worker: WorkerId) {
+        // A worker removed while this record was in the mailbox must not come back.
+        if !self.known.get(&worker).is_some_and(|k| k.confirmed) {
+            return;
+        }
         let now = self.now();
         let hash_mode = self.cfg.cache_index == CacheIndex::Hash;
         let m = self.model(model);
@@ -506,7 +555,8 @@ pub struct PersistState {
     pub pending: bool,
     pub snapshots_written: u64,
     pub write_failures: u64,
-    pub dropped: u64,
+    /// Times the snapshot paused because the writer was behind.
+    pub deferred: u64,
     pub committed_generation: u64,
 }
 
@@ -556,7 +606,7 @@ impl Handler<GetIndexStats> for IndexActor {
                     pending: self.dirty || self.job.is_some() || committed < self.generation,
                     snapshots_written: p.stats.snapshots_written.load(Relaxed),
                     write_failures: p.stats.write_failures.load(Relaxed),
-                    dropped: p.stats.dropped.load(Relaxed),
+                    deferred: p.stats.deferred.load(Relaxed),
                     committed_generation: committed,
                 }
             });
@@ -669,11 +719,13 @@ impl IndexActor {
         models.sort();
         self.job = Some(SnapJob {
             generation: self.generation,
+            workers: self.stamps(),
             models,
             model: 0,
             stage: 0,
             cursor: None,
             seq: 0,
+            pending: None,
         });
         self.dirty = false;
     }

@@ -144,6 +144,10 @@ fn too_deep(body: &[u8]) -> bool {
 
 /// Extracts the routing facts of a request body for `endpoint`.
 pub fn request_facts(endpoint: Endpoint, body: &[u8]) -> Result<RequestFacts, ApiError> {
+    // serde_json skips unread strings without checking them: check the whole body once.
+    if let Err(e) = std::str::from_utf8(body) {
+        return Err(ApiError::InvalidJson(format!("the body is not UTF-8: {e}")));
+    }
     if too_deep(body) {
         return Err(ApiError::InvalidJson(format!(
             "nesting deeper than {MAX_JSON_DEPTH} levels"

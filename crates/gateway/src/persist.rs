@@ -21,7 +21,6 @@ pub enum Persist {
     },
     /// Every chunk of this generation was sent: make it current.
     Commit(ImageHeader),
-    Registry(RegistryImage),
     /// Answered once everything queued before it is on disk.
     Flush(Sender<()>),
 }
@@ -31,8 +30,8 @@ pub enum Persist {
 pub struct PersistStats {
     pub snapshots_written: AtomicU64,
     pub write_failures: AtomicU64,
-    /// Chunks not queued because the writer was behind (that snapshot is abandoned).
-    pub dropped: AtomicU64,
+    /// Times a chunk waited because the writer was behind (the snapshot pauses).
+    pub deferred: AtomicU64,
     pub bytes_on_disk: AtomicU64,
     /// The newest generation on disk.
     pub committed_generation: AtomicU64,
@@ -42,19 +41,30 @@ pub struct PersistStats {
 #[derive(Debug, Clone)]
 pub struct Persister {
     tx: Sender<Persist>,
+    /// Registry images travel apart from snapshot chunks, so an admin change never waits
+    /// behind a large snapshot.
+    reg_tx: Sender<RegistryImage>,
     pub stats: Arc<PersistStats>,
 }
 
 impl Persister {
-    /// Queues without waiting; `false` if the writer is behind or gone.
-    pub fn offer(&self, p: Persist) -> bool {
+    /// Queues without waiting. When the writer is behind the message comes back
+    /// (`Err(Some)`) to be offered again later; `Err(None)` means the writer is gone.
+    pub fn offer(&self, p: Persist) -> Result<(), Option<Persist>> {
         match self.tx.try_send(p) {
-            Ok(()) => true,
-            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
-                self.stats.dropped.fetch_add(1, Ordering::Relaxed);
-                false
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(p)) => {
+                self.stats.deferred.fetch_add(1, Ordering::Relaxed);
+                Err(Some(p))
             }
+            Err(TrySendError::Disconnected(_)) => Err(None),
         }
+    }
+
+    /// Hands the newest registry image to the writer (never blocks; the writer keeps only
+    /// the latest).
+    pub fn registry(&self, r: RegistryImage) {
+        let _ = self.reg_tx.send(r);
     }
 
     /// Queues, waiting for room (shutdown only).
@@ -75,6 +85,7 @@ impl Persister {
 pub fn spawn(store: Store) -> std::io::Result<(Persister, JoinHandle<()>)> {
     // Bounded: a slow disk makes snapshots skip, never memory grow.
     let (tx, rx) = crossbeam_channel::bounded(64);
+    let (reg_tx, reg_rx) = crossbeam_channel::unbounded();
     let stats = Arc::new(PersistStats::default());
     if let Ok(Some(h)) = store.header() {
         stats
@@ -84,14 +95,42 @@ pub fn spawn(store: Store) -> std::io::Result<(Persister, JoinHandle<()>)> {
     let s = stats.clone();
     let handle = std::thread::Builder::new()
         .name("kvgate-writer".into())
-        .spawn(move || run(store, rx, &s))?;
-    Ok((Persister { tx, stats }, handle))
+        .spawn(move || run(store, rx, reg_rx, &s))?;
+    Ok((Persister { tx, reg_tx, stats }, handle))
 }
 
-fn run(store: Store, rx: Receiver<Persist>, stats: &PersistStats) {
+fn write_registry(store: &Store, reg_rx: &Receiver<RegistryImage>, stats: &PersistStats) {
+    // Only the newest image matters.
+    let Some(r) = reg_rx.try_iter().last() else {
+        return;
+    };
+    if let Err(e) = store.put_registry(&r) {
+        error!(error = %e, "registry write failed");
+        stats.write_failures.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+fn run(store: Store, rx: Receiver<Persist>, reg_rx: Receiver<RegistryImage>, stats: &PersistStats) {
     // A generation with a failed chunk is never committed.
     let mut failed_generation: Option<u64> = None;
-    for msg in rx {
+    loop {
+        let msg = crossbeam_channel::select! {
+            recv(rx) -> m => match m {
+                Ok(m) => m,
+                Err(_) => break,
+            },
+            recv(reg_rx) -> r => {
+                if let Ok(r) = r {
+                    // Put it back in front of any newer one and write the newest.
+                    let newest = reg_rx.try_iter().last().unwrap_or(r);
+                    if let Err(e) = store.put_registry(&newest) {
+                        error!(error = %e, "registry write failed");
+                        stats.write_failures.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                continue;
+            }
+        };
         match msg {
             Persist::Chunk {
                 generation,
@@ -100,6 +139,12 @@ fn run(store: Store, rx: Receiver<Persist>, stats: &PersistStats) {
             } => {
                 if failed_generation == Some(generation) {
                     continue;
+                }
+                // A new generation starts: chunks of abandoned ones go first.
+                if seq == 0
+                    && let Err(e) = store.drop_uncommitted()
+                {
+                    error!(error = %e, "cannot clear abandoned snapshot chunks");
                 }
                 if let Err(e) = store.put_chunk(generation, seq, &chunk) {
                     error!(error = %e, "snapshot write failed; routing goes on, the previous snapshot stays");
@@ -125,6 +170,9 @@ fn run(store: Store, rx: Receiver<Persist>, stats: &PersistStats) {
                             chunks = header.chunks,
                             "index snapshot written"
                         );
+                        if let Err(e) = store.drop_uncommitted() {
+                            error!(error = %e, "cannot clear old snapshot chunks");
+                        }
                     }
                     Err(e) => {
                         error!(error = %e, "snapshot commit failed; the previous snapshot stays");
@@ -132,15 +180,11 @@ fn run(store: Store, rx: Receiver<Persist>, stats: &PersistStats) {
                     }
                 }
             }
-            Persist::Registry(r) => {
-                if let Err(e) = store.put_registry(&r) {
-                    error!(error = %e, "registry write failed");
-                    stats.write_failures.fetch_add(1, Ordering::Relaxed);
-                }
-            }
             Persist::Flush(ack) => {
+                write_registry(&store, &reg_rx, stats);
                 let _ = ack.send(());
             }
         }
     }
+    write_registry(&store, &reg_rx, stats);
 }

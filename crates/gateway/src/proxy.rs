@@ -6,49 +6,15 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use actix::Addr;
 use actix_web::http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use actix_web::{HttpRequest, HttpResponse, HttpResponseBuilder};
 use awc::error::{PayloadError, SendRequestError};
 use bytes::Bytes;
 use futures_util::Stream;
-use kvgate_policies::WorkerId;
 use tracing::warn;
 
 use crate::error::ApiError;
-use crate::selector::{Dispatch, Release, SelectorActor};
-
-/// Holds one in-flight slot on a worker; dropping it reports the completion, whatever
-/// ended the request (finish, upstream failure, client gone).
-#[derive(Debug)]
-pub struct InFlight {
-    selector: Addr<SelectorActor>,
-    worker: WorkerId,
-    booked_at: Duration,
-    credit_tokens: u64,
-}
-
-impl InFlight {
-    pub fn new(selector: Addr<SelectorActor>, d: &Dispatch) -> InFlight {
-        InFlight {
-            selector,
-            worker: d.worker,
-            booked_at: d.booked_at,
-            credit_tokens: d.decision.credit_tokens,
-        }
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        // do_send: a completion must never be lost to a full mailbox.
-        self.selector.do_send(Release {
-            worker: self.worker,
-            booked_at: self.booked_at,
-            credit_tokens: self.credit_tokens,
-        });
-    }
-}
+use crate::selector::Booking;
 
 /// Request headers passed to workers; everything else stays at the gateway.
 const FORWARDED: [&str; 9] = [
@@ -119,7 +85,7 @@ pub async fn forward(
     up: Upstream<'_>,
     req: &HttpRequest,
     body: Bytes,
-    guard: InFlight,
+    guard: Booking,
 ) -> Result<HttpResponse, ApiError> {
     let started = Instant::now();
     let url = format!("{}{}", up.worker_url, up.path);
@@ -150,6 +116,7 @@ pub async fn forward(
             guard: Some(guard),
             deadline: Box::pin(actix_rt::time::sleep(deadline)),
             worker: up.worker_url.to_owned(),
+            timeout: up.timeout,
             done: false,
             tail: Tail::default(),
             sse: is_sse,
@@ -226,9 +193,10 @@ impl Tail {
 /// which aborts the request on the engine, and releases the in-flight slot.
 struct Relay<S> {
     inner: Pin<Box<S>>,
-    guard: Option<InFlight>,
+    guard: Option<Booking>,
     deadline: Pin<Box<actix_rt::time::Sleep>>,
     worker: String,
+    timeout: Duration,
     done: bool,
     tail: Tail,
     /// Only event streams are expected to end with `[DONE]`.
@@ -283,7 +251,8 @@ where
         }
         if self.deadline.as_mut().poll(cx).is_ready() {
             let worker = self.worker.clone();
-            return self.fail(ApiError::UpstreamTimeout { worker, secs: 0.0 });
+            let secs = self.timeout.as_secs_f64();
+            return self.fail(ApiError::UpstreamTimeout { worker, secs });
         }
         Poll::Pending
     }

@@ -9,7 +9,7 @@ use actix::prelude::*;
 use kvgate_policies::WorkerId;
 use kvgate_poller::{PollTarget, SetTargets};
 
-use crate::persist::{Persist, Persister};
+use crate::persist::Persister;
 use crate::store::RegistryImage;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -64,6 +64,8 @@ pub struct WorkerRecord {
     pub consecutive_failures: u32,
     pub consecutive_successes: u32,
     pub last_error: Option<String>,
+    /// Which registration this is: a worker removed and added again gets a new one.
+    pub incarnation: u64,
 }
 
 impl WorkerRecord {
@@ -241,6 +243,8 @@ pub struct RegistryActor {
     checking: bool,
     /// What the admin API changed, kept across restarts.
     image: RegistryImage,
+    incarnations: u64,
+    ticks: u64,
     persist: Option<Persister>,
 }
 
@@ -272,6 +276,8 @@ impl RegistryActor {
             checking: false,
             image,
             persist,
+            incarnations: 0,
+            ticks: 0,
         }
     }
 
@@ -285,8 +291,7 @@ impl RegistryActor {
             self.image.removed.push(url.to_owned());
         }
         if let Some(p) = &self.persist {
-            // Rare admin traffic: waiting for room in the queue is fine here.
-            p.send_blocking(Persist::Registry(self.image.clone()));
+            p.registry(self.image.clone());
         }
     }
 
@@ -340,19 +345,29 @@ impl RegistryActor {
             return;
         }
         self.checking = true;
+        self.ticks = self.ticks.wrapping_add(1);
+        // Every few ticks a ready worker is detected again, so an engine that restarted
+        // between two health checks (a new `startup_time`, an empty cache) is noticed.
+        let full_round = self.ticks.is_multiple_of(REDETECT_EVERY);
         let client = self.client.clone();
         let timeout = self.cfg.health_check_timeout;
-        let targets: Vec<(WorkerId, String, WorkerStatus)> = self
+        let targets: Vec<(WorkerId, u64, String, bool)> = self
             .workers
             .values()
-            .map(|w| (w.id, w.url.clone(), w.status))
+            .map(|w| {
+                (
+                    w.id,
+                    w.incarnation,
+                    w.url.clone(),
+                    full_round || !w.healthy(),
+                )
+            })
             .collect();
         let fut = async move {
-            let checks = targets.into_iter().map(|(id, url, status)| {
+            let checks = targets.into_iter().map(|(id, inc, url, redetect)| {
                 let client = client.clone();
                 async move {
-                    // A pending worker is re-detected; others just answer /health.
-                    let outcome = if status == WorkerStatus::Pending {
+                    let outcome = if redetect {
                         detect(&client, &url, timeout).await.map(Some)
                     } else {
                         match client
@@ -368,7 +383,7 @@ impl RegistryActor {
                             Err(e) => Err(format!("GET {url}/health: {e}")),
                         }
                     };
-                    (id, outcome)
+                    (id, inc, outcome)
                 }
             });
             futures_util::future::join_all(checks).await
@@ -376,8 +391,9 @@ impl RegistryActor {
         ctx.spawn(fut.into_actor(self).map(|results, act, _| {
             act.checking = false;
             let mut changed = false;
-            for (id, outcome) in results {
-                if let Some(rec) = act.workers.get_mut(&id) {
+            for (id, inc, outcome) in results {
+                // A result for an earlier registration of the same URL is stale.
+                if let Some(rec) = act.workers.get_mut(&id).filter(|r| r.incarnation == inc) {
                     changed |= settle(rec, outcome, &act.cfg);
                 }
             }
@@ -395,6 +411,7 @@ fn settle(
     cfg: &RegistryConfig,
 ) -> bool {
     let before = rec.status;
+    let (models, startup) = (rec.models.clone(), rec.startup_time);
     match outcome {
         Ok(detected) => {
             rec.consecutive_failures = 0;
@@ -402,10 +419,11 @@ fn settle(
             rec.last_error = None;
             if let Some(d) = detected {
                 RegistryActor::apply_detected(rec, d);
-                rec.status = WorkerStatus::Ready;
-            } else if rec.status == WorkerStatus::Unhealthy
-                && rec.consecutive_successes >= cfg.success_threshold
-            {
+            }
+            let back = rec.status == WorkerStatus::Unhealthy
+                && rec.consecutive_successes >= cfg.success_threshold;
+            // A pending worker is ready once detected; an unhealthy one after M passes.
+            if (rec.status == WorkerStatus::Pending && !rec.models.is_empty()) || back {
                 rec.status = WorkerStatus::Ready;
             }
         }
@@ -423,8 +441,14 @@ fn settle(
     if rec.status != before {
         info!(worker = %rec.url, from = ?before, to = ?rec.status, "worker status changed");
     }
-    rec.status != before
+    if rec.startup_time != startup && startup.is_some() {
+        info!(worker = %rec.url, "engine restarted: new startup_time");
+    }
+    rec.status != before || rec.startup_time != startup || rec.models != models
 }
+
+/// A ready worker is detected again (models, `/server_info`) every this many health ticks.
+const REDETECT_EVERY: u64 = 6;
 
 impl Actor for RegistryActor {
     type Context = Context<Self>;
@@ -480,6 +504,10 @@ impl Handler<AddWorker> for RegistryActor {
                 consecutive_failures: 0,
                 consecutive_successes: 0,
                 last_error: None,
+                incarnation: {
+                    self.incarnations += 1;
+                    self.incarnations
+                },
             },
         );
         if msg.source == WorkerSource::Api {
@@ -604,6 +632,7 @@ mod tests {
             consecutive_failures: 0,
             consecutive_successes: 0,
             last_error: None,
+            incarnation: 1,
         }
     }
 

@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use crate::error::ApiError;
 use crate::index::{ClearWorker, GetIndexStats, IndexActor};
 use crate::parse::{Endpoint, request_facts};
-use crate::proxy::{self, InFlight, Upstream};
+use crate::proxy::{self, Upstream};
 use crate::registry::{
     AddWorker, ListWorkers, RegistryActor, RegistryError, RemoveWorker, WorkerRecord, WorkerSource,
 };
@@ -90,16 +90,33 @@ async fn read_body(
     Ok(buf.freeze())
 }
 
+/// The first usable routing key among the headers, in order.
 fn routing_key(req: &HttpRequest) -> Option<String> {
-    ["x-kvgate-routing-key", "x-smg-routing-key"]
+    kvgate_policies::ROUTING_KEY_HEADERS
         .iter()
-        .find_map(|h| req.headers().get(*h))
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| !v.is_empty() && v.len() <= 128)
+        .filter_map(|h| req.headers().get(*h))
+        .find_map(|v| kvgate_policies::valid_routing_key(v.to_str().ok()))
         .map(str::to_owned)
 }
 
 async fn inference(
+    endpoint: Endpoint,
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+    client: web::Data<awc::Client>,
+) -> Result<HttpResponse, ApiError> {
+    let id = req.extensions().get::<RequestId>().map(|r| r.0.clone());
+    let span = tracing::info_span!(
+        "request",
+        id = id.as_deref().unwrap_or(""),
+        route = endpoint.path()
+    );
+    tracing::Instrument::instrument(proxy_request(endpoint, req, payload, state, client), span)
+        .await
+}
+
+async fn proxy_request(
     endpoint: Endpoint,
     req: HttpRequest,
     payload: web::Payload,
@@ -113,7 +130,11 @@ async fn inference(
     let dispatch = selector::select(&state.selector, facts, Vec::new())
         .await
         .map_err(mailbox)??;
-    let guard = InFlight::new(state.selector.clone(), &dispatch);
+    let crate::selector::Dispatch {
+        url: worker_url,
+        booking,
+        ..
+    } = dispatch;
     let request_id = req
         .extensions()
         .get::<RequestId>()
@@ -121,14 +142,14 @@ async fn inference(
         .unwrap_or_else(|| Arc::from(""));
     let up = Upstream {
         client: &client,
-        worker_url: &dispatch.url,
+        worker_url: &worker_url,
         path: endpoint.path(),
         request_id: &request_id,
         timeout: state.request_timeout,
         max_response: 256 * 1024 * 1024,
         stream,
     };
-    proxy::forward(up, &req, body, guard).await
+    proxy::forward(up, &req, body, booking).await
 }
 
 pub async fn chat(

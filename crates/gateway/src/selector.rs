@@ -17,7 +17,7 @@ use thiserror::Error;
 use tracing::{Instrument, Span, debug, trace};
 
 use crate::index::{IndexActor, MatchPrefix, RecordPrefix};
-use crate::registry::{Fleet, FleetChanged};
+use crate::registry::{Fleet, FleetChanged, WorkerStatus};
 
 /// Why no worker could be chosen.
 #[derive(Debug, Error, Clone, PartialEq)]
@@ -33,13 +33,30 @@ pub enum SelectError {
 }
 
 /// A worker chosen for one request.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Dispatch {
     pub worker: WorkerId,
     pub url: Arc<str>,
     pub decision: Decision,
-    /// When the credit was booked; [`Release`] hands it back.
-    pub booked_at: Duration,
+    /// The slot on the worker: dropping it (the response ended, or this reply was never
+    /// delivered) releases the in-flight count and the credit.
+    pub booking: Booking,
+}
+
+/// One in-flight request on a worker, released on drop whatever ended it.
+#[derive(Debug)]
+pub struct Booking {
+    selector: Addr<SelectorActor>,
+    release: Option<Release>,
+}
+
+impl Drop for Booking {
+    fn drop(&mut self) {
+        if let Some(r) = self.release.take() {
+            // do_send: a completion must never be lost to a full mailbox.
+            self.selector.do_send(r);
+        }
+    }
 }
 
 /// Asks for a worker; on success the worker's in-flight count is already raised and the
@@ -67,6 +84,9 @@ pub struct Explain {
 #[rtype(result = "()")]
 pub struct Release {
     pub worker: WorkerId,
+    /// The registration the request was sent to; a release for an older one (the worker
+    /// was removed and added again meanwhile) must not lower the new one's count.
+    pub incarnation: u64,
     /// The dispatch's booking, so its credit goes with it.
     pub booked_at: Duration,
     pub credit_tokens: u64,
@@ -81,6 +101,8 @@ pub struct SelectorActor {
     policy: PolicyConfig,
     /// One view per registered worker, in registry order; policies read it in place.
     views: Vec<WorkerView>,
+    /// The registration of each view (same order).
+    incarnations: Vec<u64>,
     /// Which views serve each model, rebuilt on every fleet change.
     by_model: HashMap<String, Vec<usize>>,
     /// Work dispatched since each worker's load sample.
@@ -93,6 +115,8 @@ pub struct SelectorActor {
     scratch: Vec<WorkerView>,
     /// Consulted before each decision of a policy that reads prefix matches.
     index: Option<Addr<IndexActor>>,
+    /// Some worker is not detected yet, so an unknown model may still arrive with it.
+    pending: bool,
 }
 
 impl std::fmt::Debug for SelectorActor {
@@ -114,6 +138,7 @@ impl SelectorActor {
         SelectorActor {
             policy,
             views: Vec::new(),
+            incarnations: Vec::new(),
             by_model: HashMap::new(),
             ledger: CreditLedger::new(),
             ring: None,
@@ -122,6 +147,7 @@ impl SelectorActor {
             epoch,
             scratch: Vec::new(),
             index,
+            pending: false,
         }
     }
 
@@ -130,22 +156,39 @@ impl SelectorActor {
     }
 
     fn apply_fleet(&mut self, fleet: &Fleet) {
-        let mut old: HashMap<WorkerId, WorkerView> =
-            self.views.drain(..).map(|v| (v.id, v)).collect();
+        let mut old: HashMap<WorkerId, (WorkerView, u64)> = self
+            .views
+            .drain(..)
+            .zip(self.incarnations.drain(..))
+            .map(|(v, inc)| (v.id, (v, inc)))
+            .collect();
         let before: Vec<WorkerId> = old.keys().copied().collect();
         self.by_model.clear();
+        self.pending = fleet.iter().any(|w| w.status == WorkerStatus::Pending);
         for (i, rec) in fleet.iter().enumerate() {
-            let mut view = old
-                .remove(&rec.id)
-                .unwrap_or_else(|| WorkerView::new(rec.id, rec.url.as_str()));
+            let mut view = match old.remove(&rec.id) {
+                Some((v, inc)) if inc == rec.incarnation => v,
+                // New, or removed and added again: nothing carries over.
+                _ => {
+                    self.ledger.remove(rec.id);
+                    WorkerView::new(rec.id, rec.url.as_str())
+                }
+            };
             view.eligible = rec.healthy();
+            if !view.eligible {
+                // Not polled while out; its last report would be stale on its return.
+                view.load = None;
+            }
             self.views.push(view);
+            self.incarnations.push(rec.incarnation);
             for model in &rec.models {
                 self.by_model.entry(model.clone()).or_default().push(i);
             }
         }
         for gone in old.keys() {
-            self.ledger.remove(*gone);
+            if !fleet.iter().any(|w| w.id == *gone) {
+                self.ledger.remove(*gone);
+            }
         }
         let mut after: Vec<WorkerId> = self.views.iter().map(|v| v.id).collect();
         let mut before = before;
@@ -175,7 +218,7 @@ impl SelectorActor {
         let indices: Option<&Vec<usize>> = match &facts.model {
             Some(model) => match self.by_model.get(model) {
                 Some(ix) => Some(ix),
-                None => return Err(SelectError::UnknownModel(model.clone())),
+                None => return Err(self.unknown_model(model)),
             },
             None => None,
         };
@@ -230,6 +273,15 @@ impl Actor for SelectorActor {
 }
 
 impl SelectorActor {
+    /// No served model matches: a 404, unless a worker still being detected may serve it.
+    fn unknown_model(&self, model: &str) -> SelectError {
+        if self.pending {
+            SelectError::NoHealthy
+        } else {
+            SelectError::UnknownModel(model.to_owned())
+        }
+    }
+
     /// The index namespace of a request: its model, or the fleet's only model.
     fn model_key(&self, facts: &RequestFacts) -> String {
         match &facts.model {
@@ -244,6 +296,7 @@ impl SelectorActor {
     /// Decides and books the dispatch: in-flight and credit go up on the chosen worker.
     fn dispatch(
         &mut self,
+        me: Addr<SelectorActor>,
         facts: &RequestFacts,
         matches: Option<&PrefixMatches>,
         exclude: &[WorkerId],
@@ -257,11 +310,20 @@ impl SelectorActor {
         v.in_flight += 1;
         v.credit = self.ledger.credit(v.id);
         debug!(worker = %v.url, decision = %decision, "selected");
+        let booking = Booking {
+            selector: me,
+            release: Some(Release {
+                worker: v.id,
+                incarnation: self.incarnations[idx],
+                booked_at,
+                credit_tokens: decision.credit_tokens,
+            }),
+        };
         Ok(Dispatch {
             worker: v.id,
             url: v.url.clone(),
             decision,
-            booked_at,
+            booking,
         })
     }
 
@@ -278,12 +340,24 @@ impl Handler<Select> for SelectorActor {
     // burst of one prefix sees its own earlier decisions (the fused match-then-insert).
     type Result = AtomicResponse<Self, Result<Dispatch, SelectError>>;
 
-    fn handle(&mut self, msg: Select, _: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, msg: Select, ctx: &mut Context<Self>) -> Self::Result {
+        let me = ctx.address();
         let span = msg.span;
         trace!(parent: &span, queued_us = msg.enqueued_at.elapsed().as_micros() as u64, "select");
+        // An unknown model is refused before the index hop, so it never creates an index.
+        if let Some(m) = &msg.facts.model
+            && !self.by_model.contains_key(m)
+        {
+            let e = if self.views.is_empty() {
+                SelectError::NoWorkers
+            } else {
+                self.unknown_model(m)
+            };
+            return AtomicResponse::new(Box::pin(fut::ready(Err(e))));
+        }
         let Some(index) = self.index_for(&msg.facts) else {
             let _enter = span.enter();
-            let r = self.dispatch(&msg.facts, None, &msg.exclude);
+            let r = self.dispatch(me, &msg.facts, None, &msg.exclude);
             return AtomicResponse::new(Box::pin(fut::ready(r)));
         };
         let model = self.model_key(&msg.facts);
@@ -299,7 +373,7 @@ impl Handler<Select> for SelectorActor {
                 // The index is gone (shutdown): the facts went with it.
                 Err(_) => return Err(SelectError::NoHealthy),
             };
-            let d = act.dispatch(&facts, matches.as_ref(), &exclude)?;
+            let d = act.dispatch(me, &facts, matches.as_ref(), &exclude)?;
             if d.decision.record_prefix {
                 // do_send keeps order with the next lookup, which this actor sends later.
                 index.do_send(RecordPrefix {
@@ -337,9 +411,15 @@ impl Handler<Release> for SelectorActor {
     type Result = ();
 
     fn handle(&mut self, msg: Release, _: &mut Context<Self>) {
+        let Some(i) = self.views.iter().position(|v| v.id == msg.worker) else {
+            return;
+        };
+        if self.incarnations[i] != msg.incarnation {
+            return;
+        }
         self.ledger
             .release(msg.worker, msg.booked_at, msg.credit_tokens);
-        if let Some(v) = self.views.iter_mut().find(|v| v.id == msg.worker) {
+        if let Some(v) = self.views.get_mut(i) {
             v.in_flight = v.in_flight.saturating_sub(1);
             v.credit = self.ledger.credit(msg.worker);
         }

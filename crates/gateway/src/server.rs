@@ -88,17 +88,26 @@ impl Threads {
 
 /// Starts the actors and the HTTP server inside the current actix System.
 async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threads), StartError> {
+    // Bound first: a taken port fails the start before any thread or store is opened.
+    let bind = format!("{}:{}", cfg.host, cfg.port);
+    let listener = std::net::TcpListener::bind(&bind).map_err(|source| StartError::Bind {
+        addr: bind.clone(),
+        source,
+    })?;
+    let addr = listener
+        .local_addr()
+        .map_err(|source| StartError::Bind { addr: bind, source })?;
     let epoch = Instant::now();
     // A store that cannot be used is reported once and never stops the gateway.
-    let (store, problem) = store::open_or_reset(&cfg.data_dir);
-    if let Some(p) = problem {
+    let store::Opened {
+        store,
+        image,
+        registry: reg_image,
+        problems,
+    } = store::open_or_reset(&cfg.data_dir);
+    for p in problems {
         error!("{p}");
     }
-    let image = store.as_ref().and_then(|s| s.load().ok().flatten());
-    let reg_image = store
-        .as_ref()
-        .and_then(|s| s.registry().ok())
-        .unwrap_or_default();
     let mut writer = None;
     let persister = match store.map(persist::spawn) {
         Some(Ok((p, w))) => {
@@ -257,6 +266,9 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
             .default_service(web::to(routes::not_found))
     })
     .client_request_timeout(cfg.header_read_timeout)
+    // A client that closes its socket ends the request (and the upstream one) even while
+    // the answer has not started: no engine keeps generating for nobody.
+    .h1_allow_half_closed(false)
     .client_disconnect_timeout(Duration::from_secs(1))
     .shutdown_timeout(30)
     .disable_signals();
@@ -264,19 +276,10 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         Some(n) => server.workers(n),
         None => server,
     };
-    let bind = format!("{}:{}", cfg.host, cfg.port);
-    let server = server.bind(&bind).map_err(|source| StartError::Bind {
-        addr: bind.clone(),
+    let server = server.listen(listener).map_err(|source| StartError::Bind {
+        addr: addr.to_string(),
         source,
     })?;
-    let addr = server
-        .addrs()
-        .first()
-        .copied()
-        .ok_or_else(|| StartError::Bind {
-            addr: bind,
-            source: std::io::Error::other("no address bound"),
-        })?;
     let server = server.run();
     info!(%addr, policy = %cfg.policy.kind, workers = cfg.worker_urls.len(), "kvgate listening");
     Ok((

@@ -113,6 +113,25 @@ fn chunk_key(generation: u64, seq: u32) -> [u8; 12] {
     k
 }
 
+/// sled's file lock outlives a closed handle by a moment (its flusher thread), so a store
+/// that was just closed, by a gateway that stopped or a test, gets a few tries.
+fn open_db(path: &Path) -> sled::Result<sled::Db> {
+    let mut tries = 0;
+    loop {
+        let r = sled::Config::new()
+            .path(path)
+            .cache_capacity(64 * 1024 * 1024)
+            .open();
+        match r {
+            Err(sled::Error::Io(_)) if tries < 20 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(25));
+            }
+            other => return other,
+        }
+    }
+}
+
 impl Store {
     /// Opens (or creates) the store in `dir/store` and checks its format version.
     pub fn open(dir: &Path) -> Result<Store, StoreError> {
@@ -126,11 +145,7 @@ impl Store {
             path: dir.display().to_string(),
             source,
         })?;
-        let db = sled::Config::new()
-            .path(&path)
-            .cache_capacity(64 * 1024 * 1024)
-            .open()
-            .map_err(sled_err)?;
+        let db = open_db(&path).map_err(sled_err)?;
         let meta = db.open_tree("meta").map_err(sled_err)?;
         let index = db.open_tree("index").map_err(sled_err)?;
         match meta.get("format_version").map_err(sled_err)? {
@@ -188,7 +203,8 @@ impl Store {
         let Some(header) = self.header()? else {
             return Ok(None);
         };
-        let mut chunks = Vec::with_capacity(header.chunks as usize);
+        // The count comes from disk: never trust it for an allocation.
+        let mut chunks = Vec::with_capacity((header.chunks as usize).min(self.index.len()));
         for seq in 0..header.chunks {
             let raw = self
                 .index
@@ -218,7 +234,8 @@ impl Store {
         Ok(())
     }
 
-    /// Makes `header`'s generation the current one, then drops the others.
+    /// Makes `header`'s generation the current one. Old chunks stay until
+    /// [`Store::drop_uncommitted`].
     pub fn commit(&self, header: &ImageHeader) -> Result<(), StoreError> {
         // Chunks must be durable before the header that names them.
         self.db.flush().map_err(|e| self.sled_err(e))?;
@@ -228,7 +245,13 @@ impl Store {
             .insert("current", bytes)
             .map_err(|e| self.sled_err(e))?;
         self.db.flush().map_err(|e| self.sled_err(e))?;
-        self.drop_generations_except(header.generation)
+        Ok(())
+    }
+
+    /// Removes every chunk that is not of the committed generation.
+    pub fn drop_uncommitted(&self) -> Result<(), StoreError> {
+        let keep = self.header()?.map_or(u64::MAX, |h| h.generation);
+        self.drop_generations_except(keep)
     }
 
     /// Removes every chunk not of `keep` (stale or abandoned generations).
@@ -270,24 +293,87 @@ impl Store {
     }
 }
 
-/// Opens the store; one that cannot be used is moved aside (`store.bad-<unix time>`) and a
-/// fresh one opened, so a damaged store never keeps kvgate from starting. `None` when even
-/// that fails (an unwritable directory): kvgate then runs without persistence.
-pub fn open_or_reset(dir: &Path) -> (Option<Store>, Option<String>) {
-    let first = match Store::open(dir).and_then(|s| s.load().map(|_| s)) {
-        Ok(s) => return (Some(s), None),
-        Err(e) => e,
-    };
-    let src = dir.join("store");
-    let aside = dir.join(format!("store.bad-{}", unix_now() as u64));
-    let problem = match std::fs::rename(&src, &aside) {
-        Ok(()) => format!("{first}; moved it to {} and started empty", aside.display()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            format!("{first}; starting without persistence")
+/// What opening the store at startup gave.
+#[derive(Debug, Default)]
+pub struct Opened {
+    /// `None`: kvgate runs without persistence (see `problems`).
+    pub store: Option<Store>,
+    /// The last complete snapshot, read once.
+    pub image: Option<Image>,
+    pub registry: RegistryImage,
+    /// One line each, for the log.
+    pub problems: Vec<String>,
+}
+
+impl StoreError {
+    /// Damage (or a format from another kvgate) that a fresh store fixes; as opposed to
+    /// I/O trouble (permissions, a full disk, another process holding the lock), where
+    /// moving the store aside would lose good state.
+    fn fixed_by_reset(&self) -> bool {
+        match self {
+            StoreError::Version { .. } | StoreError::Corrupt { .. } => true,
+            StoreError::Sled { source, .. } => !matches!(source, sled::Error::Io(_)),
+            StoreError::Io { .. } => false,
         }
-        Err(e) => format!("{first}; could not move it aside ({e}); starting without persistence"),
+    }
+}
+
+fn open_and_load(dir: &Path) -> Result<(Store, Option<Image>), StoreError> {
+    let store = Store::open(dir)?;
+    let image = store.load()?;
+    Ok((store, image))
+}
+
+/// Opens the store and reads it once. A damaged or foreign-format store is moved aside
+/// (`store.bad-<unix time>`) and a fresh one opened, so it never keeps kvgate from
+/// starting; a store that cannot be reached for I/O reasons is left alone and kvgate runs
+/// without persistence.
+pub fn open_or_reset(dir: &Path) -> Opened {
+    let mut out = Opened::default();
+    let (store, image) = match open_and_load(dir) {
+        Ok(x) => x,
+        Err(e) if e.fixed_by_reset() => {
+            let src = dir.join("store");
+            let aside = dir.join(format!("store.bad-{}", unix_now() as u64));
+            if let Err(mv) = std::fs::rename(&src, &aside) {
+                out.problems.push(format!(
+                    "{e}; could not move it aside ({mv}); running without persistence"
+                ));
+                return out;
+            }
+            match Store::open(dir) {
+                Ok(s) => {
+                    out.problems.push(format!(
+                        "{e}; moved it to {} and started empty",
+                        aside.display()
+                    ));
+                    (s, None)
+                }
+                Err(e2) => {
+                    out.problems.push(format!(
+                        "{e}; moved it to {}, but a fresh store failed too ({e2}); running without persistence",
+                        aside.display()
+                    ));
+                    return out;
+                }
+            }
+        }
+        Err(e) => {
+            out.problems.push(format!(
+                "{e}; running without persistence (the store was left as it is)"
+            ));
+            return out;
+        }
     };
-    (Store::open(dir).ok(), Some(problem))
+    match store.registry() {
+        Ok(r) => out.registry = r,
+        Err(e) => out.problems.push(format!(
+            "{e}; workers added or removed through the API before the restart are not restored"
+        )),
+    }
+    out.image = image;
+    out.store = Some(store);
+    out
 }
 
 /// What `kvgatectl snapshot inspect` prints.
@@ -319,8 +405,14 @@ pub struct WorkerSummary {
     pub units: u64,
 }
 
-/// Reads a store offline.
+/// Reads a store offline. A directory without a store is an error (nothing is created).
 pub fn inspect(dir: &Path) -> Result<StoreSummary, StoreError> {
+    if !dir.join("store").is_dir() {
+        return Err(StoreError::Io {
+            path: dir.join("store").display().to_string(),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no kvgate store here"),
+        });
+    }
     let store = Store::open(dir)?;
     let image = store.load()?;
     let registry = store.registry()?;

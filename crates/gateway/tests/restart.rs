@@ -343,7 +343,7 @@ fn damaged_or_unusable_stores_are_reported_and_the_gateway_serves() {
     let dir = tempfile::tempdir().expect("dir");
     std::fs::write(dir.path().join("file"), b"x").unwrap();
     let gw = Kvgate::start(&dir.path().join("file").join("data"), &fleet.urls(), &[]);
-    gw.wait_line("starting without persistence");
+    gw.wait_line("running without persistence");
     serves(&gw);
 }
 

@@ -118,6 +118,13 @@ fn rejects_bad_bodies_cleanly() {
     check_err(Endpoint::Completions, br#"{"prompt":[1,"a"]}"#, false);
     check_err(Endpoint::Generate, br#"{"sampling_params":{}}"#, false);
     check_err(Endpoint::Generate, br#"{"input_ids":"abc"}"#, false);
+    // Invalid UTF-8 in a field routing never reads is refused too.
+    check_err(
+        Endpoint::Completions,
+        b"{\"prompt\":\"x\",\"user\":\"\xff\"}",
+        true,
+    );
+    check_err(Endpoint::Chat, b"\"\xff\"", true);
     // Invalid UTF-8 inside a string.
     check_err(Endpoint::Completions, b"{\"prompt\":\"\xff\xfe\"}", true);
     // A 200k-deep document must be refused, not overflow the stack.

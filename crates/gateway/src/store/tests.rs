@@ -74,8 +74,9 @@ fn an_interrupted_snapshot_leaves_the_previous_one() {
     let img = s.load().unwrap().unwrap();
     assert_eq!(img.header.generation, 1);
     assert_eq!(img.chunks, vec![first]);
-    // The next commit clears the abandoned chunks.
+    // After the next commit the abandoned chunks are cleared.
     write(&s, 3, &[text_chunk(&[("third", 1)])]);
+    s.drop_uncommitted().unwrap();
     assert_eq!(s.index.len(), 1);
 }
 
@@ -101,13 +102,14 @@ fn wrong_versions_and_garbage_are_moved_aside() {
     }
     let e = Store::open(dir.path()).unwrap_err();
     assert!(e.to_string().contains("format version 99"), "{e}");
-    let (s, problem) = open_or_reset(dir.path());
-    let problem = problem.unwrap();
+    let opened = open_or_reset(dir.path());
+    let problem = &opened.problems[0];
     assert!(
         problem.contains("format version 99") && problem.contains("moved it to"),
         "{problem}"
     );
-    let s = s.unwrap();
+    assert_eq!(opened.image, None);
+    let s = opened.store.unwrap();
     assert_eq!(s.load().unwrap(), None, "a fresh store");
     let moved = std::fs::read_dir(dir.path())
         .unwrap()
@@ -122,9 +124,32 @@ fn wrong_versions_and_garbage_are_moved_aside() {
     std::fs::create_dir_all(dir.path().join("store")).unwrap();
     std::fs::write(dir.path().join("store").join("conf"), b"\xff\xfe garbage").unwrap();
     std::fs::write(dir.path().join("store").join("db"), vec![0xAB; 4096]).unwrap();
-    let (s, problem) = open_or_reset(dir.path());
-    assert!(problem.is_some());
-    assert!(s.is_some());
+    let opened = open_or_reset(dir.path());
+    assert_eq!(opened.problems.len(), 1);
+    assert!(opened.store.is_some());
+}
+
+#[test]
+fn a_store_held_by_another_process_is_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let live = Store::open(dir.path()).unwrap();
+    write(&live, 1, &[text_chunk(&[("kept", 1)])]);
+    // sled's lock makes a second open fail with an I/O error: the live store stays put.
+    let opened = open_or_reset(dir.path());
+    assert!(opened.store.is_none());
+    assert!(
+        opened.problems[0].contains("left as it is"),
+        "{:?}",
+        opened.problems
+    );
+    drop(live);
+    let moved = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(Result::ok)
+        .any(|e| e.file_name().to_string_lossy().starts_with("store.bad"));
+    assert!(!moved);
+    let s = Store::open(dir.path()).unwrap();
+    assert_eq!(s.load().unwrap().unwrap().header.generation, 1);
 }
 
 #[test]

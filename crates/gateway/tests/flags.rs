@@ -1,0 +1,102 @@
+//! The binary's flags, environment and config file, as a user runs them.
+
+use std::io::Write;
+use std::process::Command;
+
+fn kvgate(args: &[&str], env: &[(&str, &str)]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_kvgate"));
+    c.args(args).env_remove("RUST_LOG");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c
+}
+
+/// Runs a config that must be refused, returning what it printed. A kvgate that starts
+/// instead is killed (bounded wait) and the test fails.
+fn refused(args: &[&str], env: &[(&str, &str)]) -> String {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut cmd = kvgate(args, env);
+    // Port 0 through the environment, so a case can still set the port itself.
+    if !env.iter().any(|(k, _)| *k == "KVGATE_PORT") {
+        cmd.env("KVGATE_PORT", "0");
+    }
+    let mut child = cmd
+        .arg("--data-dir")
+        .arg(dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("kvgate runs");
+    for _ in 0..1000 {
+        if let Some(status) = child.try_wait().expect("wait") {
+            assert!(!status.success(), "{args:?} must be refused");
+            let mut err = String::new();
+            let mut stderr = child.stderr.take().expect("piped stderr");
+            std::io::Read::read_to_string(&mut stderr, &mut err).expect("stderr is text");
+            return err;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    panic!("{args:?} was accepted: kvgate started");
+}
+
+#[test]
+fn bad_values_are_refused_naming_the_key() {
+    assert!(refused(&["--cache-threshold", "1.5"], &[]).contains("cache_threshold"));
+    assert!(refused(&["--policy", "fastest"], &[]).contains("fastest"));
+    assert!(refused(&["--worker-urls", "ftp://x"], &[]).contains("worker_urls"));
+    assert!(refused(&["--balance-rel-threshold", "0.5"], &[]).contains("balance_rel_threshold"));
+    assert!(refused(&["--cache-index", "btree"], &[]).contains("cache_index"));
+    assert!(refused(&[], &[("KVGATE_PORT", "not-a-port")]).contains("port"));
+    assert!(refused(&[], &[("KVGATE_POLICY__KIND", "nope")]).contains("nope"));
+    let mut f = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    f.write_all(b"[policy]\nmax_tree_sise = 5\n").unwrap();
+    assert!(refused(&["--config", f.path().to_str().unwrap()], &[]).contains("max_tree_sise"));
+}
+
+#[test]
+fn flags_override_env_which_overrides_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut f = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    write!(
+        f,
+        "port = 1\nhost = \"127.0.0.1\"\n[policy]\nkind = \"random\"\n"
+    )
+    .unwrap();
+    let mut child = kvgate(
+        &[
+            "--config",
+            f.path().to_str().unwrap(),
+            "--port",
+            "0",
+            "--policy",
+            "least_load",
+            "--data-dir",
+            dir.path().to_str().unwrap(),
+        ],
+        &[
+            ("KVGATE_PORT", "2"),
+            ("KVGATE_POLICY__KIND", "power_of_two"),
+            ("KVGATE_LOG_LEVEL", "info"),
+        ],
+    )
+    .stdout(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let line = std::io::BufRead::lines(std::io::BufReader::new(stdout))
+        .map_while(Result::ok)
+        .find(|l| l.contains("kvgate listening"))
+        .expect("it starts");
+    let _ = child.kill();
+    let _ = child.wait();
+    // The flag wins over both (port 0 binds an OS-chosen port, not 1 or 2).
+    assert!(line.contains("policy=least_load"), "{line}");
+    assert!(
+        !line.contains("127.0.0.1:1 ") && !line.contains("127.0.0.1:2 "),
+        "{line}"
+    );
+}
