@@ -9,8 +9,12 @@ use std::time::Duration;
 #[derive(Debug)]
 pub struct RawClient {
     stream: TcpStream,
+    addr: SocketAddr,
+    timeout: Duration,
     host: String,
     buf: Vec<u8>,
+    /// The server said `Connection: close`; the next request reconnects.
+    closed: bool,
 }
 
 /// A response as read off the wire (chunked bodies decoded).
@@ -33,14 +37,13 @@ const MAX_RESPONSE: usize = 64 * 1024 * 1024;
 
 impl RawClient {
     pub fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<RawClient> {
-        let stream = TcpStream::connect_timeout(&addr, timeout)?;
-        stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(timeout))?;
-        stream.set_write_timeout(Some(timeout))?;
         Ok(RawClient {
-            stream,
+            stream: open(addr, timeout)?,
+            addr,
+            timeout,
             host: addr.to_string(),
             buf: Vec::with_capacity(16 * 1024),
+            closed: false,
         })
     }
 
@@ -58,6 +61,11 @@ impl RawClient {
         }
         req.extend_from_slice(b"\r\n");
         req.extend_from_slice(body);
+        if self.closed {
+            self.stream = open(self.addr, self.timeout)?;
+            self.buf.clear();
+            self.closed = false;
+        }
         self.stream.write_all(&req)?;
         self.read_response()
     }
@@ -88,14 +96,10 @@ impl RawClient {
         } else {
             // Delimited by the close.
             while self.fill().is_ok() {}
+            self.closed = true;
             std::mem::take(&mut self.buf)
         };
-        if head.close {
-            return Err(io::Error::new(
-                io::ErrorKind::ConnectionAborted,
-                "server closed the keep-alive connection",
-            ));
-        }
+        self.closed |= head.close;
         Ok(RawResponse {
             status: head.status,
             body,
@@ -104,7 +108,10 @@ impl RawClient {
 
     fn fill(&mut self) -> io::Result<()> {
         if self.buf.len() > MAX_RESPONSE {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "response too large"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "response too large",
+            ));
         }
         let mut chunk = [0u8; 16 * 1024];
         let n = self.stream.read(&mut chunk)?;
@@ -119,6 +126,14 @@ impl RawClient {
     }
 }
 
+fn open(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
+    let stream = TcpStream::connect_timeout(&addr, timeout)?;
+    stream.set_nodelay(true)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    Ok(stream)
+}
+
 fn invalid(msg: &'static str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg)
 }
@@ -128,7 +143,8 @@ pub(crate) fn parse_head(buf: &[u8]) -> io::Result<Option<Head>> {
     let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
         return Ok(None);
     };
-    let text = std::str::from_utf8(&buf[..end]).map_err(|_| invalid("response head is not UTF-8"))?;
+    let text =
+        std::str::from_utf8(&buf[..end]).map_err(|_| invalid("response head is not UTF-8"))?;
     let mut lines = text.split("\r\n");
     let status_line = lines.next().unwrap_or_default();
     let mut parts = status_line.split(' ');
@@ -172,7 +188,8 @@ pub(crate) fn decode_chunked(buf: &[u8]) -> io::Result<Option<(Vec<u8>, usize)>>
         let Some(eol) = find_crlf(&buf[at..]) else {
             return Ok(None);
         };
-        let size_line = std::str::from_utf8(&buf[at..at + eol]).map_err(|_| invalid("bad chunk size"))?;
+        let size_line =
+            std::str::from_utf8(&buf[at..at + eol]).map_err(|_| invalid("bad chunk size"))?;
         let size_hex = size_line.split(';').next().unwrap_or_default().trim();
         let size = usize::from_str_radix(size_hex, 16).map_err(|_| invalid("bad chunk size"))?;
         at += eol + 2;

@@ -83,7 +83,7 @@ pub fn ideal(plan: &Plan, page_size: usize) -> Ideal {
 /// Page-aligned tokens `text` shares with the best of `seen`. In sorted order the longest
 /// common prefix with a set is found at one of the two neighbours.
 fn shared_tokens(seen: &BTreeSet<&str>, text: &str, page_size: usize) -> usize {
-    let before = seen.range::<str, _>((Bound::Unbounded, Bound::Included(text)));
+    let mut before = seen.range::<str, _>((Bound::Unbounded, Bound::Included(text)));
     let after = seen.range::<str, _>((Bound::Excluded(text), Bound::Unbounded));
     let best = before
         .next_back()
@@ -92,11 +92,8 @@ fn shared_tokens(seen: &BTreeSet<&str>, text: &str, page_size: usize) -> usize {
         .map(|other| common_tokens(text, other))
         .max()
         .unwrap_or(0);
-    if page_size == 0 {
-        best
-    } else {
-        best / page_size * page_size
-    }
+    best.checked_div(page_size)
+        .map_or(best, |pages| pages * page_size)
 }
 
 /// Leading tokens two texts have in common: whole 4-byte chunks before the first difference.
@@ -104,10 +101,6 @@ fn common_tokens(a: &str, b: &str) -> usize {
     if a == b {
         return token_count(a);
     }
-    let bytes = a
-        .bytes()
-        .zip(b.bytes())
-        .take_while(|(x, y)| x == y)
-        .count();
+    let bytes = a.bytes().zip(b.bytes()).take_while(|(x, y)| x == y).count();
     bytes / BYTES_PER_TOKEN
 }

@@ -1,1 +1,325 @@
-fn main() {}
+//! `kvgate-bench`: the routing benchmark (`workload`) and the proxy-overhead benchmark
+//! (`proxy`). Everything runs on loopback and stops by itself.
+
+mod run;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use clap::{Args, Parser, Subcommand};
+use kvgate_bench::{Plan, RunReport, WorkloadKind, WorkloadSpec, table, workload_chart};
+use kvgate_engine_sim::SimConfig;
+
+use run::driver::Arrival;
+use run::workload::{PolicyChoice, Settings, Target, run_target};
+
+/// Workload and proxy-overhead benchmarks for kvgate.
+#[derive(Debug, Parser)]
+#[command(name = "kvgate-bench", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Each policy on a fresh simulated fleet and gateway, on the same seeded workload.
+    Workload(WorkloadArgs),
+    /// Requests/s and added latency of a proxy hop to a fixed-response upstream.
+    Proxy(ProxyArgs),
+    /// Redraws the per-workload SVGs (and tables) from a `results.json`.
+    Chart(ChartArgs),
+}
+
+#[derive(Debug, Args)]
+struct ChartArgs {
+    #[arg(long, default_value = "bench-out/results.json")]
+    results: PathBuf,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+}
+
+#[derive(Debug, Args)]
+struct WorkloadArgs {
+    /// shared-prefix, multi-turn, burst, unique, or all.
+    #[arg(long, default_value = "all")]
+    workload: String,
+    #[arg(long, default_value_t = 4)]
+    engines: usize,
+    /// Engines for the burst workload (the reference setting: 32 prompts onto 2 engines).
+    #[arg(long, default_value_t = 2)]
+    burst_engines: usize,
+    /// Comma-separated; `cache_aware:threshold` / `cache_aware:cost` pick the mode.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "cache_aware,cache_aware:threshold,least_load,power_of_two,round_robin,prefix_hash"
+    )]
+    policies: Vec<PolicyChoice>,
+    #[arg(long, default_value_t = 8)]
+    groups: usize,
+    #[arg(long, default_value_t = 16)]
+    prompts_per_group: usize,
+    #[arg(long, default_value_t = 1000)]
+    system_tokens: usize,
+    #[arg(long, default_value_t = 50)]
+    question_tokens: usize,
+    #[arg(long, default_value_t = 16)]
+    conversations: usize,
+    #[arg(long, default_value_t = 4)]
+    turns: usize,
+    #[arg(long, default_value_t = 32)]
+    burst_size: usize,
+    /// Completion tokens per request.
+    #[arg(long, default_value_t = 16)]
+    max_tokens: usize,
+    /// Closed loop: requests in flight (burst sends all at once regardless).
+    #[arg(long, default_value_t = 32, conflicts_with = "rate")]
+    concurrency: usize,
+    /// Open loop: Poisson session arrivals per second (seeded).
+    #[arg(long)]
+    rate: Option<f64>,
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+    /// `smg`: also run the reference gateway (cache_aware) on a fresh fleet.
+    #[arg(long)]
+    reference: Option<String>,
+    #[arg(long, default_value_t = 16)]
+    max_running_requests: usize,
+    #[arg(long, default_value_t = 20_000.0)]
+    prefill_tokens_per_sec: f64,
+    #[arg(long, default_value_t = 10.0)]
+    decode_step_base_ms: f64,
+    /// Cap on requests per run.
+    #[arg(long, default_value_t = 10_000)]
+    max_requests: usize,
+    /// Cap on one run's wall-clock time, in seconds.
+    #[arg(long, default_value_t = 300)]
+    max_run_secs: u64,
+}
+
+#[derive(Debug, Args)]
+struct ProxyArgs {
+    /// Seconds of saturation load per target.
+    #[arg(long, default_value_t = 10)]
+    duration_secs: u64,
+    /// Connections of the saturation load.
+    #[arg(long, default_value_t = 64)]
+    connections: usize,
+    /// Sequential requests on one connection, after the warm-up.
+    #[arg(long, default_value_t = 5000)]
+    latency_requests: usize,
+    #[arg(long, default_value_t = 500)]
+    warmup: usize,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+    /// The `kvgate` binary to run as a child (default: `kvgate` beside this binary when
+    /// this is a release build; otherwise kvgate runs in-process).
+    #[arg(long)]
+    kvgate_bin: Option<PathBuf>,
+    /// Use the built-in closed-loop generator even when wrk is installed.
+    #[arg(long)]
+    no_wrk: bool,
+    #[arg(long)]
+    no_smg: bool,
+    #[arg(long)]
+    no_nginx: bool,
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().cmd {
+        Cmd::Workload(a) => workload(a),
+        Cmd::Proxy(a) => proxy(a),
+        Cmd::Chart(a) => redraw(a),
+    }
+}
+
+fn redraw(a: ChartArgs) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(&a.results)
+        .with_context(|| format!("reading {}", a.results.display()))?;
+    let rows: Vec<RunReport> = serde_json::from_str(&text).context("parsing results")?;
+    std::fs::create_dir_all(&a.out)?;
+    for kind in WorkloadKind::ALL {
+        let of_kind: Vec<RunReport> = rows
+            .iter()
+            .filter(|r| r.workload == kind)
+            .cloned()
+            .collect();
+        if of_kind.is_empty() {
+            continue;
+        }
+        println!("\n== {kind}");
+        print!("{}", table(&of_kind));
+        write(
+            &a.out.join(format!("{kind}.svg")),
+            &workload_chart(&of_kind),
+        )?;
+    }
+    Ok(())
+}
+
+fn workload(a: WorkloadArgs) -> anyhow::Result<()> {
+    let kinds: Vec<WorkloadKind> = match a.workload.as_str() {
+        "all" => WorkloadKind::ALL.to_vec(),
+        w => vec![w.parse()?],
+    };
+    if a.engines == 0 || a.burst_engines == 0 {
+        bail!("--engines and --burst-engines must be at least 1");
+    }
+    if a.rate.is_some_and(|r| !(r.is_finite() && r > 0.0)) {
+        bail!("--rate must be a positive number");
+    }
+    let smg = match a.reference.as_deref() {
+        None => None,
+        Some("smg") => match run::child::which("smg") {
+            Some(bin) => Some(bin),
+            None => {
+                eprintln!(
+                    "smg not found: install the reference with `pip install smg==1.13.0`; skipping it"
+                );
+                None
+            }
+        },
+        Some(other) => bail!("unknown --reference '{other}' (expected smg)"),
+    };
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    let sim = SimConfig {
+        max_running_requests: a.max_running_requests,
+        prefill_tokens_per_sec: a.prefill_tokens_per_sec,
+        decode_step_base: Duration::try_from_secs_f64(a.decode_step_base_ms / 1e3)
+            .context("--decode-step-base-ms")?,
+        idle_gen_throughput_residual: Some(0.36),
+        ..SimConfig::default()
+    };
+    let mut targets: Vec<Target> = a.policies.iter().cloned().map(Target::Kvgate).collect();
+    if let Some(bin) = smg {
+        targets.push(Target::Smg(bin));
+    }
+
+    let sys = actix_rt::System::new();
+    println!("before: {}", machine());
+    let mut all: Vec<RunReport> = Vec::new();
+    for kind in kinds {
+        let spec = WorkloadSpec {
+            kind,
+            groups: a.groups,
+            prompts_per_group: a.prompts_per_group,
+            system_tokens: a.system_tokens,
+            question_tokens: a.question_tokens,
+            conversations: a.conversations,
+            turns: a.turns,
+            burst_size: a.burst_size,
+            max_tokens: a.max_tokens,
+            seed: a.seed,
+        };
+        let mut plan = Plan::build(&spec);
+        plan.truncate(a.max_requests);
+        let engines = if kind == WorkloadKind::Burst {
+            a.burst_engines
+        } else {
+            a.engines
+        };
+        let arrival = match (kind, a.rate) {
+            (WorkloadKind::Burst, _) => Arrival::Closed(plan.len()),
+            (_, Some(rate)) => Arrival::Poisson(rate),
+            (_, None) => Arrival::Closed(a.concurrency),
+        };
+        let load = match arrival {
+            Arrival::Closed(c) => format!("closed loop, {c} in flight"),
+            Arrival::Poisson(r) => format!("Poisson {r}/s"),
+        };
+        let subtitle = format!(
+            "{} requests, {engines} engines x {} slots, {load}, seed {}",
+            plan.len(),
+            a.max_running_requests,
+            a.seed
+        );
+        let settings = Settings {
+            engines,
+            sim: sim.clone(),
+            arrival,
+            seed: a.seed,
+            max_wall: Duration::from_secs(a.max_run_secs),
+            request_timeout: Duration::from_secs(a.max_run_secs),
+            log_dir: a.out.clone(),
+            setting: subtitle.clone(),
+        };
+        println!("\n== {kind}: {subtitle}");
+        let mut rows = Vec::new();
+        for t in &targets {
+            eprintln!("  running {} ...", t.label());
+            match run_target(&sys, t, &plan, &settings) {
+                Ok(r) => {
+                    for e in &r.errors {
+                        eprintln!("    {}: {e}", r.target);
+                    }
+                    rows.push(r);
+                }
+                Err(e) => eprintln!("  {}: {e:#}", t.label()),
+            }
+        }
+        print!("{}", table(&rows));
+        let svg = a.out.join(format!("{kind}.svg"));
+        write(&svg, &workload_chart(&rows))?;
+        all.extend(rows);
+    }
+    println!("\nafter: {}", machine());
+    let json = serde_json::to_string_pretty(&all)?;
+    write(&a.out.join("results.json"), &json)?;
+    println!(
+        "\nwrote {}/results.json and one SVG per workload",
+        a.out.display()
+    );
+    Ok(())
+}
+
+fn proxy(a: ProxyArgs) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    let kvgate_bin = a.kvgate_bin.clone().or_else(release_kvgate);
+    let settings = run::proxy::ProxySettings {
+        duration: Duration::from_secs(a.duration_secs),
+        connections: a.connections,
+        latency_requests: a.latency_requests,
+        warmup: a.warmup,
+        out: a.out.clone(),
+        kvgate_bin,
+        use_wrk: !a.no_wrk,
+        skip_smg: a.no_smg,
+        skip_nginx: a.no_nginx,
+    };
+    let before = machine();
+    let rows = run::proxy::run(&settings)?;
+    let after = machine();
+    print!("{}", run::proxy::table(&rows));
+    println!("before: {before}\nafter:  {after}");
+    let json = serde_json::json!({"machine_before": before, "machine_after": after, "rows": rows});
+    write(
+        &a.out.join("proxy.json"),
+        &serde_json::to_string_pretty(&json)?,
+    )?;
+    println!("\nwrote {}/proxy.json", a.out.display());
+    Ok(())
+}
+
+/// `kvgate` beside this binary, when this binary is a release build.
+fn release_kvgate() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?;
+    let bin = dir.join("kvgate");
+    (dir.file_name()? == "release" && bin.is_file()).then_some(bin)
+}
+
+/// Cores and load average, so a figure says how busy the machine was.
+fn machine() -> String {
+    let cores = std::thread::available_parallelism().map_or(0, usize::from);
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load: Vec<&str> = load.split_whitespace().take(3).collect();
+    format!("{cores} cores, load average {}", load.join(" "))
+}
+
+fn write(path: &Path, text: &str) -> anyhow::Result<()> {
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}

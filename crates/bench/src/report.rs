@@ -33,6 +33,9 @@ pub struct RunReport {
     pub capped: bool,
     /// The first few errors, for the reader.
     pub errors: Vec<String>,
+    /// Fleet and load in words (engines, slots, arrivals, seed), for the chart's subtitle.
+    #[serde(default)]
+    pub setting: String,
 }
 
 impl RunReport {
@@ -43,6 +46,12 @@ impl RunReport {
     /// Hit rate over the group ideal; `None` when the workload shares nothing.
     pub fn ratio(&self) -> Option<f64> {
         let ideal = self.ideal.group.rate();
+        (ideal > 0.0).then(|| self.hit_rate() / ideal)
+    }
+
+    /// Hit rate over the any-request ideal (one engine with an unbounded cache).
+    pub fn ratio_any(&self) -> Option<f64> {
+        let ideal = self.ideal.any.rate();
         (ideal > 0.0).then(|| self.hit_rate() / ideal)
     }
 
@@ -148,8 +157,19 @@ pub fn table(rows: &[RunReport]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{:<24} {:>6} {:>6} {:>6} {:>9} {:>9} {:>7} {:>8} {:<20} {:>7}  targets",
-        "policy", "hit", "ideal", "ratio", "ttft p50", "ttft p99", "req/s", "tok/s", "split", "max/min"
+        "{:<24} {:>6} {:>6} {:>6} {:>6} {:>6} {:>9} {:>9} {:>7} {:>8} {:<20} {:>7}  targets",
+        "policy",
+        "hit",
+        "ideal",
+        "ratio",
+        "any",
+        "r_any",
+        "ttft p50",
+        "ttft p99",
+        "req/s",
+        "tok/s",
+        "split",
+        "max/min"
     );
     let Some(kind) = rows.first().map(|r| r.workload) else {
         return s;
@@ -166,18 +186,25 @@ pub fn table(rows: &[RunReport]) -> String {
             .join("/");
         let _ = writeln!(
             s,
-            "{:<24} {:>6.3} {:>6.3} {:>6} {:>9.1} {:>9.1} {:>7.1} {:>8.0} {:<20} {:>7}  {}",
+            "{:<24} {:>6.3} {:>6.3} {:>6} {:>6.3} {:>6} {:>9.1} {:>9.1} {:>7.1} {:>8.0} {:<20} {:>7}  {}",
             r.target,
             r.hit_rate(),
             r.ideal.group.rate(),
             r.ratio().map_or("-".to_owned(), |v| format!("{v:.3}")),
+            r.ideal.any.rate(),
+            r.ratio_any().map_or("-".to_owned(), |v| format!("{v:.3}")),
             r.ttft_ms.p50,
             r.ttft_ms.p99,
             r.req_per_sec(),
             r.output_tokens_per_sec(),
             split,
-            r.split_max_min().map_or("inf".to_owned(), |v| format!("{v:.2}")),
-            if misses.is_empty() { "ok".to_owned() } else { misses.join(", ") },
+            r.split_max_min()
+                .map_or("inf".to_owned(), |v| format!("{v:.2}")),
+            if misses.is_empty() {
+                "ok".to_owned()
+            } else {
+                misses.join(", ")
+            },
         );
     }
     s
@@ -185,9 +212,9 @@ pub fn table(rows: &[RunReport]) -> String {
 
 /// The SVG comparing the policies of one workload: hit rate over ideal (or the hit rate
 /// when nothing is shared), TTFT p99 and the max/min split.
-pub fn workload_chart(rows: &[RunReport], subtitle: &str) -> String {
+pub fn workload_chart(rows: &[RunReport]) -> String {
     let Some(kind) = rows.first().map(|r| r.workload) else {
-        return chart("no runs", subtitle, &[]);
+        return chart("no runs", "", &[]);
     };
     let targets = Targets::for_workload(kind);
     let bars = |f: &dyn Fn(&RunReport) -> Option<f64>| -> Vec<Bar> {
@@ -222,5 +249,10 @@ pub fn workload_chart(rows: &[RunReport], subtitle: &str) -> String {
         bars: bars(&|r| r.split_max_min()),
         target: targets.max_split.map(|t| (t, format!("target {t}"))),
     };
-    chart(&format!("kvgate-bench: {kind}"), subtitle, &[hit_panel, ttft, split])
+    let subtitle = rows.first().map_or("", |r| r.setting.as_str());
+    chart(
+        &format!("kvgate-bench: {kind}"),
+        subtitle,
+        &[hit_panel, ttft, split],
+    )
 }

@@ -22,13 +22,15 @@ const PANEL_H: f64 = 340.0;
 const TOP: f64 = 60.0;
 const PLOT_H: f64 = 190.0;
 const LEFT: f64 = 50.0;
+/// Room left of the first panel for its rotated labels.
+const PAD: f64 = 50.0;
 const PALETTE: [&str; 8] = [
     "#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#9c755f",
 ];
 
 /// The whole chart as an SVG document.
 pub fn chart(title: &str, subtitle: &str, panels: &[Panel]) -> String {
-    let width = PANEL_W * panels.len().max(1) as f64;
+    let width = PAD + PANEL_W * panels.len().max(1) as f64;
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -40,9 +42,13 @@ pub fn chart(title: &str, subtitle: &str, panels: &[Panel]) -> String {
         r#"<text x="10" y="18" font-size="14" font-weight="bold">{}</text>"#,
         escape(title)
     );
-    let _ = writeln!(s, r##"<text x="10" y="34" fill="#555">{}</text>"##, escape(subtitle));
+    let _ = writeln!(
+        s,
+        r##"<text x="10" y="34" fill="#555">{}</text>"##,
+        escape(subtitle)
+    );
     for (i, p) in panels.iter().enumerate() {
-        panel(&mut s, i as f64 * PANEL_W, p);
+        panel(&mut s, PAD + i as f64 * PANEL_W, p);
     }
     s.push_str("</svg>\n");
     s
@@ -58,15 +64,24 @@ fn panel(s: &mut String, x0: f64, p: &Panel) {
         .chain(p.target.as_ref().map(|t| t.0))
         .filter(|v| v.is_finite())
         .fold(0.0_f64, f64::max);
-    let scale_max = if top_value > 0.0 { top_value * 1.15 } else { 1.0 };
+    let scale_max = if top_value > 0.0 {
+        top_value * 1.15
+    } else {
+        1.0
+    };
     let y_of = |v: f64| base - (v / scale_max).clamp(0.0, 1.0) * PLOT_H;
 
+    // The target's name goes by the title, where no bar label can cover it.
+    let title = match &p.target {
+        Some((_, label)) => format!("{} (dashed: {label})", p.title),
+        None => p.title.clone(),
+    };
     let _ = writeln!(
         s,
         r#"<text x="{:.1}" y="{:.1}" font-size="12" font-weight="bold">{}</text>"#,
-        x0 + LEFT,
+        x0 + LEFT - 30.0,
         TOP - 12.0,
-        escape(&p.title)
+        escape(&title)
     );
     // Axes and a mid gridline with its value.
     let _ = writeln!(
@@ -136,20 +151,13 @@ fn panel(s: &mut String, x0: f64, p: &Panel) {
             escape(&b.label)
         );
     }
-    if let Some((v, label)) = &p.target {
+    if let Some((v, _)) = &p.target {
         let y = y_of(*v);
         let _ = writeln!(
             s,
             r##"<line x1="{:.1}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#c00" stroke-dasharray="4 3"/>"##,
             x0 + LEFT,
             x0 + LEFT + plot_w
-        );
-        let _ = writeln!(
-            s,
-            r##"<text x="{:.1}" y="{:.1}" text-anchor="end" fill="#c00">{}</text>"##,
-            x0 + LEFT + plot_w,
-            y - 3.0,
-            escape(label)
         );
     }
 }

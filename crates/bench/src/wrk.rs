@@ -39,7 +39,11 @@ pub fn parse_wrk(out: &str) -> Result<WrkReport, WrkParseError> {
             Some("50.000%" | "50%") => r.latency_p50_ms = words.next().and_then(duration_ms),
             Some("99.000%" | "99%") => r.latency_p99_ms = words.next().and_then(duration_ms),
             Some("Non-2xx") => {
-                r.non_2xx = t.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or(0);
+                r.non_2xx = t
+                    .rsplit(' ')
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
             }
             Some("Socket") => {
                 // "Socket errors: connect 0, read 0, write 0, timeout 0"

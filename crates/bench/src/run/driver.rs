@@ -69,7 +69,8 @@ pub async fn replay(
     let begun = Instant::now();
 
     let sessions = plan.sessions.iter().zip(starts).map(|(session, start)| {
-        let (client, url, permits, records) = (&client, &url, Rc::clone(&permits), Rc::clone(&records));
+        let (client, url, permits, records) =
+            (&client, &url, Rc::clone(&permits), Rc::clone(&records));
         async move {
             if let Some(at) = start {
                 actix_rt::time::sleep_until((begun + at).into()).await;
@@ -169,7 +170,10 @@ async fn send(client: &awc::Client, url: &str, body: &Value) -> Record {
     rec.ok = status.is_success() && done && rec.error.is_none();
     if !status.is_success() {
         let text = String::from_utf8_lossy(&pending);
-        rec.error = Some(format!("status {status}: {}", text.chars().take(200).collect::<String>()));
+        rec.error = Some(format!(
+            "status {status}: {}",
+            text.chars().take(200).collect::<String>()
+        ));
     } else if !done && rec.error.is_none() {
         rec.error = Some("stream ended without [DONE]".to_owned());
     }

@@ -1,0 +1,6 @@
+//! The binary's side: starting fleets, gateways and child servers, and driving load.
+
+pub mod child;
+pub mod driver;
+pub mod proxy;
+pub mod workload;

@@ -1,0 +1,416 @@
+use crate::http1::{decode_chunked, parse_head};
+use crate::*;
+
+fn spec(kind: WorkloadKind) -> WorkloadSpec {
+    WorkloadSpec {
+        groups: 3,
+        prompts_per_group: 4,
+        system_tokens: 100,
+        question_tokens: 10,
+        conversations: 3,
+        turns: 3,
+        burst_size: 5,
+        max_tokens: 4,
+        ..WorkloadSpec::new(kind)
+    }
+}
+
+#[test]
+fn plans_are_seeded_and_sized() {
+    for kind in WorkloadKind::ALL {
+        let s = spec(kind);
+        let a = Plan::build(&s);
+        assert_eq!(a, Plan::build(&s), "{kind}");
+        let other = Plan::build(&WorkloadSpec {
+            seed: 7,
+            ..s.clone()
+        });
+        assert_ne!(a, other, "{kind}: another seed, other texts");
+        let expect = match kind {
+            WorkloadKind::SharedPrefix => 12,
+            WorkloadKind::MultiTurn => 9,
+            WorkloadKind::Burst => 5,
+            WorkloadKind::Unique => 12,
+        };
+        assert_eq!(a.len(), expect, "{kind}");
+    }
+}
+
+#[test]
+fn texts_are_exactly_four_bytes_per_token() {
+    let plan = Plan::build(&spec(WorkloadKind::SharedPrefix));
+    for r in plan.requests() {
+        assert_eq!(r.messages[0].content.len(), 100 * BYTES_PER_TOKEN);
+        assert_eq!(r.messages[1].content.len(), 10 * BYTES_PER_TOKEN);
+        assert!(r.messages.iter().all(|m| m.content.is_ascii()));
+    }
+    let unique = Plan::build(&spec(WorkloadKind::Unique));
+    assert!(
+        unique
+            .requests()
+            .all(|r| r.messages[0].content.len() == 110 * BYTES_PER_TOKEN)
+    );
+}
+
+#[test]
+fn multi_turn_resends_its_history() {
+    let plan = Plan::build(&spec(WorkloadKind::MultiTurn));
+    for s in &plan.sessions {
+        let turns: Vec<_> = s
+            .requests
+            .iter()
+            .map(|r| render_chat(&r.messages))
+            .collect();
+        assert_eq!(turns.len(), 3);
+        for pair in turns.windows(2) {
+            // Each turn's prompt starts with the whole previous prompt.
+            assert!(pair[1].starts_with(&pair[0]));
+        }
+    }
+    let systems: Vec<_> = plan
+        .sessions
+        .iter()
+        .map(|s| &s.requests[0].messages[0])
+        .collect();
+    assert!(
+        systems.windows(2).all(|w| w[0] == w[1]),
+        "one shared system prompt"
+    );
+}
+
+#[test]
+fn chat_rendering_matches_the_simulator_template() {
+    let m = |role: &str, content: &str| Message {
+        role: role.into(),
+        content: content.into(),
+    };
+    let text = render_chat(&[m("system", "be brief"), m("user", "hi")]);
+    assert_eq!(text, "<|system|>\nbe brief\n<|user|>\nhi\n<|assistant|>\n");
+    assert_eq!(token_count("abcde"), 2);
+    assert_eq!(token_count(""), 0);
+}
+
+#[test]
+fn ideal_counts_every_group_member_but_the_first() {
+    let s = spec(WorkloadKind::SharedPrefix);
+    let plan = Plan::build(&s);
+    let got = ideal(&plan, 16);
+    // "<|system|>\n" (11) + 400 + "\n<|user|>\n" (10) are shared: 421 bytes = 105 whole
+    // tokens, 96 page-aligned. A prompt adds 40 + "\n<|assistant|>\n" (15): 476 bytes, 119 tokens.
+    assert_eq!(got.group.prompt, 12 * 119);
+    assert_eq!(got.group.cached, 3 * 3 * 96);
+    // Different groups share only the template head, less than a page.
+    assert_eq!(got.any, got.group);
+    // Without pages, the shared tokens themselves.
+    assert_eq!(ideal(&plan, 1).group.cached, 3 * 3 * 105);
+}
+
+#[test]
+fn ideal_multi_turn_reuses_the_previous_turn_and_any_sees_the_shared_system() {
+    let plan = Plan::build(&spec(WorkloadKind::MultiTurn));
+    let got = ideal(&plan, 16);
+    let mut cached = 0;
+    for s in &plan.sessions {
+        let texts: Vec<_> = s
+            .requests
+            .iter()
+            .map(|r| render_chat(&r.messages))
+            .collect();
+        for prev in &texts[..texts.len() - 1] {
+            // The previous prompt is a prefix; its whole tokens, then whole pages.
+            cached += (prev.len() / 4) / 16 * 16;
+        }
+    }
+    assert_eq!(got.group.cached, cached as u64);
+    assert!(
+        got.any.cached > got.group.cached,
+        "later conversations share the system prompt"
+    );
+    assert_eq!(got.any.prompt, got.group.prompt);
+}
+
+#[test]
+fn unrelated_prompts_have_nothing_to_share() {
+    for kind in [WorkloadKind::Burst, WorkloadKind::Unique] {
+        let got = ideal(&Plan::build(&spec(kind)), 16);
+        assert_eq!(got.group.cached, 0, "{kind}");
+        assert_eq!(got.any.cached, 0, "{kind}");
+        assert!(got.group.prompt > 0);
+    }
+}
+
+#[test]
+fn truncate_keeps_plan_order() {
+    let mut plan = Plan::build(&spec(WorkloadKind::MultiTurn));
+    let first = plan.sessions[0].clone();
+    plan.truncate(4);
+    assert_eq!(plan.len(), 4);
+    assert_eq!(plan.sessions[0], first);
+    assert_eq!(plan.sessions[1].requests.len(), 1);
+}
+
+#[test]
+fn percentiles_by_nearest_rank() {
+    let v: Vec<f64> = (1..=100).map(f64::from).collect();
+    assert_eq!(percentile(&v, 50.0), Some(50.0));
+    assert_eq!(percentile(&v, 99.0), Some(99.0));
+    assert_eq!(percentile(&v, 100.0), Some(100.0));
+    assert_eq!(percentile(&v, 0.0), Some(1.0));
+    assert_eq!(percentile(&[7.0], 99.0), Some(7.0));
+    assert_eq!(percentile(&[], 50.0), None);
+    let s = Summary::of(&[3.0, 1.0, 2.0, f64::NAN]);
+    assert_eq!((s.count, s.p50, s.max, s.mean), (3, 2.0, 3.0, 2.0));
+    assert_eq!(Summary::of(&[]), Summary::default());
+}
+
+#[test]
+fn split_ratio_is_max_over_min() {
+    assert_eq!(split_ratio(&[8, 16, 12]), Some(2.0));
+    assert_eq!(split_ratio(&[5, 0]), None);
+    assert_eq!(split_ratio(&[]), None);
+}
+
+const WRK_OUT: &str = "Running 10s test @ http://127.0.0.1:8080/v1/chat/completions
+  1 threads and 64 connections
+  Thread Stats   Avg      Stdev     Max   +/- Stdev
+    Latency   635.91us    0.89ms  12.92ms   93.69%
+    Req/Sec    56.20k     4.54k   70.34k    75.00%
+  Latency Distribution
+     50%  422.00us
+     75%  539.00us
+     90%    0.95ms
+     99%    4.09ms
+  559314 requests in 10.00s, 68.27MB read
+  Socket errors: connect 0, read 2, write 0, timeout 1
+  Non-2xx or 3xx responses: 5
+Requests/sec:  55917.71
+Transfer/sec:      6.83MB
+";
+
+#[test]
+fn wrk_output_parses() {
+    let r = parse_wrk(WRK_OUT).expect("parses");
+    assert_eq!(r.requests_per_sec, 55917.71);
+    assert_eq!(r.requests, 559_314);
+    assert_eq!(r.latency_avg_ms, Some(0.63591));
+    assert_eq!(r.latency_p50_ms, Some(0.422));
+    assert_eq!(r.latency_p99_ms, Some(4.09));
+    assert_eq!(r.socket_errors, 3);
+    assert_eq!(r.non_2xx, 5);
+    assert!(parse_wrk("unable to connect to 127.0.0.1:1 Connection refused").is_err());
+}
+
+#[test]
+fn wrk_script_posts_the_body_verbatim() {
+    let script = post_script(r#"{"a":"]]"}"#);
+    assert!(script.contains("wrk.method = \"POST\""));
+    assert!(
+        script.contains(r#"wrk.body = [=[{"a":"]]"}]=]"#),
+        "{script}"
+    );
+}
+
+#[test]
+fn http_heads_and_chunked_bodies_parse() {
+    let head = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\nX: y\r\n\r\nhello";
+    let h = parse_head(head).expect("valid").expect("complete");
+    assert_eq!(
+        (h.status, h.content_length, h.chunked, h.close),
+        (200, Some(5), false, false)
+    );
+    assert_eq!(h.len, head.len() - 5);
+    assert!(parse_head(b"HTTP/1.1 200 OK\r\n").expect("valid").is_none());
+    assert!(parse_head(b"SSH-2.0\r\n\r\n").is_err());
+    let h = parse_head(
+        b"HTTP/1.1 404 Not Found\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
+    )
+    .expect("valid")
+    .expect("complete");
+    assert!(h.chunked && h.close && h.status == 404);
+
+    let body = b"5\r\nhello\r\n6;ext=1\r\n world\r\n0\r\n\r\nNEXT";
+    let (decoded, used) = decode_chunked(body).expect("valid").expect("complete");
+    assert_eq!(decoded, b"hello world");
+    assert_eq!(&body[used..], b"NEXT");
+    assert!(decode_chunked(&body[..12]).expect("valid").is_none());
+    assert!(decode_chunked(b"zz\r\n").is_err());
+}
+
+#[test]
+fn urls_resolve_to_socket_addrs() {
+    let a = socket_addr("http://127.0.0.1:8080/x").expect("addr");
+    assert_eq!(a.port(), 8080);
+    assert!(socket_addr("https://127.0.0.1:1").is_none());
+}
+
+/// Tags open and close in order, attributes are quoted, `&` starts an entity: enough to
+/// call the hand-written SVG well-formed without an XML dependency.
+fn assert_well_formed(xml: &str) {
+    let mut stack: Vec<String> = Vec::new();
+    let mut rest = xml;
+    while let Some(lt) = rest.find('<') {
+        check_text(&rest[..lt]);
+        let gt = rest[lt..].find('>').expect("tag closes") + lt;
+        let tag = &rest[lt + 1..gt];
+        rest = &rest[gt + 1..];
+        if let Some(name) = tag.strip_prefix('/') {
+            assert_eq!(
+                stack.pop().as_deref(),
+                Some(name.trim()),
+                "mismatched </{name}>"
+            );
+            continue;
+        }
+        let self_closing = tag.ends_with('/');
+        let body = tag.trim_end_matches('/');
+        let name = body.split_whitespace().next().expect("tag name");
+        assert_eq!(
+            body.matches('"').count() % 2,
+            0,
+            "unbalanced quotes in <{tag}>"
+        );
+        check_text(body);
+        if !self_closing {
+            stack.push(name.to_owned());
+        }
+    }
+    check_text(rest);
+    assert!(stack.is_empty(), "unclosed {stack:?}");
+}
+
+fn check_text(t: &str) {
+    for (i, _) in t.match_indices('&') {
+        let ent = &t[i..];
+        assert!(
+            ["&amp;", "&lt;", "&gt;", "&quot;", "&apos;"]
+                .iter()
+                .any(|e| ent.starts_with(e)),
+            "bare & in {t:?}"
+        );
+    }
+    assert!(!t.contains('<'));
+}
+
+#[test]
+fn svg_chart_is_well_formed_xml() {
+    let panels = vec![
+        Panel {
+            title: "hit rate / ideal".into(),
+            bars: vec![
+                Bar {
+                    label: "cache_aware".into(),
+                    value: Some(0.97),
+                },
+                Bar {
+                    label: "a<b & \"c\"".into(),
+                    value: None,
+                },
+            ],
+            target: Some((0.95, "target 0.95".into())),
+        },
+        Panel {
+            title: "empty".into(),
+            bars: vec![],
+            target: None,
+        },
+    ];
+    let svg = chart("kvgate <bench> & co", "sub", &panels);
+    assert!(svg.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""));
+    assert_well_formed(&svg);
+    assert!(svg.contains("a&lt;b &amp; &quot;c&quot;"));
+    assert!(svg.contains("n/a"));
+    assert_well_formed(&chart("none", "", &[]));
+}
+
+fn report(target: &str, split: Vec<u64>, cached: u64, p99: f64, reference: bool) -> RunReport {
+    RunReport {
+        workload: WorkloadKind::SharedPrefix,
+        target: target.into(),
+        reference,
+        planned: 10,
+        completed: 10,
+        failed: 0,
+        fleet: Tokens {
+            prompt: 1000,
+            cached,
+        },
+        ideal: Ideal {
+            group: Tokens {
+                prompt: 1000,
+                cached: 800,
+            },
+            any: Tokens {
+                prompt: 1000,
+                cached: 800,
+            },
+        },
+        ttft_ms: Summary {
+            count: 10,
+            p50: 1.0,
+            p99,
+            mean: 1.0,
+            max: p99,
+        },
+        latency_ms: Summary::default(),
+        wall_secs: 2.0,
+        output_tokens: 160,
+        split,
+        capped: false,
+        errors: vec![],
+        setting: "4 engines".into(),
+    }
+}
+
+#[test]
+fn targets_name_what_a_run_misses() {
+    let t = Targets::for_workload(WorkloadKind::SharedPrefix);
+    let good = report("cache_aware", vec![3, 3, 2, 2], 790, 5.0, false);
+    let smg = report("smg:cache_aware", vec![5, 5, 0, 0], 800, 6.0, true);
+    assert!(t.misses(&good, Some(6.0)).is_empty());
+    assert_eq!(good.req_per_sec(), 5.0);
+    let bad = report("round_robin", vec![4, 2, 2, 2], 200, 9.0, false);
+    assert_eq!(
+        t.misses(&bad, Some(6.0)),
+        vec!["ratio<0.95", "split>1.5", "ttft p99>ref"]
+    );
+    assert_eq!(t.misses(&smg, Some(6.0)), vec!["split>1.5"]);
+    let rows = vec![good, bad, smg];
+    assert_eq!(reference_p99(&rows), Some(6.0));
+    let text = table(&rows);
+    assert_eq!(text.lines().count(), 4);
+    assert!(text.contains("3/3/2/2"));
+    assert_well_formed(&workload_chart(&rows));
+
+    let burst = Targets::for_workload(WorkloadKind::Burst);
+    let mut b = report("least_load", vec![16, 16], 0, 1.0, false);
+    b.workload = WorkloadKind::Burst;
+    assert!(burst.misses(&b, None).is_empty());
+    b.split = vec![19, 13];
+    assert_eq!(burst.misses(&b, None).len(), 1);
+}
+
+#[test]
+fn raw_client_reconnects_after_connection_close() {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let server = std::thread::spawn(move || {
+        for reply in [
+            "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi",
+            "HTTP/1.1 201 Created\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nyes\r\n0\r\n\r\n",
+        ] {
+            let (mut s, _) = listener.accept().expect("accept");
+            let mut buf = [0u8; 1024];
+            let _ = s.read(&mut buf).expect("request");
+            s.write_all(reply.as_bytes()).expect("reply");
+        }
+    });
+    let mut c = RawClient::connect(addr, std::time::Duration::from_secs(5)).expect("connect");
+    let a = c.request("POST", "/x", b"{}").expect("first");
+    assert_eq!((a.status, a.body.as_slice()), (200, &b"hi"[..]));
+    let b = c
+        .request("GET", "/y", b"")
+        .expect("second, on a new connection");
+    assert_eq!((b.status, b.body.as_slice()), (201, &b"yes"[..]));
+    server.join().expect("server");
+}
