@@ -31,6 +31,7 @@
 //! | `least_load_max_waiting_requests` | off | |
 //! | `default_prefill_throughput` | 10,000 tok/s | cost mode, for a fleet that reports no prefill counters |
 //! | `min_match_tokens` | 64 | cost mode: smaller holdings count as none |
+//! | `affinity_margin` | 0.25 | cost mode: a holder within this fraction of the cheapest keeps the request |
 //! | `bytes_per_token` | 4.0 | converts text lengths (UTF-8 bytes) to token estimates; alias `chars_per_token` |
 //! | `power_of_two_load_metric` | `expected_wait` | |
 //! | `prefix_token_count` | 256 | |
@@ -216,6 +217,9 @@ pub struct PolicyConfig {
     /// chat template, a common greeting) pulls every unrelated request onto the worker
     /// that saw it first.
     pub min_match_tokens: usize,
+    /// Cost mode: a holder of the prompt keeps it while its cost is within this fraction of
+    /// the cheapest worker's (0 = the plain lowest cost).
+    pub affinity_margin: f64,
 
     /// power_of_two: what the pair is compared on.
     pub power_of_two_load_metric: LoadMetric,
@@ -250,6 +254,7 @@ impl Default for PolicyConfig {
             least_load_max_waiting_requests: None,
             default_prefill_throughput: 10_000.0,
             min_match_tokens: 64,
+            affinity_margin: 0.25,
             bytes_per_token: 4.0,
             power_of_two_load_metric: LoadMetric::ExpectedWait,
             prefix_token_count: 256,
@@ -327,6 +332,9 @@ impl PolicyConfig {
             if !(v > 0.0 && v.is_finite()) {
                 return bad(key, "must be a finite number > 0");
             }
+        }
+        if !(self.affinity_margin >= 0.0 && self.affinity_margin.is_finite()) {
+            return bad("affinity_margin", "must be a finite number >= 0");
         }
         if !(self.kv_pressure_weight >= 0.0 && self.kv_pressure_weight.is_finite()) {
             return bad("kv_pressure_weight", "must be a finite number >= 0");

@@ -13,6 +13,8 @@
 //!            = in_flight(w) · p̄ / P̄                                           nobody reports
 //! prefill(w) = m(w) · uncached(w) / P(w),  uncached(w) = prompt tokens − tokens w holds
 //!              (holdings under min_match_tokens, default 64, count as none)
+//! choice     = the lowest cost, except that the cheapest holder of the prompt wins when its
+//!              cost is within affinity_margin (default 0.25) of the lowest
 //! m(w)       = 1 + waiting_reqs(w) + dispatched_since_sample(w) + cache_hit_rate(w)
 //!            = 1 + in_flight(w)                                               no report
 //! cost(w)    = wait(w) + prefill(w)
@@ -74,9 +76,24 @@ pub(crate) fn select(ctx: &Ctx<'_>, rng: &mut dyn RngCore) -> Decision {
     let set = ctx.ungated_eligible();
     let costs = ttft(ctx, &set);
     let totals: Vec<f64> = costs.iter().map(|c| c.0).collect();
-    let Some(at) = argmin_uniform(&totals, rng) else {
+    let Some(mut at) = argmin_uniform(&totals, rng) else {
         return Decision::none();
     };
+    // Affinity margin: a holder within `affinity_margin` of the cheapest worker keeps the
+    // request. The costs rest on polls seconds old and on an engine model; breaking a
+    // prefix group over a near-tie duplicates a whole prefill and its cache pages.
+    let holds = |i: usize| useful_match(ctx, ctx.matched[set[i]]) > 0;
+    if !holds(at) {
+        let bound = totals[at] * (1.0 + ctx.cfg.affinity_margin.max(0.0));
+        let holder_costs: Vec<f64> = (0..set.len())
+            .map(|i| if holds(i) && totals[i] <= bound { totals[i] } else { f64::INFINITY })
+            .collect();
+        if holder_costs.iter().any(|c| c.is_finite())
+            && let Some(h) = argmin_uniform(&holder_costs, rng)
+        {
+            at = h;
+        }
+    }
     let chosen = set[at];
     let path = match ctx.matches() {
         None => DecisionPath::Fallback,

@@ -89,7 +89,11 @@ fn an_idle_holder_wins_and_is_credited_the_uncached_part() {
 #[test]
 fn a_backlog_outweighs_affinity_only_past_the_prefill_it_saves() {
     // Holder: one waiting request, so its own prefill counts twice: 0.08 s + Q / 10k.
-    // Idle non-holder: 2000 / 10k = 0.2 s.
+    // Idle non-holder: 2000 / 10k = 0.2 s. No affinity margin: the plain lowest cost.
+    let cfg = PolicyConfig {
+        affinity_margin: 0.0,
+        ..cost_cfg()
+    };
     let m = token_matches(2000, &[(1, 1600)]);
     let with_queue = |q| {
         [
@@ -98,20 +102,35 @@ fn a_backlog_outweighs_affinity_only_past_the_prefill_it_saves() {
         ]
     };
     check(
-        &cost_cfg(),
+        &cfg,
         &with_queue(1000),
         &tokens(2000),
         Some(&m),
         (1, DecisionPath::Hit),
     );
     let d = check(
-        &cost_cfg(),
+        &cfg,
         &with_queue(1500),
         &tokens(2000),
         Some(&m),
         (2, DecisionPath::Spill),
     );
     assert_eq!(d.credit_tokens, 2000);
+}
+
+#[test]
+fn the_affinity_margin_keeps_near_ties_with_the_holder() {
+    // Same fleet: the holder costs 0.08 + Q/10k against the idle worker's 0.2 s. With the
+    // default margin (0.25) the holder keeps it up to 0.25 s, and loses it beyond.
+    let m = token_matches(2000, &[(1, 1600)]);
+    let with_queue = |q| {
+        [
+            w(1).load(prefilling(10_000, q, 1, 0.0)),
+            w(2).load(prefilling(10_000, 0, 0, 0.0)),
+        ]
+    };
+    check(&cost_cfg(), &with_queue(1500), &tokens(2000), Some(&m), (1, DecisionPath::Hit));
+    check(&cost_cfg(), &with_queue(1800), &tokens(2000), Some(&m), (2, DecisionPath::Spill));
 }
 
 #[test]
