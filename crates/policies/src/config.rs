@@ -31,7 +31,7 @@
 //! | `least_load_max_waiting_requests` | off | |
 //! | `default_prefill_throughput` | 10,000 tok/s | cost mode, for a fleet that reports no prefill counters |
 //! | `min_match_tokens` | 64 | cost mode: smaller holdings count as none |
-//! | `affinity_margin` | 0.25 | cost mode: a holder within this fraction of the cheapest keeps the request |
+//! | `affinity_margin` | 0.5 | cost mode: a holder within this fraction of the cheapest keeps the request |
 //! | `bytes_per_token` | 4.0 | converts text lengths (UTF-8 bytes) to token estimates; alias `chars_per_token` |
 //! | `power_of_two_load_metric` | `expected_wait` | |
 //! | `prefix_token_count` | 256 | |
@@ -254,7 +254,7 @@ impl Default for PolicyConfig {
             least_load_max_waiting_requests: None,
             default_prefill_throughput: 10_000.0,
             min_match_tokens: 64,
-            affinity_margin: 0.25,
+            affinity_margin: 0.5,
             bytes_per_token: 4.0,
             power_of_two_load_metric: LoadMetric::ExpectedWait,
             prefix_token_count: 256,

@@ -14,7 +14,7 @@
 //! prefill(w) = m(w) · uncached(w) / P(w),  uncached(w) = prompt tokens − tokens w holds
 //!              (holdings under min_match_tokens, default 64, count as none)
 //! choice     = the lowest cost, except that the cheapest holder of the prompt wins when its
-//!              cost is within affinity_margin (default 0.25) of the lowest
+//!              cost is within affinity_margin (default 0.5) of the lowest
 //! m(w)       = 1 + waiting_reqs(w) + dispatched_since_sample(w) + cache_hit_rate(w)
 //!            = 1 + in_flight(w)                                               no report
 //! cost(w)    = wait(w) + prefill(w)
@@ -86,7 +86,13 @@ pub(crate) fn select(ctx: &Ctx<'_>, rng: &mut dyn RngCore) -> Decision {
     if !holds(at) {
         let bound = totals[at] * (1.0 + ctx.cfg.affinity_margin.max(0.0));
         let holder_costs: Vec<f64> = (0..set.len())
-            .map(|i| if holds(i) && totals[i] <= bound { totals[i] } else { f64::INFINITY })
+            .map(|i| {
+                if holds(i) && totals[i] <= bound {
+                    totals[i]
+                } else {
+                    f64::INFINITY
+                }
+            })
             .collect();
         if holder_costs.iter().any(|c| c.is_finite())
             && let Some(h) = argmin_uniform(&holder_costs, rng)

@@ -120,8 +120,12 @@ fn a_backlog_outweighs_affinity_only_past_the_prefill_it_saves() {
 
 #[test]
 fn the_affinity_margin_keeps_near_ties_with_the_holder() {
-    // Same fleet: the holder costs 0.08 + Q/10k against the idle worker's 0.2 s. With the
-    // default margin (0.25) the holder keeps it up to 0.25 s, and loses it beyond.
+    // Same fleet: the holder costs 0.08 + Q/10k against the idle worker's 0.2 s. With a
+    // margin of 0.25 the holder keeps it up to 0.25 s, and loses it beyond.
+    let cfg = PolicyConfig {
+        affinity_margin: 0.25,
+        ..cost_cfg()
+    };
     let m = token_matches(2000, &[(1, 1600)]);
     let with_queue = |q| {
         [
@@ -129,8 +133,28 @@ fn the_affinity_margin_keeps_near_ties_with_the_holder() {
             w(2).load(prefilling(10_000, 0, 0, 0.0)),
         ]
     };
-    check(&cost_cfg(), &with_queue(1500), &tokens(2000), Some(&m), (1, DecisionPath::Hit));
-    check(&cost_cfg(), &with_queue(1800), &tokens(2000), Some(&m), (2, DecisionPath::Spill));
+    check(
+        &cfg,
+        &with_queue(1500),
+        &tokens(2000),
+        Some(&m),
+        (1, DecisionPath::Hit),
+    );
+    check(
+        &cfg,
+        &with_queue(1800),
+        &tokens(2000),
+        Some(&m),
+        (2, DecisionPath::Spill),
+    );
+    // The default margin (0.5) keeps it at 1800 too.
+    check(
+        &cost_cfg(),
+        &with_queue(1800),
+        &tokens(2000),
+        Some(&m),
+        (1, DecisionPath::Hit),
+    );
 }
 
 #[test]
