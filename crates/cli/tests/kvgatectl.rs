@@ -6,17 +6,10 @@ use kvgate_engine_sim::{SimConfig, SimFleet};
 use kvgate_gateway::{Gateway, GatewayConfig};
 
 fn ctl(gw: &Gateway, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_kvgatectl"))
-        .arg("--url")
-        .arg(gw.url())
-        .args(args)
-        .output()
-        .expect("kvgatectl runs");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let url = gw.url();
+    let mut all = vec!["--url", url.as_str()];
+    all.extend_from_slice(args);
+    run(&all)
 }
 
 #[test]

@@ -99,7 +99,8 @@ fn routing_key(req: &HttpRequest) -> Option<String> {
         .map(str::to_owned)
 }
 
-async fn inference(
+/// Any inference route: `endpoint` says which body shape to read and where to forward.
+pub async fn inference(
     endpoint: Endpoint,
     req: HttpRequest,
     payload: web::Payload,
@@ -150,33 +151,6 @@ async fn proxy_request(
         stream,
     };
     proxy::forward(up, &req, body, booking).await
-}
-
-pub async fn chat(
-    req: HttpRequest,
-    payload: web::Payload,
-    state: web::Data<AppState>,
-    client: web::Data<awc::Client>,
-) -> Result<HttpResponse, ApiError> {
-    inference(Endpoint::Chat, req, payload, state, client).await
-}
-
-pub async fn completions(
-    req: HttpRequest,
-    payload: web::Payload,
-    state: web::Data<AppState>,
-    client: web::Data<awc::Client>,
-) -> Result<HttpResponse, ApiError> {
-    inference(Endpoint::Completions, req, payload, state, client).await
-}
-
-pub async fn generate(
-    req: HttpRequest,
-    payload: web::Payload,
-    state: web::Data<AppState>,
-    client: web::Data<awc::Client>,
-) -> Result<HttpResponse, ApiError> {
-    inference(Endpoint::Generate, req, payload, state, client).await
 }
 
 pub async fn health() -> HttpResponse {

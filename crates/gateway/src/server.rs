@@ -17,6 +17,7 @@ use tracing::{error, info, warn};
 use crate::config::GatewayConfig;
 use crate::error::ApiError;
 use crate::index::{FinalSnapshot, FleetSettled, IndexActor, IndexConfig};
+use crate::parse::Endpoint;
 use crate::registry::normalize_url;
 use crate::registry::{AddWorker, RegistryActor, RegistryConfig, RegistryError, WorkerSource};
 use crate::routes::{self, AppState, RequestId};
@@ -239,9 +240,9 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
                     Ok(res)
                 }
             })
-            .service(post("/v1/chat/completions", routes::chat))
-            .service(post("/v1/completions", routes::completions))
-            .service(post("/generate", routes::generate))
+            .service(proxied(Endpoint::Chat))
+            .service(proxied(Endpoint::Completions))
+            .service(proxied(Endpoint::Generate))
             .service(get("/health", routes::health))
             .service(get("/liveness", routes::health))
             .service(get("/readiness", routes::readiness))
@@ -296,6 +297,15 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
             writer,
         },
     ))
+}
+
+/// An inference route, proxied.
+fn proxied(endpoint: Endpoint) -> actix_web::Resource {
+    web::resource(endpoint.path())
+        .route(web::post().to(move |req, payload, state, client| {
+            routes::inference(endpoint, req, payload, state, client)
+        }))
+        .default_service(web::to(routes::method_not_allowed))
 }
 
 fn post<F, Args>(path: &str, handler: F) -> actix_web::Resource
