@@ -14,7 +14,8 @@
 //! prefill(w) = m(w) · uncached(w) / P(w),  uncached(w) = prompt tokens − tokens w holds
 //!              (holdings under min_match_tokens, default 64, count as none)
 //! choice     = the lowest cost, except that the cheapest holder of the prompt wins when its
-//!              cost is within affinity_margin (default 0.5) of the lowest
+//!              cost is within affinity_margin (default 0.5) of the lowest and the lowest
+//!              is not an idle worker (nothing in flight)
 //! m(w)       = 1 + waiting_reqs(w) + dispatched_since_sample(w) + cache_hit_rate(w)
 //!            = 1 + in_flight(w)                                               no report
 //! cost(w)    = wait(w) + prefill(w)
@@ -82,8 +83,16 @@ pub(crate) fn select(ctx: &Ctx<'_>, rng: &mut dyn RngCore) -> Decision {
     // Affinity margin: a holder within `affinity_margin` of the cheapest worker keeps the
     // request. The costs rest on polls seconds old and on an engine model; breaking a
     // prefix group over a near-tie duplicates a whole prefill and its cache pages.
+    // An idle worker is never passed over this way: the margin must not starve one.
     let holds = |i: usize| useful_match(ctx, ctx.matched[set[i]]) > 0;
-    if !holds(at) {
+    let idle = |w: usize| {
+        ctx.fleet.in_flight(w) == 0
+            && ctx
+                .fleet
+                .load(w)
+                .is_none_or(|l| l.live_rate == 0.0 && l.waiting_reqs == 0.0)
+    };
+    if !holds(at) && !idle(set[at]) {
         let bound = totals[at] * (1.0 + ctx.cfg.affinity_margin.max(0.0));
         let holder_costs: Vec<f64> = (0..set.len())
             .map(|i| {

@@ -366,3 +366,23 @@ fn paths_and_recording() {
         (DecisionPath::Miss, false)
     );
 }
+
+#[test]
+fn the_affinity_margin_never_passes_over_an_idle_worker() {
+    // The cheapest worker is idle (nothing running, waiting or in flight): it wins on cost
+    // even though a busy holder is within the margin.
+    let m = token_matches(2000, &[(1, 1600)]);
+    let idle = report(vec![RankLoad {
+        total_prefill_uncached_tokens: 100_000,
+        total_prefill_busy_us: 10_000_000,
+        ..RankLoad::default()
+    }]);
+    let workers = [w(1).load(prefilling(10_000, 1500, 1, 0.0)), w(2).load(idle)];
+    check(
+        &cost_cfg(),
+        &workers,
+        &tokens(2000),
+        Some(&m),
+        (2, DecisionPath::Spill),
+    );
+}
