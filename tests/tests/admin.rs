@@ -121,3 +121,75 @@ async fn an_unreachable_worker_is_kept_pending_and_not_routed() {
     }
     assert_eq!(fleet.engine(0).stats().requests, 6);
 }
+
+#[actix_rt::test]
+async fn vllm_and_older_sglang_workers_are_detected_and_polled() {
+    use kvgate_engine_sim::Flavor;
+    let vllm = SimFleet::start(
+        1,
+        SimConfig {
+            flavor: Flavor::Vllm,
+            ..SimConfig::default()
+        },
+    )
+    .unwrap();
+    let legacy = SimFleet::start(
+        1,
+        SimConfig {
+            flavor: Flavor::SglangLegacy,
+            ..SimConfig::default()
+        },
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = test_config(&dir);
+    cfg.worker_urls = vec![vllm.urls()[0].clone(), legacy.urls()[0].clone()];
+    let gw = kvgate_gateway::Gateway::start(cfg).unwrap();
+    let list = get(&format!("{}/workers", gw.url())).await.json();
+    let find = |url: &str| {
+        list["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|w| w["url"] == url)
+            .unwrap()
+            .clone()
+    };
+    let v = find(&vllm.urls()[0]);
+    assert_eq!(
+        (v["runtime"].as_str(), v["status"].as_str()),
+        (Some("vllm"), Some("ready")),
+        "{v}"
+    );
+    assert!(
+        v["startup_time"].is_null() && v["max_running_requests"].is_null(),
+        "vLLM has no /server_info: {v}"
+    );
+    let l = find(&legacy.urls()[0]);
+    assert_eq!(l["runtime"], "sglang", "{l}");
+    // Both get load reports: vLLM and old SGLang from /metrics.
+    let sel = gw.actors().selector.clone();
+    gw.actors().poller.do_send(kvgate_poller::PollNow);
+    kvgate_tests::wait_for_async(10, "a load report from both", || {
+        let sel = sel.clone();
+        async move {
+            sel.send(kvgate_gateway::GetViews)
+                .await
+                .map(|v| v.len() == 2 && v.iter().all(|w| w.load.is_some()))
+                .unwrap_or(false)
+        }
+    })
+    .await;
+    for i in 0..4 {
+        let r = post_json(
+            &format!("{}/v1/completions", gw.url()),
+            &json!({"prompt": format!("p{i}"), "max_tokens": 1}),
+        )
+        .await;
+        assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    }
+    assert_eq!(
+        vllm.engine(0).stats().requests + legacy.engine(0).stats().requests,
+        4
+    );
+}
