@@ -37,7 +37,7 @@
 //! to first token), `benches/modes.rs` spilled 9–17% of chat requests off their holders,
 //! and saturated chat averaged 32 s to first token against the threshold mode's 4.6 s.
 //!
-//! Why it is the default (figures in docs/benchmarks-policies.md, from
+//! Why it is the default (figures in docs/benchmarks.md, from
 //! `cargo bench -p kvgate-policies --bench modes`): on the same simulated arrivals it
 //! matched or beat the threshold mode's mean time to first token in 10 of 11 workloads
 //! (shared system prompts, hot prefixes, a fleet of fast and slow GPUs, multi-turn chat, a
