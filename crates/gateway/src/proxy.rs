@@ -116,6 +116,7 @@ pub async fn forward(
             guard: Some(guard),
             deadline: Box::pin(actix_rt::time::sleep(deadline)),
             worker: up.worker_url.to_owned(),
+            request_id: up.request_id.to_owned(),
             timeout: up.timeout,
             done: false,
             tail: Tail::default(),
@@ -196,6 +197,7 @@ struct Relay<S> {
     guard: Option<Booking>,
     deadline: Pin<Box<actix_rt::time::Sleep>>,
     worker: String,
+    request_id: String,
     timeout: Duration,
     done: bool,
     tail: Tail,
@@ -205,7 +207,7 @@ struct Relay<S> {
 
 impl<S> Relay<S> {
     fn fail(&mut self, err: ApiError) -> Poll<Option<Result<Bytes, actix_web::Error>>> {
-        warn!(worker = %self.worker, error = %err, "upstream stream failed");
+        warn!(worker = %self.worker, request_id = %self.request_id, error = %err, "upstream stream failed");
         self.done = true;
         self.guard = None;
         let event = format!("data: {}\n\n", err.body());

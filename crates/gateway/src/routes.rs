@@ -107,8 +107,10 @@ pub async fn inference(
     state: web::Data<AppState>,
     client: web::Data<awc::Client>,
 ) -> Result<HttpResponse, ApiError> {
+    // A debug span: at the default info level it costs nothing on the hot path; the
+    // request id is also in every warning the proxy logs.
     let id = req.extensions().get::<RequestId>().map(|r| r.0.clone());
-    let span = tracing::info_span!(
+    let span = tracing::debug_span!(
         "request",
         id = id.as_deref().unwrap_or(""),
         route = endpoint.path()
