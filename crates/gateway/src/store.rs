@@ -204,7 +204,7 @@ impl Store {
             return Ok(None);
         };
         // The count comes from disk: never trust it for an allocation.
-        let mut chunks = Vec::with_capacity((header.chunks as usize).min(self.index.len()));
+        let mut raws = Vec::with_capacity((header.chunks as usize).min(self.index.len()));
         for seq in 0..header.chunks {
             let raw = self
                 .index
@@ -216,10 +216,43 @@ impl Store {
                         header.generation
                     ))
                 })?;
-            chunks.push(
-                kvgate_kv_index::decode(&raw)
-                    .map_err(|e| self.corrupt(format!("chunk {seq}: {e}")))?,
-            );
+            raws.push(raw);
+        }
+        // Decoding dominates a large restore, and runs before the first request is served:
+        // spread it over the cores.
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(8);
+        let per = raws.len().div_ceil(threads.max(1)).max(1);
+        let decoded: Vec<Result<Vec<Chunk>, StoreError>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = raws
+                .chunks(per)
+                .enumerate()
+                .map(|(part, slice)| {
+                    scope.spawn(move || {
+                        slice
+                            .iter()
+                            .enumerate()
+                            .map(|(i, raw)| {
+                                kvgate_kv_index::decode(raw).map_err(|e| {
+                                    self.corrupt(format!("chunk {}: {e}", part * per + i))
+                                })
+                            })
+                            .collect::<Result<Vec<Chunk>, StoreError>>()
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(self.corrupt("a decoding thread panicked")))
+                })
+                .collect()
+        });
+        let mut chunks = Vec::with_capacity(raws.len());
+        for part in decoded {
+            chunks.extend(part?);
         }
         Ok(Some(Image { header, chunks }))
     }
