@@ -492,6 +492,14 @@ impl Actor for IndexActor {
             });
         }
     }
+
+    /// However the actor ends (graceful shutdown, its thread stopping), what it holds goes
+    /// to the writer; the writer thread is joined after this.
+    fn stopped(&mut self, ctx: &mut Self::Context) {
+        if self.dirty || self.job.is_some() {
+            self.final_snapshot(ctx);
+        }
+    }
 }
 
 /// Who holds how much of the request's prompt. The facts travel with the message and come
@@ -698,6 +706,13 @@ impl Handler<FinalSnapshot> for IndexActor {
     type Result = bool;
 
     fn handle(&mut self, _: FinalSnapshot, ctx: &mut Context<Self>) -> bool {
+        self.final_snapshot(ctx)
+    }
+}
+
+impl IndexActor {
+    /// A complete snapshot, written now; waits until the writer has flushed it.
+    fn final_snapshot(&mut self, ctx: &mut Context<Self>) -> bool {
         let Some(persist) = self.persist.clone() else {
             return false;
         };
@@ -709,9 +724,7 @@ impl Handler<FinalSnapshot> for IndexActor {
         persist.flush();
         ok
     }
-}
 
-impl IndexActor {
     /// Changes made while the job runs mark the index dirty again.
     fn start_snapshot_now(&mut self) {
         self.generation += 1;

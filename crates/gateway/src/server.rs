@@ -3,10 +3,11 @@
 //! what the binary's `--demo`, embedders and the end-to-end tests use.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use actix::{Actor, Addr, Arbiter};
+use actix::dev::channel::AddressReceiver;
+use actix::{Actor, Addr, Arbiter, Context};
 use actix_web::dev::{Server, ServerHandle, Service};
 use actix_web::http::header::{HeaderName, HeaderValue};
 use actix_web::{App, HttpMessage, HttpServer, web};
@@ -16,7 +17,7 @@ use tracing::{error, info, warn};
 
 use crate::config::GatewayConfig;
 use crate::error::ApiError;
-use crate::index::{FinalSnapshot, FleetSettled, IndexActor, IndexConfig};
+use crate::index::{FleetSettled, IndexActor, IndexConfig};
 use crate::parse::Endpoint;
 use crate::registry::normalize_url;
 use crate::registry::{AddWorker, RegistryActor, RegistryConfig, RegistryError, WorkerSource};
@@ -87,6 +88,27 @@ impl Threads {
     }
 }
 
+/// Default mailbox depth before `started` raises it; only startup messages queue here.
+const MAILBOX: usize = 16;
+
+/// The routing actors, built and waiting for the thread they will run on. A dispatch is
+/// HTTP handler → selector → index and back; on one thread those hops are queue pushes,
+/// where across threads each one is a wake-up that costs more than the decision itself.
+struct RoutingStart {
+    index: (IndexActor, AddressReceiver<IndexActor>),
+    selector: (SelectorActor, AddressReceiver<SelectorActor>),
+}
+
+impl RoutingStart {
+    /// Starts both actors on the current arbiter.
+    fn run_here(self) {
+        let (index, rx) = self.index;
+        Context::with_receiver(rx).run(index);
+        let (selector, rx) = self.selector;
+        Context::with_receiver(rx).run(selector);
+    }
+}
+
 /// Starts the actors and the HTTP server inside the current actix System.
 async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threads), StartError> {
     // Bound first: a taken port fails the start before any thread or store is opened.
@@ -121,25 +143,26 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         }
         None => None,
     };
-    let routing = Arbiter::new();
     let control = Arbiter::new();
-    // The index lives on the selector's thread: the lookup before each decision is a
-    // same-thread hop.
+    // The index and the selector run on the first HTTP worker's thread (see `RoutingStart`);
+    // their addresses exist now so the registry and the routes can hold them.
+    let (index_tx, index_rx) = actix::dev::channel::channel::<IndexActor>(MAILBOX);
+    let (selector_tx, selector_rx) = actix::dev::channel::channel::<SelectorActor>(MAILBOX);
+    let index = Addr::new(index_tx);
+    let selector = Addr::new(selector_tx);
     let index_cfg = IndexConfig::from_policy(&cfg.policy, cfg.snapshot_interval);
-    let index_persist = persister.clone();
-    let index = IndexActor::start_in_arbiter(&routing.handle(), move |_| {
-        let mut a = IndexActor::new(index_cfg, epoch, index_persist);
-        if let Some(img) = image {
-            a.restore(img);
-        }
-        a
-    });
-    let policy = cfg.policy.clone();
-    let seed = cfg.seed;
-    let idx = index.clone();
-    let selector = SelectorActor::start_in_arbiter(&routing.handle(), move |_| {
-        SelectorActor::new(policy, seed, epoch, Some(idx))
-    });
+    let mut index_actor = IndexActor::new(index_cfg, epoch, persister.clone());
+    if let Some(img) = image {
+        // Restored before the server is built: no request is routed on an empty index.
+        index_actor.restore(img);
+    }
+    let routing_start = Arc::new(Mutex::new(Some(RoutingStart {
+        index: (index_actor, index_rx),
+        selector: (
+            SelectorActor::new(cfg.policy.clone(), cfg.seed, epoch, Some(index.clone())),
+            selector_rx,
+        ),
+    })));
     let reg_cfg = RegistryConfig {
         health_check_interval: cfg.health_check_interval,
         health_check_timeout: cfg.health_check_timeout,
@@ -206,6 +229,15 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
     let connect_timeout = cfg.connect_timeout;
     let request_timeout = cfg.request_timeout;
     let server = HttpServer::new(move || {
+        // The first worker to build its app hosts the routing actors; later calls (other
+        // workers, a restarted service) find them started.
+        let start = match routing_start.lock() {
+            Ok(mut g) => g.take(),
+            Err(p) => p.into_inner().take(),
+        };
+        if let Some(r) = start {
+            r.run_here();
+        }
         // One upstream pool per HTTP thread; idle connections are dropped before the
         // engines' own 5 s keep-alive would close them under us.
         let connector = awc::Connector::new()
@@ -293,7 +325,7 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
             index,
         },
         Threads {
-            arbiters: vec![routing, control],
+            arbiters: vec![control],
             writer,
         },
     ))
@@ -353,13 +385,12 @@ impl Gateway {
                     match build(&cfg).await {
                         Ok((server, addr, actors, threads)) => {
                             let handle = server.handle();
-                            let index = actors.index.clone();
                             let _ =
                                 tx.send(Ok((addr, handle, actors, actix_rt::System::current())));
                             let _ = server.await;
-                            // In-flight requests have drained: what the index holds now is
-                            // final, and it is on disk before the process goes.
-                            let _ = index.send(FinalSnapshot).await;
+                            // In-flight requests have drained and the workers' threads are
+                            // ending; the index writes its final snapshot as it stops, and
+                            // the join waits for the writer to put it on disk.
                             threads.join();
                         }
                         Err(e) => {
