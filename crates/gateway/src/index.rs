@@ -149,7 +149,22 @@ impl IndexActor {
     pub fn restore(&mut self, image: Image) {
         let now = self.now();
         let Image { header, chunks } = image;
+        let started = Instant::now();
         self.generation = header.generation;
+        // Each model's records, sized up front: one move per record, no regrowth.
+        let mut text_len: HashMap<u32, usize> = HashMap::new();
+        let mut tokens_len: HashMap<u32, usize> = HashMap::new();
+        for c in &chunks {
+            match c {
+                Chunk::Text { model, records, .. } => {
+                    *text_len.entry(*model).or_default() += records.len()
+                }
+                Chunk::Tokens { model, records, .. } => {
+                    *tokens_len.entry(*model).or_default() += records.len()
+                }
+                Chunk::Hash { .. } => {}
+            }
+        }
         let mut text: HashMap<u32, TreeSnapshot<u8, WorkerId>> = HashMap::new();
         let mut tokens: HashMap<u32, TreeSnapshot<u32, WorkerId>> = HashMap::new();
         for c in chunks {
@@ -160,7 +175,12 @@ impl IndexActor {
                     records,
                 } => text
                     .entry(model)
-                    .or_insert_with(|| TreeSnapshot::new(page_size))
+                    .or_insert_with(|| {
+                        let mut t = TreeSnapshot::new(page_size);
+                        t.records
+                            .reserve(text_len.get(&model).copied().unwrap_or(0));
+                        t
+                    })
                     .records
                     .extend(records),
                 Chunk::Tokens {
@@ -169,7 +189,12 @@ impl IndexActor {
                     records,
                 } => tokens
                     .entry(model)
-                    .or_insert_with(|| TreeSnapshot::new(page_size))
+                    .or_insert_with(|| {
+                        let mut t = TreeSnapshot::new(page_size);
+                        t.records
+                            .reserve(tokens_len.get(&model).copied().unwrap_or(0));
+                        t
+                    })
                     .records
                     .extend(records),
                 Chunk::Hash { model, snapshot } => {
@@ -216,6 +241,7 @@ impl IndexActor {
             generation = header.generation,
             models = header.models.len(),
             workers = self.known.len(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
             "prefix index restored"
         );
     }

@@ -1,6 +1,7 @@
-//! Wiring: starts the actors on their own arbiters, registers the configured workers and
-//! serves the HTTP API. `Gateway::start` runs all of it on a dedicated thread, which is
-//! what the binary's `--demo`, embedders and the end-to-end tests use.
+//! Wiring: starts the actors (selector and index on the first HTTP thread, registry and
+//! poller on a control arbiter), registers the configured workers and serves the HTTP API.
+//! `Gateway::start` runs all of it on a dedicated thread, which is what the binary's
+//! `--demo`, embedders and the end-to-end tests use.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};

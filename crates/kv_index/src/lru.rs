@@ -103,6 +103,10 @@ impl Lru {
     }
 
     /// A new most recent entry.
+    pub(crate) fn reserve(&mut self, additional: usize) {
+        self.entries.reserve(additional);
+    }
+
     pub(crate) fn push_back(
         &mut self,
         list: &mut TenantList,

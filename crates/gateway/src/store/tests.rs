@@ -80,6 +80,69 @@ fn an_interrupted_snapshot_leaves_the_previous_one() {
     assert_eq!(s.index.len(), 1);
 }
 
+/// A chunk whose encoding spans several pieces: distinct long prompts on a few workers.
+fn big_chunk(seed: u64) -> Chunk {
+    let prompts: Vec<(String, u64)> = (0..400)
+        .map(|i| {
+            (
+                format!("{seed} {i} {}", "long shared text ".repeat(20)),
+                i % 3,
+            )
+        })
+        .collect();
+    let refs: Vec<(&str, u64)> = prompts.iter().map(|(p, w)| (p.as_str(), *w)).collect();
+    text_chunk(&refs)
+}
+
+#[test]
+fn chunks_larger_than_a_piece_come_back_whole_and_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let chunks: Vec<Chunk> = (0..12).map(big_chunk).collect();
+    let encoded = kvgate_kv_index::encode(&chunks[0]).unwrap().len();
+    assert!(encoded > 3 * PIECE, "the chunk spans {encoded} bytes");
+    {
+        let s = Store::open(dir.path()).unwrap();
+        write(&s, 4, &chunks);
+        // Pieces, not one value per chunk.
+        assert!(s.index.len() > 3 * chunks.len());
+    }
+    let s = Store::open(dir.path()).unwrap();
+    let img = s.load().unwrap().unwrap();
+    assert_eq!(img.header, header(4, 12));
+    assert_eq!(img.chunks, chunks);
+}
+
+#[test]
+fn a_version_1_store_is_read_and_upgraded() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = big_chunk(9);
+    {
+        let s = Store::open(dir.path()).unwrap();
+        // The version 1 layout: the whole chunk under its 12-byte key.
+        let whole = kvgate_kv_index::encode(&c).unwrap();
+        s.index.insert(chunk_key(3, 0), whole).unwrap();
+        s.commit(&header(3, 1)).unwrap();
+        s.meta
+            .insert("format_version", &1u32.to_be_bytes())
+            .unwrap();
+        s.db.flush().unwrap();
+    }
+    let s = Store::open(dir.path()).unwrap();
+    assert_eq!(s.load().unwrap().unwrap().chunks, vec![c]);
+    let v = s.meta.get("format_version").unwrap().unwrap();
+    assert_eq!(v.as_ref(), FORMAT_VERSION.to_be_bytes());
+}
+
+#[test]
+fn a_lost_piece_is_reported_as_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(dir.path()).unwrap();
+    write(&s, 1, &[big_chunk(1)]);
+    s.index.remove(piece_key(1, 0, 1)).unwrap();
+    let e = s.load().unwrap_err();
+    assert!(matches!(e, StoreError::Corrupt { .. }), "{e}");
+}
+
 #[test]
 fn a_header_naming_missing_chunks_is_reported_as_damage() {
     let dir = tempfile::tempdir().unwrap();
