@@ -4,7 +4,9 @@ use kvgate_engine_sim::SimConfig;
 use kvgate_gateway::GetViews;
 use kvgate_policies::PolicyKind;
 use kvgate_poller::PollNow;
-use kvgate_tests::{Harness, post_json, wait_for_async};
+use std::time::Duration;
+
+use kvgate_tests::{Harness, post_json, sse_events, wait_for, wait_for_async};
 use serde_json::json;
 
 fn sim() -> SimConfig {
@@ -197,5 +199,66 @@ async fn a_routing_key_sticks_to_one_worker() {
     assert!(
         owner_of.len() >= 2,
         "eight keys do not all hash to one worker"
+    );
+}
+
+/// Two streamed requests sharing a long prefix reach a busy engine together (it is in a
+/// 500 ms decode step for an unrelated request). Without a hold both are admitted in the
+/// same batch and both prefill the prefix; with one, the second waits for the first's
+/// first token and then reuses the prefix.
+async fn shared_prefix_pair(hold: Duration) -> u64 {
+    let slow = SimConfig {
+        decode_step_base: Duration::from_millis(500),
+        ..sim()
+    };
+    let h = Harness::start(1, slow, |c| {
+        c.policy.kind = PolicyKind::CacheAware;
+        c.prefill_hold = hold;
+    });
+    let url = h.url("/v1/chat/completions");
+    let busy = {
+        let url = url.clone();
+        actix_rt::spawn(async move {
+            let body = json!({"messages": [{"role": "user", "content": "an unrelated long answer"}], "max_tokens": 4, "stream": true});
+            post_json(&url, &body).await.status.as_u16()
+        })
+    };
+    wait_for(10, "the engine decoding", || {
+        h.fleet.engine(0).stats().requests == 1
+    })
+    .await;
+    // Well inside the first decode step.
+    actix_rt::time::sleep(Duration::from_millis(100)).await;
+    let system = "You answer questions about the kvgate prefill hold, carefully. ".repeat(30);
+    let pair = (0..2).map(|i| {
+        let url = url.clone();
+        let system = system.clone();
+        async move {
+            let body = json!({"messages": [{"role": "system", "content": system}, {"role": "user", "content": format!("question {i}")}], "max_tokens": 1, "stream": true});
+            let r = post_json(&url, &body).await;
+            assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+            let (_, done) = sse_events(&r.text());
+            assert!(done, "{}", r.text());
+        }
+    });
+    futures_util::future::join_all(pair).await;
+    assert_eq!(busy.await.ok(), Some(200));
+    let s = h.fleet.engine(0).stats();
+    assert_eq!(s.requests, 3);
+    s.cached_tokens
+}
+
+#[actix_rt::test]
+async fn a_request_holds_while_its_prefix_is_prefilled_for_another() {
+    assert_eq!(
+        shared_prefix_pair(Duration::ZERO).await,
+        0,
+        "without a hold both prefill the prefix"
+    );
+    let cached = shared_prefix_pair(Duration::from_secs(5)).await;
+    // The system prompt is about 500 tokens; the second request reuses all of it.
+    assert!(
+        cached >= 400,
+        "the second request reused the prefix: {cached}"
     );
 }

@@ -53,6 +53,10 @@ pub struct GatewayConfig {
     /// How often a changed prefix index is written to the store under `data_dir`.
     #[serde(rename = "snapshot_interval_secs", with = "secs")]
     pub snapshot_interval: Duration,
+    /// Longest wait of a request held behind a streamed request that is still prefilling
+    /// the prefix both share on the worker they go to; 0 turns holds off.
+    #[serde(rename = "prefill_hold_secs", with = "secs")]
+    pub prefill_hold: Duration,
     /// HTTP worker threads; `None` means one per core.
     pub http_workers: Option<usize>,
     pub policy: PolicyConfig,
@@ -84,6 +88,7 @@ impl Default for GatewayConfig {
             health_failure_threshold: 3,
             health_success_threshold: 2,
             snapshot_interval: Duration::from_secs(5),
+            prefill_hold: Duration::from_millis(500),
             http_workers: None,
             policy: PolicyConfig::with_kind(kvgate_policies::PolicyKind::CacheAware),
             poller: PollerConfig::default(),

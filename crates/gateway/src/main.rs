@@ -134,6 +134,8 @@ const KNOBS: &[(&str, &str, Kind)] = &[
         Kind::Float,
     ),
     ("load-monitor-timeout", "poller.timeout_secs", Kind::Float),
+    ("prefill-hold-secs", "prefill_hold_secs", Kind::Float),
+    ("http-workers", "http_workers", Kind::Int),
 ];
 
 #[derive(Debug, Clone, Copy)]

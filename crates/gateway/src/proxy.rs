@@ -228,6 +228,9 @@ where
         match self.inner.as_mut().poll_next(cx) {
             Poll::Ready(Some(Ok(b))) => {
                 self.tail.push(&b);
+                if let Some(g) = self.guard.as_mut() {
+                    g.first_byte();
+                }
                 return Poll::Ready(Some(Ok(b)));
             }
             Poll::Ready(Some(Err(e))) => {

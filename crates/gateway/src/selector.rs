@@ -48,6 +48,20 @@ pub struct Dispatch {
 pub struct Booking {
     selector: Addr<SelectorActor>,
     release: Option<Release>,
+    /// Requests may be holding for this one's prefill (see [`Hold`]).
+    warming: bool,
+}
+
+impl Booking {
+    /// The worker sent the first byte of the answer: its prefill is done, so the prompt is
+    /// in its cache. Called on every streamed chunk; only the first call sends.
+    pub fn first_byte(&mut self) {
+        if std::mem::take(&mut self.warming)
+            && let Some(r) = &self.release
+        {
+            self.selector.do_send(Warmed { booking: r.booking });
+        }
+    }
 }
 
 impl Drop for Booking {
@@ -62,7 +76,7 @@ impl Drop for Booking {
 /// Asks for a worker; on success the worker's in-flight count is already raised and the
 /// caller must send [`Release`] when the response ends (see `proxy::InFlight`).
 #[derive(Message, Debug)]
-#[rtype(result = "Result<Dispatch, SelectError>")]
+#[rtype(result = "Result<Selected, SelectError>")]
 pub struct Select {
     pub facts: RequestFacts,
     /// Workers to leave out (a retry elsewhere).
@@ -70,6 +84,34 @@ pub struct Select {
     /// The request's span, so the selector's logs join the request's.
     pub span: Span,
     pub enqueued_at: Instant,
+    /// Whether the answer may be [`Selected::Hold`]; a request asks once.
+    pub may_hold: bool,
+}
+
+/// The answer to [`Select`].
+#[derive(Debug)]
+pub enum Selected {
+    Go(Dispatch),
+    Hold(Hold),
+}
+
+/// Wait, then ask again (with `may_hold: false`). The chosen worker is still computing
+/// the prefix this request would reuse, for a streamed request sent just before it; sent
+/// now, both would prefill it side by side (an engine caches a prompt only once its
+/// prefill ends). The wait ends at that request's first token, its end, or `max`.
+#[derive(Debug)]
+pub struct Hold {
+    pub facts: RequestFacts,
+    pub exclude: Vec<WorkerId>,
+    pub ready: tokio::sync::oneshot::Receiver<()>,
+    pub max: Duration,
+}
+
+/// A streamed dispatch produced its first byte (see [`Booking::first_byte`]).
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct Warmed {
+    pub booking: u64,
 }
 
 /// A dry run: the decision the policy would make now, with nothing dispatched or credited.
@@ -90,6 +132,8 @@ pub struct Release {
     /// The dispatch's booking, so its credit goes with it.
     pub booked_at: Duration,
     pub credit_tokens: u64,
+    /// Which dispatch this is, for the requests holding on it.
+    pub booking: u64,
 }
 
 /// The selector's current per-worker view (for `/workers` and inspection).
@@ -117,6 +161,48 @@ pub struct SelectorActor {
     index: Option<Addr<IndexActor>>,
     /// Some worker is not detected yet, so an unknown model may still arrive with it.
     pending: bool,
+    /// Longest wait of a [`Hold`]; zero turns holds off.
+    hold: Duration,
+    /// Streamed dispatches whose prefill has not ended, with the requests holding on them.
+    warming: Vec<Warming>,
+    next_booking: u64,
+}
+
+/// A streamed dispatch still in prefill on `worker`: it computes `key` past the `known`
+/// units the worker already held for it.
+struct Warming {
+    booking: u64,
+    worker: WorkerId,
+    key: RoutingText,
+    known: usize,
+    waiters: Vec<tokio::sync::oneshot::Sender<()>>,
+}
+
+/// What `dispatch` did.
+enum Outcome {
+    Go(Dispatch),
+    /// The caller builds the [`Hold`] around this.
+    Hold(tokio::sync::oneshot::Receiver<()>),
+}
+
+/// Leading units two routing keys share.
+fn shared_units(a: &RoutingText, b: &RoutingText) -> usize {
+    fn common<T: PartialEq>(a: &[T], b: &[T]) -> usize {
+        a.iter().zip(b).take_while(|(x, y)| x == y).count()
+    }
+    match (a, b) {
+        (RoutingText::Text(a), RoutingText::Text(b)) => common(a.as_bytes(), b.as_bytes()),
+        (RoutingText::Tokens(a), RoutingText::Tokens(b)) => common(a, b),
+        _ => 0,
+    }
+}
+
+fn key_units(k: &RoutingText) -> usize {
+    match k {
+        RoutingText::Text(t) => t.len(),
+        RoutingText::Tokens(t) => t.len(),
+        RoutingText::Empty => 0,
+    }
 }
 
 impl std::fmt::Debug for SelectorActor {
@@ -148,6 +234,34 @@ impl SelectorActor {
             scratch: Vec::new(),
             index,
             pending: false,
+            hold: Duration::ZERO,
+            warming: Vec::new(),
+            next_booking: 0,
+        }
+    }
+
+    /// Holds requests behind a streamed request still prefilling their prefix on the
+    /// worker they would go to, for at most `max` (zero: never).
+    pub fn with_prefill_hold(mut self, max: Duration) -> Self {
+        self.hold = max;
+        self
+    }
+
+    /// Units of new prefix worth waiting for: the cost mode's floor on a useful match.
+    fn hold_gain(&self, key: &RoutingText) -> usize {
+        let tokens = self.policy.min_match_tokens.max(1);
+        match key {
+            RoutingText::Text(_) => (tokens as f64 * self.policy.bytes_per_token).ceil() as usize,
+            _ => tokens,
+        }
+    }
+
+    /// Lets every request holding on `booking` go.
+    fn warmed(&mut self, booking: u64) {
+        if let Some(i) = self.warming.iter().position(|w| w.booking == booking) {
+            for tx in self.warming.swap_remove(i).waiters {
+                let _ = tx.send(());
+            }
         }
     }
 
@@ -294,18 +408,55 @@ impl SelectorActor {
     }
 
     /// Decides and books the dispatch: in-flight and credit go up on the chosen worker.
+    /// With `may_hold`, a request whose chosen worker is still prefilling its prefix for a
+    /// streamed request books nothing and is told to wait.
     fn dispatch(
         &mut self,
         me: Addr<SelectorActor>,
         facts: &RequestFacts,
         matches: Option<&PrefixMatches>,
         exclude: &[WorkerId],
-    ) -> Result<Dispatch, SelectError> {
+        may_hold: bool,
+    ) -> Result<Outcome, SelectError> {
         self.seq = self.seq.wrapping_add(1);
         let (idx, decision) = self.decide(facts, matches, exclude, self.seq)?;
         let idx = idx.ok_or(SelectError::NoHealthy)?;
+        let worker = self.views[idx].id;
+        let gain = self.hold_gain(&facts.key);
+        if may_hold && !self.hold.is_zero() {
+            let pending = self
+                .warming
+                .iter_mut()
+                .find(|w| w.worker == worker && shared_units(&facts.key, &w.key) >= w.known + gain);
+            if let Some(w) = pending {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                w.waiters.push(tx);
+                debug!(worker = %self.views[idx].url, "held behind a prefill in progress");
+                return Ok(Outcome::Hold(rx));
+            }
+        }
         let booked_at = self.epoch.elapsed();
         self.ledger.apply(&decision, booked_at);
+        self.next_booking = self.next_booking.wrapping_add(1);
+        let booking = self.next_booking;
+        // Only a streamed answer says when its prefill ends (its first chunk); only a
+        // recorded prefix can draw followers.
+        let known = matches
+            .and_then(|m| m.per_worker.iter().find(|(w, _)| *w == worker))
+            .map_or(0, |(_, n)| *n);
+        let warming = !self.hold.is_zero()
+            && facts.stream
+            && decision.record_prefix
+            && key_units(&facts.key) >= known + gain;
+        if warming {
+            self.warming.push(Warming {
+                booking,
+                worker,
+                key: facts.key.clone(),
+                known,
+                waiters: Vec::new(),
+            });
+        }
         let v = &mut self.views[idx];
         v.in_flight += 1;
         v.credit = self.ledger.credit(v.id);
@@ -317,14 +468,16 @@ impl SelectorActor {
                 incarnation: self.incarnations[idx],
                 booked_at,
                 credit_tokens: decision.credit_tokens,
+                booking,
             }),
+            warming,
         };
-        Ok(Dispatch {
+        Ok(Outcome::Go(Dispatch {
             worker: v.id,
             url: v.url.clone(),
             decision,
             booking,
-        })
+        }))
     }
 
     fn index_for(&self, facts: &RequestFacts) -> Option<Addr<IndexActor>> {
@@ -338,7 +491,7 @@ impl SelectorActor {
 impl Handler<Select> for SelectorActor {
     // Atomic: no other selection runs between the index lookup and the record, so a
     // burst of one prefix sees its own earlier decisions (the fused match-then-insert).
-    type Result = AtomicResponse<Self, Result<Dispatch, SelectError>>;
+    type Result = AtomicResponse<Self, Result<Selected, SelectError>>;
 
     fn handle(&mut self, msg: Select, ctx: &mut Context<Self>) -> Self::Result {
         let me = ctx.address();
@@ -357,11 +510,17 @@ impl Handler<Select> for SelectorActor {
         }
         let Some(index) = self.index_for(&msg.facts) else {
             let _enter = span.enter();
-            let r = self.dispatch(me, &msg.facts, None, &msg.exclude);
+            // Without an index nothing is recorded, so nothing warms and nothing holds.
+            let r = match self.dispatch(me, &msg.facts, None, &msg.exclude, false) {
+                Ok(Outcome::Go(d)) => Ok(Selected::Go(d)),
+                Ok(Outcome::Hold(_)) => Err(SelectError::NoHealthy),
+                Err(e) => Err(e),
+            };
             return AtomicResponse::new(Box::pin(fut::ready(r)));
         };
         let model = self.model_key(&msg.facts);
         let exclude = msg.exclude;
+        let may_hold = msg.may_hold;
         let ask = index.send(MatchPrefix {
             model: model.clone(),
             facts: msg.facts,
@@ -373,7 +532,17 @@ impl Handler<Select> for SelectorActor {
                 // The index is gone (shutdown): the facts went with it.
                 Err(_) => return Err(SelectError::NoHealthy),
             };
-            let d = act.dispatch(me, &facts, matches.as_ref(), &exclude)?;
+            let d = match act.dispatch(me, &facts, matches.as_ref(), &exclude, may_hold)? {
+                Outcome::Go(d) => d,
+                Outcome::Hold(ready) => {
+                    return Ok(Selected::Hold(Hold {
+                        facts,
+                        exclude,
+                        ready,
+                        max: act.hold,
+                    }));
+                }
+            };
             if d.decision.record_prefix {
                 // do_send keeps order with the next lookup, which this actor sends later.
                 index.do_send(RecordPrefix {
@@ -382,7 +551,7 @@ impl Handler<Select> for SelectorActor {
                     worker: d.worker,
                 });
             }
-            Ok(d)
+            Ok(Selected::Go(d))
         })))
     }
 }
@@ -411,6 +580,8 @@ impl Handler<Release> for SelectorActor {
     type Result = ();
 
     fn handle(&mut self, msg: Release, _: &mut Context<Self>) {
+        // Ended before its first byte (failed, or its client left): nobody waits longer.
+        self.warmed(msg.booking);
         let Some(i) = self.views.iter().position(|v| v.id == msg.worker) else {
             return;
         };
@@ -426,11 +597,29 @@ impl Handler<Release> for SelectorActor {
     }
 }
 
+impl Handler<Warmed> for SelectorActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Warmed, _: &mut Context<Self>) {
+        self.warmed(msg.booking);
+    }
+}
+
 impl Handler<FleetChanged> for SelectorActor {
     type Result = ();
 
     fn handle(&mut self, msg: FleetChanged, _: &mut Context<Self>) {
         self.apply_fleet(&msg.0);
+        // A worker that left will not warm anything: its followers choose again.
+        let gone: Vec<u64> = self
+            .warming
+            .iter()
+            .filter(|w| !self.views.iter().any(|v| v.id == w.worker))
+            .map(|w| w.booking)
+            .collect();
+        for b in gone {
+            self.warmed(b);
+        }
     }
 }
 
@@ -461,20 +650,34 @@ impl Handler<GetViews> for SelectorActor {
     }
 }
 
-/// Keeps the selector's span joined to the caller's across the mailbox.
+/// Asks the selector for a worker, waiting out a [`Hold`] once; keeps the selector's span
+/// joined to the caller's across the mailbox.
 pub async fn select(
     selector: &Addr<SelectorActor>,
     facts: RequestFacts,
     exclude: Vec<WorkerId>,
 ) -> Result<Result<Dispatch, SelectError>, MailboxError> {
     let span = Span::current();
-    selector
-        .send(Select {
-            facts,
-            exclude,
-            span: span.clone(),
-            enqueued_at: Instant::now(),
-        })
-        .instrument(span)
-        .await
+    let (mut facts, mut exclude, mut may_hold) = (facts, exclude, true);
+    loop {
+        let answer = selector
+            .send(Select {
+                facts,
+                exclude,
+                span: span.clone(),
+                enqueued_at: Instant::now(),
+                may_hold,
+            })
+            .instrument(span.clone())
+            .await?;
+        match answer {
+            Ok(Selected::Go(d)) => return Ok(Ok(d)),
+            Err(e) => return Ok(Err(e)),
+            Ok(Selected::Hold(h)) => {
+                // Whether it warmed, ended or timed out, the second ask goes ahead.
+                let _ = actix_rt::time::timeout(h.max, h.ready).await;
+                (facts, exclude, may_hold) = (h.facts, h.exclude, false);
+            }
+        }
+    }
 }

@@ -160,7 +160,8 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
     let routing_start = Arc::new(Mutex::new(Some(RoutingStart {
         index: (index_actor, index_rx),
         selector: (
-            SelectorActor::new(cfg.policy.clone(), cfg.seed, epoch, Some(index.clone())),
+            SelectorActor::new(cfg.policy.clone(), cfg.seed, epoch, Some(index.clone()))
+                .with_prefill_hold(cfg.prefill_hold),
             selector_rx,
         ),
     })));

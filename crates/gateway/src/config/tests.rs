@@ -65,6 +65,11 @@ fn nested_policy_and_durations() {
     let e = env(&[("KVGATE_POLICY__KIND", "round_robin")]);
     let c = GatewayConfig::load(Some(f.path()), &e, vec![]).unwrap();
     assert_eq!(c.policy.kind, kvgate_policies::PolicyKind::RoundRobin);
+    // The prefill hold: on by default, zero (off) accepted.
+    assert_eq!(c.prefill_hold, Duration::from_millis(500));
+    let e = env(&[("KVGATE_PREFILL_HOLD_SECS", "0")]);
+    let c = GatewayConfig::load(None, &e, vec![]).unwrap();
+    assert_eq!(c.prefill_hold, Duration::ZERO);
 }
 
 fn load_err(file: &str, e: &[(&str, &str)]) -> String {
