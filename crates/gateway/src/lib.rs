@@ -41,5 +41,8 @@ pub use registry::{
     AddWorker, Fleet, FleetChanged, ListWorkers, RegistryActor, RegistryError, RemoveWorker,
     Runtime, WorkerRecord, WorkerSource, WorkerStatus, normalize_url,
 };
-pub use selector::{Dispatch, Explain, GetViews, Release, Select, SelectError, SelectorActor};
+pub use selector::{
+    Booking, Dispatch, Explain, GetViews, Hold, Release, Select, SelectError, Selected,
+    SelectorActor, Warmed, select,
+};
 pub use server::{Actors, Gateway, StartError};
