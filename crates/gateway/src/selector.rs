@@ -185,19 +185,21 @@ enum Outcome {
     Hold(tokio::sync::oneshot::Receiver<()>),
 }
 
-/// Leading units two routing keys share.
-fn shared_units(a: &RoutingText, b: &RoutingText) -> usize {
-    fn common<T: PartialEq>(a: &[T], b: &[T]) -> usize {
-        a.iter().zip(b).take_while(|(x, y)| x == y).count()
+/// Whether two routing keys share at least their first `n` units. Slice equality stops at
+/// the first difference, so an unrelated long prompt costs little.
+fn shares_at_least(a: &RoutingText, b: &RoutingText, n: usize) -> bool {
+    fn head<T: PartialEq>(a: &[T], b: &[T], n: usize) -> bool {
+        a.len() >= n && b.len() >= n && a[..n] == b[..n]
     }
     match (a, b) {
-        (RoutingText::Text(a), RoutingText::Text(b)) => common(a.as_bytes(), b.as_bytes()),
-        (RoutingText::Tokens(a), RoutingText::Tokens(b)) => common(a, b),
-        _ => 0,
+        (RoutingText::Text(a), RoutingText::Text(b)) => head(a.as_bytes(), b.as_bytes(), n),
+        (RoutingText::Tokens(a), RoutingText::Tokens(b)) => head(a, b, n),
+        _ => false,
     }
 }
 
 fn key_units(k: &RoutingText) -> usize {
+    // Units as the index counts them: bytes of text, tokens.
     match k {
         RoutingText::Text(t) => t.len(),
         RoutingText::Tokens(t) => t.len(),
@@ -424,10 +426,9 @@ impl SelectorActor {
         let worker = self.views[idx].id;
         let gain = self.hold_gain(&facts.key);
         if may_hold && !self.hold.is_zero() {
-            let pending = self
-                .warming
-                .iter_mut()
-                .find(|w| w.worker == worker && shared_units(&facts.key, &w.key) >= w.known + gain);
+            let pending = self.warming.iter_mut().find(|w| {
+                w.worker == worker && shares_at_least(&facts.key, &w.key, w.known + gain)
+            });
             if let Some(w) = pending {
                 let (tx, rx) = tokio::sync::oneshot::channel();
                 w.waiters.push(tx);
@@ -679,5 +680,31 @@ pub async fn select(
                 (facts, exclude, may_hold) = (h.facts, h.exclude, false);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_heads_are_compared_by_unit() {
+        let t = |s: &str| RoutingText::Text(s.into());
+        assert!(shares_at_least(
+            &t("system prompt, question 1"),
+            &t("system prompt, question 2"),
+            23
+        ));
+        assert!(!shares_at_least(
+            &t("system prompt, question 1"),
+            &t("system prompt, question 2"),
+            25
+        ));
+        assert!(!shares_at_least(&t("short"), &t("short"), 6));
+        let k = |v: &[u32]| RoutingText::Tokens(v.to_vec());
+        assert!(shares_at_least(&k(&[1, 2, 3]), &k(&[1, 2, 4]), 2));
+        assert!(!shares_at_least(&k(&[1, 2, 3]), &k(&[1, 2, 4]), 3));
+        // Text never matches tokens.
+        assert!(!shares_at_least(&t("ab"), &k(&[97, 98]), 1));
     }
 }
