@@ -188,3 +188,59 @@ fn run(store: Store, rx: Receiver<Persist>, reg_rx: Receiver<RegistryImage>, sta
     }
     write_registry(&store, &reg_rx, stats);
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering::Relaxed;
+
+    use super::*;
+    use crate::store::tests::{header, text_chunk};
+
+    fn snapshot(p: &Persister, generation: u64, prompt: &str) {
+        let chunk = Box::new(text_chunk(&[(prompt, 1)]));
+        assert!(p.send_blocking(Persist::Chunk {
+            generation,
+            seq: 0,
+            chunk,
+        }));
+        assert!(p.send_blocking(Persist::Commit(header(generation, 1))));
+        p.flush();
+    }
+
+    #[test]
+    fn failing_writes_are_counted_and_the_last_good_snapshot_stays() {
+        let dir = tempfile::tempdir().expect("dir");
+        let store = Store::open(dir.path()).expect("store");
+        let disk_full = store.fail_writes.clone();
+        let (p, writer) = spawn(store).expect("writer");
+
+        snapshot(&p, 1, "first");
+        assert_eq!(p.stats.snapshots_written.load(Relaxed), 1);
+        assert_eq!(p.stats.write_failures.load(Relaxed), 0);
+
+        // A full disk: the chunk fails, so its generation is never committed; the
+        // registry write fails too. Each failure is counted; the writer keeps going.
+        disk_full.store(true, Relaxed);
+        snapshot(&p, 2, "second");
+        p.registry(RegistryImage {
+            added: vec!["http://x:1".into()],
+            removed: vec![],
+        });
+        p.flush();
+        assert_eq!(p.stats.write_failures.load(Relaxed), 2);
+        assert_eq!(p.stats.snapshots_written.load(Relaxed), 1);
+        assert_eq!(p.stats.committed_generation.load(Relaxed), 1);
+
+        // Space again: the next snapshot lands.
+        disk_full.store(false, Relaxed);
+        snapshot(&p, 3, "third");
+        assert_eq!(p.stats.committed_generation.load(Relaxed), 3);
+        drop(p);
+        writer.join().expect("writer thread");
+
+        let store = Store::open(dir.path()).expect("reopen");
+        let image = store.load().expect("load").expect("an image");
+        assert_eq!(image.header.generation, 3);
+        assert_eq!(image.chunks, vec![text_chunk(&[("third", 1)])]);
+    }
+}

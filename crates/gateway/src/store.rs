@@ -106,6 +106,9 @@ pub struct Store {
     db: sled::Db,
     meta: sled::Tree,
     index: sled::Tree,
+    /// Tests turn this on to make every write fail as a full disk would.
+    #[cfg(test)]
+    pub(crate) fail_writes: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 fn chunk_key(generation: u64, seq: u32) -> [u8; 12] {
@@ -198,7 +201,21 @@ impl Store {
             db,
             meta,
             index,
+            #[cfg(test)]
+            fail_writes: Default::default(),
         })
+    }
+
+    /// The injected failure of the tests; nothing outside them.
+    fn writable(&self) -> Result<(), StoreError> {
+        #[cfg(test)]
+        if self.fail_writes.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(StoreError::Io {
+                path: self.path.display().to_string(),
+                source: std::io::Error::from_raw_os_error(28), // ENOSPC
+            });
+        }
+        Ok(())
     }
 
     fn sled_err(&self, source: sled::Error) -> StoreError {
@@ -312,6 +329,7 @@ impl Store {
 
     /// Writes one chunk of a generation that is not committed yet.
     pub fn put_chunk(&self, generation: u64, seq: u32, chunk: &Chunk) -> Result<(), StoreError> {
+        self.writable()?;
         let bytes =
             kvgate_kv_index::encode(chunk).map_err(|e| self.corrupt(format!("encoding: {e}")))?;
         let mut batch = sled::Batch::default();
@@ -328,6 +346,7 @@ impl Store {
     /// Makes `header`'s generation the current one. Old chunks stay until
     /// [`Store::drop_uncommitted`].
     pub fn commit(&self, header: &ImageHeader) -> Result<(), StoreError> {
+        self.writable()?;
         // Chunks must be durable before the header that names them.
         self.db.flush().map_err(|e| self.sled_err(e))?;
         let bytes =
@@ -370,6 +389,7 @@ impl Store {
     }
 
     pub fn put_registry(&self, r: &RegistryImage) -> Result<(), StoreError> {
+        self.writable()?;
         let bytes = serde_json::to_vec(r).map_err(|e| self.corrupt(format!("registry: {e}")))?;
         self.meta
             .insert("registry", bytes)
@@ -573,4 +593,4 @@ pub fn inspect(dir: &Path) -> Result<StoreSummary, StoreError> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -2,7 +2,7 @@ use kvgate_kv_index::{RadixTree, TreeConfig};
 
 use super::*;
 
-fn text_chunk(prompts: &[(&str, u64)]) -> Chunk {
+pub(crate) fn text_chunk(prompts: &[(&str, u64)]) -> Chunk {
     let mut t: RadixTree<u8, WorkerId> = RadixTree::new(TreeConfig::default());
     for (p, w) in prompts {
         t.insert(p.as_bytes(), WorkerId(*w), 10);
@@ -14,7 +14,7 @@ fn text_chunk(prompts: &[(&str, u64)]) -> Chunk {
     }
 }
 
-fn header(generation: u64, chunks: u32) -> ImageHeader {
+pub(crate) fn header(generation: u64, chunks: u32) -> ImageHeader {
     ImageHeader {
         format_version: FORMAT_VERSION,
         generation,
