@@ -37,6 +37,9 @@ pub(crate) fn bind(
             .default_service(web::to(|| async { ApiError::NotFound.error_response() }))
     })
     .workers(1)
+    // As uvicorn does for SGLang: a token is sent when it is ready, not when the last one
+    // is acknowledged.
+    .tcp_nodelay(true)
     .disable_signals()
     .shutdown_timeout(1)
     // Without this a client that goes away is only noticed on the next write, so a pending

@@ -55,6 +55,58 @@ fn copy_response_headers(from: &HeaderMap, to: &mut HttpResponseBuilder) {
     }
 }
 
+/// The upstream client of one HTTP thread: a keep-alive pool whose idle connections are
+/// dropped before the engines' own 5 s keep-alive would close them under us, with
+/// `TCP_NODELAY` on every connection (awc leaves Nagle's algorithm on).
+pub fn client(connect_timeout: Duration, request_timeout: Duration) -> awc::Client {
+    let tcp = actix_tls::connect::Connector::default().service();
+    let connector = awc::Connector::new()
+        .connector(NoDelay { tcp })
+        .timeout(connect_timeout)
+        .conn_keep_alive(Duration::from_secs(3))
+        .limit(0);
+    awc::Client::builder()
+        .connector(connector)
+        .timeout(request_timeout)
+        .disable_redirects()
+        .finish()
+}
+
+/// A TCP connector that turns Nagle's algorithm off on the connections it makes.
+#[derive(Clone)]
+struct NoDelay<S> {
+    tcp: S,
+}
+
+type TcpConn = actix_tls::connect::Connection<awc::http::Uri, actix_rt::net::TcpStream>;
+
+impl<S> actix_service::Service<actix_tls::connect::ConnectInfo<awc::http::Uri>> for NoDelay<S>
+where
+    S: actix_service::Service<
+            actix_tls::connect::ConnectInfo<awc::http::Uri>,
+            Response = TcpConn,
+            Error = actix_tls::connect::ConnectError,
+        >,
+    S::Future: 'static,
+{
+    type Response = TcpConn;
+    type Error = actix_tls::connect::ConnectError;
+    type Future = Pin<Box<dyn Future<Output = Result<TcpConn, Self::Error>>>>;
+
+    actix_service::forward_ready!(tcp);
+
+    fn call(&self, req: actix_tls::connect::ConnectInfo<awc::http::Uri>) -> Self::Future {
+        let connecting = self.tcp.call(req);
+        Box::pin(async move {
+            let conn = connecting.await?;
+            if let Err(e) = conn.io_ref().set_nodelay(true) {
+                warn!(error = %e, "cannot set TCP_NODELAY on an upstream connection");
+            }
+            Ok(conn)
+        })
+    }
+}
+
 /// What one upstream call needs besides the body.
 pub struct Upstream<'a> {
     pub client: &'a awc::Client,
@@ -265,7 +317,24 @@ where
 
 #[cfg(test)]
 mod tests {
-    use super::Tail;
+    use actix_service::Service;
+
+    use super::{NoDelay, Tail};
+
+    #[actix_rt::test]
+    async fn upstream_connections_have_nagle_off() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let connector = NoDelay {
+            tcp: actix_tls::connect::Connector::default().service(),
+        };
+        let uri: awc::http::Uri = format!("http://127.0.0.1:{port}/").parse().expect("uri");
+        let conn = connector
+            .call(actix_tls::connect::ConnectInfo::new(uri))
+            .await
+            .expect("connect");
+        assert!(conn.io_ref().nodelay().expect("nodelay"));
+    }
 
     #[test]
     fn tail_sees_done_across_chunks() {

@@ -24,7 +24,7 @@ use crate::registry::normalize_url;
 use crate::registry::{AddWorker, RegistryActor, RegistryConfig, RegistryError, WorkerSource};
 use crate::routes::{self, AppState, RequestId};
 use crate::selector::SelectorActor;
-use crate::{persist, store};
+use crate::{persist, proxy, store};
 use kvgate_poller::LoadPoller;
 
 #[derive(Debug, Error)]
@@ -240,17 +240,8 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         if let Some(r) = start {
             r.run_here();
         }
-        // One upstream pool per HTTP thread; idle connections are dropped before the
-        // engines' own 5 s keep-alive would close them under us.
-        let connector = awc::Connector::new()
-            .timeout(connect_timeout)
-            .conn_keep_alive(Duration::from_secs(3))
-            .limit(0);
-        let client = awc::Client::builder()
-            .connector(connector)
-            .timeout(request_timeout)
-            .disable_redirects()
-            .finish();
+        // One upstream pool per HTTP thread.
+        let client = proxy::client(connect_timeout, request_timeout);
         App::new()
             .app_data(state.clone())
             .app_data(web::Data::new(client))
@@ -300,6 +291,9 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
             .service(get("/list_workers", routes::legacy_list))
             .default_service(web::to(routes::not_found))
     })
+    // Streamed tokens are small writes: with Nagle's algorithm each waited for the
+    // client's delayed ACK of the one before (+28 ms TTFT measured at two streams).
+    .tcp_nodelay(true)
     .client_request_timeout(cfg.header_read_timeout)
     // A client that closes its socket ends the request (and the upstream one) even while
     // the answer has not started: no engine keeps generating for nobody.
