@@ -262,8 +262,10 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
                     .map(|(t, age)| (now.saturating_sub(age), depth[i], n, t)),
             );
         }
-        // Oldest first, children before parents on equal stamps: the eviction order.
-        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+        // Oldest first, children before parents on equal stamps: the eviction order. A
+        // node's tenants touched at one stamp went to the back in tenant order, so that
+        // order breaks the remaining ties.
+        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)).then(a.3.cmp(&b.3)));
         tree.lru.reserve(entries.len());
         for (stamp, _, n, t) in entries {
             tree.attach(n, t, stamp);
