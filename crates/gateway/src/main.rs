@@ -51,91 +51,183 @@ struct Cli {
     demo_engines: Option<u64>,
 }
 
-/// Routing and polling knobs: `(flag, config key, value type)`. Flag names are the
+/// Routing and polling knobs: `(flag, config key, value type, help)`. Flag names are the
 /// reference gateway's where it has one; each maps onto one key of the config file.
-const KNOBS: &[(&str, &str, Kind)] = &[
-    ("cache-threshold", "policy.cache_threshold", Kind::Float),
-    ("cache-aware-mode", "policy.cache_mode", Kind::Text),
+const KNOBS: &[(&str, &str, Kind, &str)] = &[
+    (
+        "cache-threshold",
+        "policy.cache_threshold",
+        Kind::Float,
+        "Threshold mode: a hit needs matched/input strictly above this",
+    ),
+    (
+        "cache-aware-mode",
+        "policy.cache_mode",
+        Kind::Text,
+        "cache_aware mode: cost (threshold-free) or threshold (reference-compatible)",
+    ),
     (
         "balance-abs-threshold",
         "policy.balance_abs_threshold",
         Kind::Int,
+        "Count gate: a worker is too hot above the mean in-flight plus this...",
     ),
     (
         "balance-rel-threshold",
         "policy.balance_rel_threshold",
         Kind::Float,
+        "...and above this multiple of the mean (both must hold)",
     ),
     (
         "balance-token-usage-threshold",
         "policy.balance_token_usage_threshold",
         Kind::Float,
+        "KV pressure: a KV-usage spread above this routes by load alone (off unless set)",
     ),
     (
         "overload-token-usage-threshold",
         "policy.overload_token_usage_threshold",
         Kind::Float,
+        "KV pressure: a worker's KV usage above this routes by load alone (off unless set)",
     ),
     (
         "eviction-interval-secs",
         "policy.eviction_interval_secs",
         Kind::Float,
+        "Prefix-index eviction period, seconds",
     ),
-    ("max-tree-size", "policy.max_tree_size", Kind::Int),
-    ("block-size", "policy.block_size", Kind::Int),
-    ("cache-index", "policy.cache_index", Kind::Text),
-    ("cache-ttl-secs", "policy.cache_ttl_secs", Kind::Float),
-    ("cache-boundaries", "policy.cache_boundaries", Kind::IntList),
+    (
+        "max-tree-size",
+        "policy.max_tree_size",
+        Kind::Int,
+        "Prefix-tree budget per model and tree, in units (bytes or tokens)",
+    ),
+    (
+        "block-size",
+        "policy.block_size",
+        Kind::Int,
+        "Token-tree page size, in tokens",
+    ),
+    (
+        "cache-index",
+        "policy.cache_index",
+        Kind::Text,
+        "Index cache_aware consults: tree or hash",
+    ),
+    (
+        "cache-ttl-secs",
+        "policy.cache_ttl_secs",
+        Kind::Float,
+        "Hash mode: how long a recorded holder stays live, seconds",
+    ),
+    (
+        "cache-boundaries",
+        "policy.cache_boundaries",
+        Kind::IntList,
+        "Hash mode and prefix_hash: token positions to hash the head at",
+    ),
     (
         "least-load-default-throughput",
         "policy.least_load_default_throughput",
         Kind::Float,
+        "Expected wait: tok/s when no candidate has a live rate",
     ),
     (
         "least-load-kv-pressure-weight",
         "policy.kv_pressure_weight",
         Kind::Float,
+        "Expected wait: seconds per unit of the KV-pressure term",
     ),
     (
         "least-load-mean-prefill-tokens",
         "policy.mean_prefill_tokens",
         Kind::Int,
+        "Expected wait: tokens assumed per queued request when only counts are known",
     ),
     (
         "least-load-max-waiting-requests",
         "policy.least_load_max_waiting_requests",
         Kind::Int,
+        "least_load: skip workers with this many waiting requests (off unless set)",
     ),
     (
         "default-prefill-throughput",
         "policy.default_prefill_throughput",
         Kind::Float,
+        "Cost mode: prefill tok/s when no worker reports prefill counters",
+    ),
+    (
+        "bytes-per-token",
+        "policy.bytes_per_token",
+        Kind::Float,
+        "UTF-8 bytes per token, to price text requests in tokens",
+    ),
+    (
+        "min-match-tokens",
+        "policy.min_match_tokens",
+        Kind::Int,
+        "Cost mode: holdings of fewer tokens count as none",
+    ),
+    (
+        "affinity-margin",
+        "policy.affinity_margin",
+        Kind::Float,
+        "Cost mode: a holder within this fraction of the cheapest cost keeps the request",
     ),
     (
         "power-of-two-load-metric",
         "policy.power_of_two_load_metric",
         Kind::Text,
+        "power_of_two: expected_wait, requests or least_requests",
     ),
-    ("prefix-token-count", "policy.prefix_token_count", Kind::Int),
+    (
+        "prefix-token-count",
+        "policy.prefix_token_count",
+        Kind::Int,
+        "prefix_hash: tokens of the head to hash",
+    ),
     (
         "prefix-hash-load-factor",
         "policy.prefix_hash_load_factor",
         Kind::Float,
+        "prefix_hash: a ring target is overloaded above this multiple of the mean...",
     ),
     (
         "prefix-hash-balance-abs-threshold",
         "policy.prefix_hash_balance_abs_threshold",
         Kind::Int,
+        "...and above the mean plus this",
     ),
-    ("load-monitor-interval", "poller.interval_secs", Kind::Float),
+    (
+        "load-monitor-interval",
+        "poller.interval_secs",
+        Kind::Float,
+        "Load polling period, seconds",
+    ),
     (
         "snapshot-interval-secs",
         "snapshot_interval_secs",
         Kind::Float,
+        "Prefix-index snapshot period, seconds",
     ),
-    ("load-monitor-timeout", "poller.timeout_secs", Kind::Float),
-    ("prefill-hold-secs", "prefill_hold_secs", Kind::Float),
-    ("http-workers", "http_workers", Kind::Int),
+    (
+        "load-monitor-timeout",
+        "poller.timeout_secs",
+        Kind::Float,
+        "Timeout of one load poll, seconds",
+    ),
+    (
+        "prefill-hold-secs",
+        "prefill_hold_secs",
+        Kind::Float,
+        "Longest wait behind a streamed request prefilling the same prefix (0: off)",
+    ),
+    (
+        "http-workers",
+        "http_workers",
+        Kind::Int,
+        "HTTP threads; the routing actors share the first",
+    ),
 ];
 
 #[derive(Debug, Clone, Copy)]
@@ -147,12 +239,19 @@ enum Kind {
 }
 
 fn knob_args() -> Vec<clap::Arg> {
+    // Defaults come from the config type itself, so the help cannot drift from them.
+    let defaults = serde_json::to_value(GatewayConfig::default()).unwrap_or_default();
     KNOBS
         .iter()
-        .map(|(flag, key, kind)| {
+        .map(|(flag, key, kind, help)| {
+            let default = key
+                .split('.')
+                .try_fold(&defaults, |v, k| v.get(k))
+                .filter(|v| !v.is_null())
+                .map_or_else(|| "off".to_owned(), |v| v.to_string());
             let arg = clap::Arg::new(*flag)
                 .long(*flag)
-                .help(format!("config key {key}"));
+                .help(format!("{help} [config key {key}; default {default}]"));
             match kind {
                 Kind::Int => arg.value_parser(clap::value_parser!(u64)),
                 Kind::Float => arg.value_parser(clap::value_parser!(f64)),
@@ -167,7 +266,7 @@ fn knob_args() -> Vec<clap::Arg> {
 }
 
 fn knob_overrides(m: &clap::ArgMatches, o: &mut Overrides) {
-    for (flag, key, kind) in KNOBS {
+    for (flag, key, kind, _) in KNOBS {
         let v: Option<config::Value> = match kind {
             Kind::Int => m.get_one::<u64>(flag).map(|v| (*v).into()),
             Kind::Float => m.get_one::<f64>(flag).map(|v| (*v).into()),

@@ -50,6 +50,7 @@ fn bad_values_are_refused_naming_the_key() {
     assert!(refused(&["--worker-urls", "ftp://x"], &[]).contains("worker_urls"));
     assert!(refused(&["--balance-rel-threshold", "0.5"], &[]).contains("balance_rel_threshold"));
     assert!(refused(&["--cache-index", "btree"], &[]).contains("cache_index"));
+    assert!(refused(&["--affinity-margin", "NaN"], &[]).contains("affinity_margin"));
     assert!(refused(&[], &[("KVGATE_PORT", "not-a-port")]).contains("port"));
     assert!(refused(&[], &[("KVGATE_POLICY__KIND", "nope")]).contains("nope"));
     let mut f = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
@@ -74,6 +75,11 @@ fn flags_override_env_which_overrides_the_file() {
             "0",
             "--policy",
             "least_load",
+            // Cost-mode knobs have flags too.
+            "--min-match-tokens",
+            "32",
+            "--affinity-margin",
+            "0.25",
             "--data-dir",
             dir.path().to_str().unwrap(),
         ],
