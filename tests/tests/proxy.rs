@@ -100,6 +100,38 @@ async fn every_inference_route_streams_and_not() {
 }
 
 #[actix_rt::test]
+async fn a_batch_of_prompts_goes_whole_to_one_engine() {
+    let h = Harness::start(2, sim(), |_| {});
+    let body = json!({"prompt": ["alpha beta", "gamma delta", "epsilon"], "max_tokens": 3});
+    let r = post_json(&h.url("/v1/completions"), &body).await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    let index: Vec<u64> = r.json()["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(index, vec![0, 1, 2]);
+
+    let mut body = body;
+    body["stream"] = json!(true);
+    let r = post_json(&h.url("/v1/completions"), &body).await;
+    let (events, done) = sse_events(&r.text());
+    assert!(done, "{}", r.text());
+    for i in 0..3 {
+        assert!(
+            events.iter().any(|e| e["choices"][0]["index"] == i),
+            "prompt {i}: {}",
+            r.text()
+        );
+    }
+    // Each request, with its three prompts, reached exactly one engine.
+    let split = h.split();
+    assert_eq!(split.iter().sum::<u64>(), 6, "{split:?}");
+    assert!(split.iter().all(|n| n % 3 == 0), "{split:?}");
+}
+
+#[actix_rt::test]
 async fn round_robin_spreads_evenly() {
     let h = Harness::start(4, sim(), |c| {
         c.policy.kind = kvgate_policies::PolicyKind::RoundRobin

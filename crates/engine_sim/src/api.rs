@@ -21,7 +21,8 @@ pub(crate) enum Api {
 /// What every inference request comes down to.
 #[derive(Debug)]
 pub(crate) struct Request {
-    pub(crate) prompt: Vec<u32>,
+    /// One prompt, or several for a batch (`/v1/completions` and `/generate` take a list).
+    pub(crate) prompts: Vec<Vec<u32>>,
     pub(crate) max_new_tokens: usize,
     pub(crate) stream: bool,
     pub(crate) include_usage: bool,
@@ -120,19 +121,19 @@ pub(crate) fn json_body<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, Api
 
 /// Parses and checks an inference body, tokenizing its prompt.
 pub(crate) fn parse(api: Api, body: &[u8], cfg: &SimConfig) -> Result<Request, ApiError> {
-    let (prompt, max_new, common) = match api {
+    let (prompts, max_new, common) = match api {
         Api::Generate => {
             let b: GenerateBody = json_body(body)?;
-            let prompt = match (b.text, b.input_ids) {
-                (Some(p), None) | (None, Some(p)) => single(p)?,
+            let prompts = match (b.text, b.input_ids) {
+                (Some(p), None) | (None, Some(p)) => batch(p),
                 _ => return Err(bad("Either text or input_ids should be provided.")),
             };
-            (prompt, b.sampling_params.max_new_tokens, b.common)
+            (prompts, b.sampling_params.max_new_tokens, b.common)
         }
         Api::Completion => {
             let b: CompletionBody = json_body(body)?;
-            let prompt = single(b.prompt.ok_or_else(|| bad("prompt is required"))?)?;
-            (prompt, b.max_tokens, b.common)
+            let prompts = batch(b.prompt.ok_or_else(|| bad("prompt is required"))?);
+            (prompts, b.max_tokens, b.common)
         }
         Api::Chat => {
             let b: ChatBody = json_body(body)?;
@@ -144,13 +145,41 @@ pub(crate) fn parse(api: Api, body: &[u8], cfg: &SimConfig) -> Result<Request, A
                 .collect();
             let text = tokenizer::render_chat(texts.iter().map(|(r, c)| (r.as_str(), c.as_str())));
             let max_new = b.max_completion_tokens.or(b.max_tokens);
-            (tokenizer::encode(&text), max_new, b.common)
+            (vec![tokenizer::encode(&text)], max_new, b.common)
         }
     };
+    let stream = common.stream.unwrap_or(false);
+    if prompts.is_empty() {
+        return Err(bad("The prompt list is empty."));
+    }
+    if prompts.len() > 1 && stream && api == Api::Generate {
+        return Err(bad(
+            "streaming a batch from /generate is not simulated; use /v1/completions",
+        ));
+    }
+    let max_new_tokens = max_new.unwrap_or(cfg.default_max_new_tokens);
+    for prompt in &prompts {
+        check_prompt(prompt, max_new_tokens, cfg)?;
+    }
+    let dp_rank = common.routed_dp_rank.or(common.data_parallel_rank);
+    Ok(Request {
+        prompts,
+        max_new_tokens,
+        stream,
+        include_usage: common
+            .stream_options
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false),
+        rid: common.rid,
+        dp_rank,
+        model: common.model,
+    })
+}
+
+fn check_prompt(prompt: &[u32], max_new_tokens: usize, cfg: &SimConfig) -> Result<(), ApiError> {
     if prompt.is_empty() {
         return Err(bad("The prompt is empty."));
     }
-    let max_new_tokens = max_new.unwrap_or(cfg.default_max_new_tokens);
     if prompt.len() + max_new_tokens > cfg.context_length {
         return Err(bad(format!(
             "Requested token count exceeds the model's maximum context length of {} tokens. \
@@ -162,35 +191,17 @@ pub(crate) fn parse(api: Api, body: &[u8], cfg: &SimConfig) -> Result<Request, A
             max_new_tokens
         )));
     }
-    let dp_rank = common.routed_dp_rank.or(common.data_parallel_rank);
-    Ok(Request {
-        prompt,
-        max_new_tokens,
-        stream: common.stream.unwrap_or(false),
-        include_usage: common
-            .stream_options
-            .and_then(|o| o.include_usage)
-            .unwrap_or(false),
-        rid: common.rid,
-        dp_rank,
-        model: common.model,
-    })
+    Ok(())
 }
 
-fn single(prompt: Prompt) -> Result<Vec<u32>, ApiError> {
-    let one = |n: usize| {
-        bad(format!(
-            "got a batch of {n} prompts; the simulator serves one prompt per request"
-        ))
-    };
-    Ok(match prompt {
-        Prompt::Text(t) => tokenizer::encode(&t),
-        Prompt::Ids(ids) => ids,
-        Prompt::Texts(mut v) if v.len() == 1 => tokenizer::encode(&v.remove(0)),
-        Prompt::IdLists(mut v) if v.len() == 1 => v.remove(0),
-        Prompt::Texts(v) => return Err(one(v.len())),
-        Prompt::IdLists(v) => return Err(one(v.len())),
-    })
+/// The prompts of a body: one, or each element of a list.
+fn batch(prompt: Prompt) -> Vec<Vec<u32>> {
+    match prompt {
+        Prompt::Text(t) => vec![tokenizer::encode(&t)],
+        Prompt::Ids(ids) => vec![ids],
+        Prompt::Texts(v) => v.iter().map(|t| tokenizer::encode(t)).collect(),
+        Prompt::IdLists(v) => v,
+    }
 }
 
 fn content_text(content: Option<Content>) -> String {
@@ -219,6 +230,8 @@ pub(crate) struct Reply {
     text: String,
     output_ids: Vec<u32>,
     finish: Option<Finish>,
+    /// The choice index: the prompt's position in a batch.
+    index: usize,
 }
 
 impl Reply {
@@ -241,7 +254,14 @@ impl Reply {
             text: String::new(),
             output_ids: Vec::new(),
             finish: None,
+            index: 0,
         }
+    }
+
+    /// The reply to the `index`-th prompt of a batch.
+    pub(crate) fn at_index(mut self, index: usize) -> Self {
+        self.index = index;
+        self
     }
 
     pub(crate) fn finished(&self) -> bool {
@@ -299,10 +319,7 @@ impl Reply {
             };
             chunks.push(self.chunk(last, Some(finish)));
             if self.include_usage {
-                let mut usage = self.chunk(Value::Null, None);
-                usage["choices"] = json!([]);
-                usage["usage"] = self.usage();
-                chunks.push(usage);
+                chunks.push(self.usage_chunk(self.usage()));
             }
         }
         chunks
@@ -332,7 +349,7 @@ impl Reply {
                 "created": self.created,
                 "model": self.model,
                 "choices": [{
-                    "index": 0,
+                    "index": self.index,
                     "text": self.text,
                     "logprobs": null,
                     "finish_reason": self.finish.map(openai_finish),
@@ -369,7 +386,7 @@ impl Reply {
             "created": self.created,
             "model": self.model,
             "choices": [{
-                "index": 0,
+                "index": self.index,
                 key: delta,
                 "logprobs": null,
                 "finish_reason": finish.map(openai_finish),
@@ -377,7 +394,15 @@ impl Reply {
         })
     }
 
-    fn usage(&self) -> Value {
+    /// The closing stream chunk that carries only `usage`.
+    pub(crate) fn usage_chunk(&self, usage: Value) -> Value {
+        let mut chunk = self.chunk(Value::Null, None);
+        chunk["choices"] = json!([]);
+        chunk["usage"] = usage;
+        chunk
+    }
+
+    pub(crate) fn usage(&self) -> Value {
         let completion = self.output_ids.len();
         json!({
             "prompt_tokens": self.prompt_tokens,

@@ -21,7 +21,8 @@
 //! [`EngineStats`], `POST /sim/fault` takes a [`Fault`] in its tagged form and echoes it,
 //! `POST /sim/restart` answers `{"startup_time": <new>}`.
 //!
-//! Simplifications: one prompt per request (a batch is a 400), no sampling or stop strings
+//! Simplifications: a batch of prompts (`/v1/completions`, `/generate`) runs as one job per
+//! prompt, but a streamed `/generate` batch is a 400; no sampling or stop strings
 //! (every request runs to its token limit, finish reason `length`), the prefix cache keeps
 //! prompt pages only, and KV held by running requests is reported but never evicts it.
 //!

@@ -9,7 +9,7 @@ use actix_web::http::StatusCode;
 use actix_web::http::header::{CACHE_CONTROL, ContentType};
 use actix_web::web::{self, Bytes, Data, ServiceConfig, resource};
 use actix_web::{App, HttpResponse, HttpServer, ResponseError};
-use futures_util::{Stream, stream};
+use futures_util::{Stream, StreamExt, stream};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -17,7 +17,7 @@ use crate::api::{self, Api, Reply};
 use crate::engine::Engine;
 use crate::error::ApiError;
 use crate::load::{self, SGLANG_VERSION};
-use crate::scheduler::{Event, Finish, Job, Ticket};
+use crate::scheduler::{Event, Finish, Job, Rank, Ticket};
 use crate::{Fault, Flavor};
 
 type Answer = Result<HttpResponse, ApiError>;
@@ -288,10 +288,22 @@ async fn infer(e: Data<Engine>, api: Api, body: Bytes) -> Answer {
     })?;
     let rid = req.rid.unwrap_or_else(|| e.new_rid());
     let model = req.model.unwrap_or_else(|| e.cfg.model.clone());
-    let mut reply = Reply::new(api, rid.clone(), model, req.include_usage, req.prompt.len());
+    let mut prompts = req.prompts;
+    if prompts.len() > 1 {
+        let b = Batch {
+            api,
+            rid,
+            model,
+            include_usage: req.include_usage,
+            max_new_tokens: req.max_new_tokens,
+        };
+        return b.run(rank, prompts, req.stream).await;
+    }
+    let prompt = prompts.pop().unwrap_or_default();
+    let mut reply = Reply::new(api, rid.clone(), model, req.include_usage, prompt.len());
     let job = Job {
         rid,
-        prompt: req.prompt,
+        prompt,
         max_new_tokens: req.max_new_tokens,
         probe: false,
     };
@@ -331,6 +343,146 @@ async fn infer(e: Data<Engine>, api: Api, body: Bytes) -> Answer {
             .content_type(ContentType::json())
             .body(body)
     })
+}
+
+/// A batch of prompts in one request: one job per prompt on the same rank, answered as
+/// one body whose choices carry the prompts' positions (a `/generate` batch answers a
+/// list). Injected body faults apply to single prompts only.
+struct Batch {
+    api: Api,
+    rid: String,
+    model: String,
+    include_usage: bool,
+    max_new_tokens: usize,
+}
+
+impl Batch {
+    async fn run(self, rank: &Arc<Rank>, prompts: Vec<Vec<u32>>, stream: bool) -> Answer {
+        let mut replies = Vec::with_capacity(prompts.len());
+        let mut tickets = Vec::with_capacity(prompts.len());
+        for (i, prompt) in prompts.into_iter().enumerate() {
+            let rid = format!("{}-{i}", self.rid);
+            // Usage is summed over the batch, so no prompt reports its own.
+            replies.push(
+                Reply::new(
+                    self.api,
+                    rid.clone(),
+                    self.model.clone(),
+                    false,
+                    prompt.len(),
+                )
+                .at_index(i),
+            );
+            tickets.push(rank.submit(Job {
+                rid,
+                prompt,
+                max_new_tokens: self.max_new_tokens,
+                probe: false,
+            }));
+        }
+        if stream {
+            let usage_from = self
+                .include_usage
+                .then(|| Reply::new(self.api, self.rid.clone(), self.model.clone(), false, 0));
+            return Ok(sse_batch(usage_from, replies, tickets));
+        }
+        for (reply, ticket) in replies.iter_mut().zip(&mut tickets) {
+            while !reply.finished() {
+                reply.apply(ticket.next().await.ok_or(ApiError::Unavailable)?);
+            }
+        }
+        let body = match self.api {
+            Api::Generate => Value::Array(replies.iter().map(Reply::body).collect()),
+            _ => {
+                let mut body = replies[0].body();
+                body["id"] = json!(self.rid);
+                body["choices"] = replies
+                    .iter()
+                    .map(|r| r.body()["choices"][0].clone())
+                    .collect();
+                let usages: Vec<Value> = replies.iter().map(Reply::usage).collect();
+                body["usage"] = summed_usage(&usages);
+                body
+            }
+        };
+        Ok(HttpResponse::Ok().json(body))
+    }
+}
+
+/// The usage of a batch: every count summed over its prompts.
+fn summed_usage(usages: &[Value]) -> Value {
+    let sum = |f: &dyn Fn(&Value) -> &Value| -> u64 {
+        usages.iter().map(|u| f(u).as_u64().unwrap_or(0)).sum()
+    };
+    let prompt = sum(&|u| &u["prompt_tokens"]);
+    let completion = sum(&|u| &u["completion_tokens"]);
+    let cached = sum(&|u| &u["prompt_tokens_details"]["cached_tokens"]);
+    json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    })
+}
+
+/// A streamed batch: each prompt's chunks as they come, tagged by their choice index, then
+/// (with `usage_from`, when the client asked for usage) one usage chunk for the whole
+/// batch, and one `[DONE]`. An engine that stops ends the stream without `[DONE]`.
+fn sse_batch(usage_from: Option<Reply>, replies: Vec<Reply>, tickets: Vec<Ticket>) -> HttpResponse {
+    // Each prompt yields (its chunks, its usage once it finished).
+    let per_prompt = replies.into_iter().zip(tickets).map(|(reply, ticket)| {
+        Box::pin(stream::unfold(Some((reply, ticket)), |state| async move {
+            let (mut reply, mut ticket) = state?;
+            let chunks = reply.stream_chunks(ticket.next().await?);
+            if reply.finished() {
+                let usage = reply.usage();
+                Some(((chunks, Some(usage)), None))
+            } else {
+                Some(((chunks, None), Some((reply, ticket))))
+            }
+        }))
+    });
+    let state = BatchStream {
+        left: per_prompt.len(),
+        merged: stream::select_all(per_prompt),
+        usage_from,
+        usages: Vec::new(),
+    };
+    let frames = stream::unfold(state, |mut s| async move {
+        if s.left == 0 {
+            return None;
+        }
+        let mut out = String::new();
+        while out.is_empty() {
+            let (chunks, usage) = s.merged.next().await?;
+            for c in chunks {
+                out.push_str(&format!("data: {c}\n\n"));
+            }
+            if let Some(u) = usage {
+                s.usages.push(u);
+                s.left -= 1;
+            }
+            if s.left == 0 {
+                if let Some(head) = &s.usage_from {
+                    let chunk = head.usage_chunk(summed_usage(&s.usages));
+                    out.push_str(&format!("data: {chunk}\n\n"));
+                }
+                out.push_str("data: [DONE]\n\n");
+            }
+        }
+        Some((Ok::<_, SimulatedCrash>(Bytes::from(out)), s))
+    });
+    HttpResponse::Ok()
+        .content_type("text/event-stream")
+        .insert_header((CACHE_CONTROL, "no-cache"))
+        .streaming(frames)
+}
+
+struct BatchStream<S> {
+    merged: S,
+    left: usize,
+    usage_from: Option<Reply>,
+    usages: Vec<Value>,
 }
 
 /// `fixed_response`: a canned one-token answer, no tokenizing, no scheduling. Body faults

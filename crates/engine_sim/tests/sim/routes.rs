@@ -278,6 +278,80 @@ async fn completions_answer_whole_and_streamed() {
 }
 
 #[actix_rt::test]
+async fn a_batch_of_prompts_is_one_job_each_and_one_answer() {
+    let (_fleet, url) = one(fast());
+    let endpoint = format!("{url}/v1/completions");
+    // Two prompts of 2 and 1 tokens (4 characters a token).
+    for prompt in [json!(["abcdefgh", "abcd"]), json!([[1, 2], [3]])] {
+        let body = post_json(&endpoint, &json!({"prompt": prompt, "max_tokens": 2})).await;
+        let choices = body["choices"].as_array().unwrap();
+        let index: Vec<u64> = choices
+            .iter()
+            .map(|c| c["index"].as_u64().unwrap())
+            .collect();
+        assert_eq!(index, vec![0, 1]);
+        assert!(choices.iter().all(|c| c["finish_reason"] == "length"));
+        let usage = &body["usage"];
+        assert_eq!(
+            (
+                usage["prompt_tokens"].as_u64(),
+                usage["completion_tokens"].as_u64(),
+                usage["total_tokens"].as_u64()
+            ),
+            (Some(3), Some(4), Some(7))
+        );
+    }
+    let stats: EngineStats =
+        serde_json::from_value(get_json(&format!("{url}/sim/stats")).await).unwrap();
+    assert_eq!((stats.requests, stats.prompt_tokens), (4, 6));
+
+    // Streamed: each prompt's chunks carry its index; one usage chunk and one [DONE] close it.
+    let req = json!({"prompt": ["abcdefgh", "abcd"], "max_tokens": 2, "stream": true,
+        "stream_options": {"include_usage": true}});
+    let (status, raw) = post(&endpoint, &req).await;
+    assert_eq!(status, StatusCode::OK);
+    let data = sse_data(&raw);
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
+    assert_eq!(data.iter().filter(|d| *d == "[DONE]").count(), 1);
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let (usage, tokens) = chunks.split_last().unwrap();
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"]["prompt_tokens"], 3);
+    assert_eq!(usage["usage"]["completion_tokens"], 4);
+    for i in [0, 1] {
+        let mine: Vec<&Value> = tokens
+            .iter()
+            .filter(|c| c["choices"][0]["index"] == i)
+            .collect();
+        assert_eq!(mine.len(), 3, "two tokens and the finish of prompt {i}");
+        assert_eq!(mine[2]["choices"][0]["finish_reason"], "length");
+    }
+
+    // /generate answers a batch with a list, one result per prompt.
+    let body = post_json(
+        &format!("{url}/generate"),
+        &json!({"text": ["abcdefgh", "abcd"], "sampling_params": {"max_new_tokens": 2}}),
+    )
+    .await;
+    let prompts: Vec<u64> = body
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["meta_info"]["prompt_tokens"].as_u64().unwrap())
+        .collect();
+    assert_eq!(prompts, vec![2, 1]);
+    let (status, _) = post(
+        &format!("{url}/generate"),
+        &json!({"text": ["a", "b"], "stream": true}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+}
+
+#[actix_rt::test]
 async fn chat_answers_whole_and_streamed() {
     let (_fleet, url) = one(fast());
     let endpoint = format!("{url}/v1/chat/completions");
@@ -338,7 +412,7 @@ async fn contract_errors_are_400_with_an_error_body() {
     });
     let cases = [
         ("/v1/completions", json!({"max_tokens": 2})),
-        ("/v1/completions", json!({"prompt": ["a", "b"]})),
+        ("/v1/completions", json!({"prompt": []})),
         ("/v1/completions", json!({"prompt": ""})),
         ("/v1/completions", json!({"prompt": "x", "max_tokens": 64})),
         (
