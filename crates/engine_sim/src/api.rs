@@ -402,13 +402,43 @@ impl Reply {
         chunk
     }
 
-    pub(crate) fn usage(&self) -> Value {
-        let completion = self.output_ids.len();
+    fn usage(&self) -> Value {
+        self.counts().json()
+    }
+
+    pub(crate) fn counts(&self) -> Usage {
+        Usage {
+            prompt: self.prompt_tokens,
+            completion: self.output_ids.len(),
+            cached: self.cached_tokens,
+        }
+    }
+}
+
+/// Token counts of one reply, or summed over a batch.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Usage {
+    pub(crate) prompt: usize,
+    pub(crate) completion: usize,
+    pub(crate) cached: usize,
+}
+
+impl Usage {
+    pub(crate) fn add(self, o: Usage) -> Usage {
+        Usage {
+            prompt: self.prompt + o.prompt,
+            completion: self.completion + o.completion,
+            cached: self.cached + o.cached,
+        }
+    }
+
+    /// The OpenAI `usage` object.
+    pub(crate) fn json(self) -> Value {
         json!({
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": completion,
-            "total_tokens": self.prompt_tokens + completion,
-            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+            "prompt_tokens": self.prompt,
+            "completion_tokens": self.completion,
+            "total_tokens": self.prompt + self.completion,
+            "prompt_tokens_details": {"cached_tokens": self.cached},
         })
     }
 }

@@ -13,7 +13,7 @@ use futures_util::{Stream, StreamExt, stream};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::api::{self, Api, Reply};
+use crate::api::{self, Api, Reply, Usage};
 use crate::engine::Engine;
 use crate::error::ApiError;
 use crate::load::{self, SGLANG_VERSION};
@@ -400,29 +400,16 @@ impl Batch {
                     .iter()
                     .map(|r| r.body()["choices"][0].clone())
                     .collect();
-                let usages: Vec<Value> = replies.iter().map(Reply::usage).collect();
-                body["usage"] = summed_usage(&usages);
+                let usage = replies
+                    .iter()
+                    .map(Reply::counts)
+                    .fold(Usage::default(), Usage::add);
+                body["usage"] = usage.json();
                 body
             }
         };
         Ok(HttpResponse::Ok().json(body))
     }
-}
-
-/// The usage of a batch: every count summed over its prompts.
-fn summed_usage(usages: &[Value]) -> Value {
-    let sum = |f: &dyn Fn(&Value) -> &Value| -> u64 {
-        usages.iter().map(|u| f(u).as_u64().unwrap_or(0)).sum()
-    };
-    let prompt = sum(&|u| &u["prompt_tokens"]);
-    let completion = sum(&|u| &u["completion_tokens"]);
-    let cached = sum(&|u| &u["prompt_tokens_details"]["cached_tokens"]);
-    json!({
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
-    })
 }
 
 /// A streamed batch: each prompt's chunks as they come, tagged by their choice index, then
@@ -435,7 +422,7 @@ fn sse_batch(usage_from: Option<Reply>, replies: Vec<Reply>, tickets: Vec<Ticket
             let (mut reply, mut ticket) = state?;
             let chunks = reply.stream_chunks(ticket.next().await?);
             if reply.finished() {
-                let usage = reply.usage();
+                let usage = reply.counts();
                 Some(((chunks, Some(usage)), None))
             } else {
                 Some(((chunks, None), Some((reply, ticket))))
@@ -446,7 +433,7 @@ fn sse_batch(usage_from: Option<Reply>, replies: Vec<Reply>, tickets: Vec<Ticket
         left: per_prompt.len(),
         merged: stream::select_all(per_prompt),
         usage_from,
-        usages: Vec::new(),
+        usage: Usage::default(),
     };
     let frames = stream::unfold(state, |mut s| async move {
         if s.left == 0 {
@@ -459,12 +446,12 @@ fn sse_batch(usage_from: Option<Reply>, replies: Vec<Reply>, tickets: Vec<Ticket
                 out.push_str(&format!("data: {c}\n\n"));
             }
             if let Some(u) = usage {
-                s.usages.push(u);
+                s.usage = s.usage.add(u);
                 s.left -= 1;
             }
             if s.left == 0 {
                 if let Some(head) = &s.usage_from {
-                    let chunk = head.usage_chunk(summed_usage(&s.usages));
+                    let chunk = head.usage_chunk(s.usage.json());
                     out.push_str(&format!("data: {chunk}\n\n"));
                 }
                 out.push_str("data: [DONE]\n\n");
@@ -482,7 +469,7 @@ struct BatchStream<S> {
     merged: S,
     left: usize,
     usage_from: Option<Reply>,
-    usages: Vec<Value>,
+    usage: Usage,
 }
 
 /// `fixed_response`: a canned one-token answer, no tokenizing, no scheduling. Body faults
