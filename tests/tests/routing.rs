@@ -1,5 +1,6 @@
 //! Cache- and load-aware routing end to end: real gateway, simulated engines, real polls.
 
+use futures_util::StreamExt;
 use kvgate_engine_sim::SimConfig;
 use kvgate_gateway::GetViews;
 use kvgate_policies::PolicyKind;
@@ -261,4 +262,57 @@ async fn a_request_holds_while_its_prefix_is_prefilled_for_another() {
         cached >= 400,
         "the second request reused the prefix: {cached}"
     );
+}
+
+#[actix_rt::test]
+async fn a_streamed_request_gives_back_its_credit_at_its_first_token() {
+    let sim = SimConfig {
+        default_max_new_tokens: 20_000,
+        ..sim()
+    };
+    let h = Harness::start(1, sim, |c| {
+        c.policy.kind = PolicyKind::CacheAware;
+        // No report covers these dispatches: only the gateway itself releases credit.
+        c.poller.interval = Duration::from_secs(3600);
+    });
+    let sel = h.gw.actors().selector.clone();
+    let client = kvgate_tests::client();
+    let long = |text: &str, stream: bool| json!({"text": text, "stream": stream, "sampling_params": {"max_new_tokens": 20000}});
+    // A non-streamed request says nothing until it ends, so it keeps its credit.
+    let quiet = client
+        .post(h.url("/generate"))
+        .send_json(&long("a long answer nobody streams", false));
+    let quiet = actix_rt::spawn(async move {
+        let _ = quiet.await;
+    });
+    wait_for_async(10, "the first request in flight", || {
+        let sel = sel.clone();
+        async move {
+            sel.send(GetViews)
+                .await
+                .is_ok_and(|v| v[0].in_flight == 1 && v[0].credit.requests == 1)
+        }
+    })
+    .await;
+    let mut resp = client
+        .post(h.url("/generate"))
+        .send_json(&long("another long answer, streamed", true))
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    while !seen.windows(6).any(|w| w == b"data: ") {
+        seen.extend_from_slice(&resp.next().await.unwrap().unwrap());
+    }
+    // Its prefill is over: it is in flight, but no longer queued work.
+    wait_for_async(10, "the streamed request's credit released", || {
+        let sel = sel.clone();
+        async move {
+            sel.send(GetViews)
+                .await
+                .is_ok_and(|v| v[0].in_flight == 2 && v[0].credit.requests == 1)
+        }
+    })
+    .await;
+    drop(resp);
+    quiet.abort();
 }

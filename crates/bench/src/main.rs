@@ -130,6 +130,14 @@ struct ProxyArgs {
 }
 
 fn main() -> anyhow::Result<()> {
+    // The in-process gateways log only when asked, e.g.
+    // KVGATE_BENCH_LOG=kvgate_gateway::selector=debug for every routing decision.
+    if let Ok(filter) = std::env::var("KVGATE_BENCH_LOG") {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .init();
+    }
     match Cli::parse().cmd {
         Cmd::Workload(a) => workload(a),
         Cmd::Proxy(a) => proxy(a),

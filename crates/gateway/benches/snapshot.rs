@@ -231,6 +231,7 @@ async fn lookup(
         .send(MatchPrefix {
             model: MODEL.into(),
             facts: facts(text),
+            count: true,
         })
         .await
         .context("index actor gone")?;
@@ -243,6 +244,7 @@ async fn barrier(index: &Addr<IndexActor>) -> anyhow::Result<()> {
         .send(MatchPrefix {
             model: MODEL.into(),
             facts: RequestFacts::default(),
+            count: false,
         })
         .await
         .context("index actor gone")?;

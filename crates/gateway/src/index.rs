@@ -7,9 +7,12 @@ use std::num::NonZeroUsize;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use kvgate_kv_index::{HashConfig, HashIndex, RadixTree, SnapshotCursor, TreeConfig, TreeSnapshot};
+use kvgate_kv_index::{
+    HashConfig, HashIndex, PrefixMatch, RadixTree, SnapshotCursor, TreeConfig, TreeSnapshot,
+};
 use kvgate_policies::{
-    CacheIndex, MatchSource, PolicyConfig, PrefixMatches, RequestFacts, RoutingText, WorkerId,
+    CacheIndex, MatchSource, PolicyConfig, PrefixMatches, PrefixTraffic, RequestFacts, RoutingText,
+    WorkerId,
 };
 use tracing::{debug, info, warn};
 
@@ -67,6 +70,19 @@ fn tree_config(cfg: &IndexConfig, page: usize) -> TreeConfig {
         max_units: Some(cfg.max_tree_size),
         max_tenant_units: None,
         evict_on_insert: true,
+        ..TreeConfig::default()
+    }
+}
+
+/// The tree's traffic counts, in the policies' terms.
+fn traffic<T>(pm: &PrefixMatch<T>) -> PrefixTraffic {
+    PrefixTraffic {
+        total: f64::from(pm.traffic_total),
+        by_prefix: pm
+            .traffic
+            .iter()
+            .map(|&(end, c)| (end, f64::from(c)))
+            .collect(),
     }
 }
 
@@ -413,7 +429,9 @@ impl IndexActor {
             .expect("the model's index was inserted above")
     }
 
-    fn lookup(&mut self, model: &str, key: &RoutingText) -> PrefixMatches {
+    /// What the index holds of `key`; with `count`, the lookup also counts as traffic
+    /// through the prefixes it matched (a routing decision, not an explanation).
+    fn lookup(&mut self, model: &str, key: &RoutingText, count: bool) -> PrefixMatches {
         let now = self.now();
         let hash_mode = self.cfg.cache_index == CacheIndex::Hash;
         // Only a record creates a model's index: a lookup never grows memory.
@@ -433,6 +451,7 @@ impl IndexActor {
                 input_len,
                 per_worker: Vec::new(),
                 source,
+                traffic: None,
             };
         };
         match (key, hash_mode) {
@@ -447,27 +466,39 @@ impl IndexActor {
                         .map(|w| (w, boundary.unwrap_or(0)))
                         .collect(),
                     source: MatchSource::Hash { boundary },
+                    traffic: None,
                 }
             }
             (RoutingText::Text(s), true) => PrefixMatches {
                 input_len: s.len(),
                 per_worker: Vec::new(),
                 source: MatchSource::Hash { boundary: None },
+                traffic: None,
             },
             (RoutingText::Tokens(t), false) => {
-                let pm = m.tokens.peek_prefix(t);
+                let pm = if count {
+                    m.tokens.observe(t)
+                } else {
+                    m.tokens.peek_prefix(t)
+                };
                 PrefixMatches {
                     input_len: pm.input_len,
-                    per_worker: pm.per_tenant,
                     source: MatchSource::TokenTree,
+                    traffic: Some(traffic(&pm)),
+                    per_worker: pm.per_tenant,
                 }
             }
             (RoutingText::Text(s), false) => {
-                let pm = m.text.peek_prefix(s.as_bytes());
+                let pm = if count {
+                    m.text.observe(s.as_bytes())
+                } else {
+                    m.text.peek_prefix(s.as_bytes())
+                };
                 PrefixMatches {
                     input_len: pm.input_len,
-                    per_worker: pm.per_tenant,
                     source: MatchSource::TextTree,
+                    traffic: Some(traffic(&pm)),
+                    per_worker: pm.per_tenant,
                 }
             }
             (RoutingText::Empty, _) => PrefixMatches::default(),
@@ -535,13 +566,15 @@ impl Actor for IndexActor {
 pub struct MatchPrefix {
     pub model: String,
     pub facts: RequestFacts,
+    /// Count the lookup as traffic (a dispatch); false for a dry run.
+    pub count: bool,
 }
 
 impl Handler<MatchPrefix> for IndexActor {
     type Result = MessageResult<MatchPrefix>;
 
     fn handle(&mut self, msg: MatchPrefix, _: &mut Context<Self>) -> Self::Result {
-        let m = self.lookup(&msg.model, &msg.facts.key);
+        let m = self.lookup(&msg.model, &msg.facts.key, msg.count);
         MessageResult((msg.facts, m))
     }
 }

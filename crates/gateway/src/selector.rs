@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use kvgate_policies::{
-    CreditLedger, Decision, DecisionPath, HashRing, PolicyConfig, PrefixMatches, RequestFacts,
-    RoutingText, SelectInput, WorkerId, WorkerView,
+    CreditLedger, Decision, DecisionPath, HashRing, PolicyConfig, PrefixMatches, RECENT_HALF_LIFE,
+    RequestFacts, RoutingText, SelectInput, WorkerId, WorkerView,
 };
 use kvgate_poller::LoadsPolled;
 use rand::SeedableRng;
@@ -48,18 +48,25 @@ pub struct Dispatch {
 pub struct Booking {
     selector: Addr<SelectorActor>,
     release: Option<Release>,
-    /// Requests may be holding for this one's prefill (see [`Hold`]).
-    warming: bool,
+    /// No byte of the answer yet: its prefill may still be running.
+    prefilling: bool,
 }
 
 impl Booking {
     /// The worker sent the first byte of the answer: its prefill is done, so the prompt is
-    /// in its cache. Called on every streamed chunk; only the first call sends.
+    /// in its cache and its tokens no longer queue ahead of anyone. Called on every
+    /// streamed chunk; only the first call sends.
     pub fn first_byte(&mut self) {
-        if std::mem::take(&mut self.warming)
+        if std::mem::take(&mut self.prefilling)
             && let Some(r) = &self.release
         {
-            self.selector.do_send(Warmed { booking: r.booking });
+            self.selector.do_send(Warmed {
+                booking: r.booking,
+                worker: r.worker,
+                incarnation: r.incarnation,
+                booked_at: r.booked_at,
+                credit_tokens: r.credit_tokens,
+            });
         }
     }
 }
@@ -95,9 +102,9 @@ pub enum Selected {
     Hold(Hold),
 }
 
-/// Wait, then ask again (with `may_hold: false`). The chosen worker is still computing
-/// the prefix this request would reuse, for a streamed request sent just before it; sent
-/// now, both would prefill it side by side (an engine caches a prompt only once its
+/// Wait, then ask again (holding again only within the same `max` in all). The chosen
+/// worker is still computing the prefix this request would reuse, for a streamed request
+/// sent just before it; sent now, both would prefill it side by side (an engine caches a prompt only once its
 /// prefill ends). The wait ends at that request's first token, its end, or `max`.
 #[derive(Debug)]
 pub struct Hold {
@@ -107,11 +114,18 @@ pub struct Hold {
     pub max: Duration,
 }
 
-/// A streamed dispatch produced its first byte (see [`Booking::first_byte`]).
+/// A streamed dispatch produced its first byte (see [`Booking::first_byte`]): requests
+/// holding on it may go, and its credit goes (what a worker has left of a request after
+/// its prefill is decode, which the credit does not price). The fields are its
+/// [`Release`]'s.
 #[derive(Message, Debug)]
 #[rtype(result = "()")]
 pub struct Warmed {
     pub booking: u64,
+    pub worker: WorkerId,
+    pub incarnation: u64,
+    pub booked_at: Duration,
+    pub credit_tokens: u64,
 }
 
 /// A dry run: the decision the policy would make now, with nothing dispatched or credited.
@@ -458,7 +472,14 @@ impl SelectorActor {
                 waiters: Vec::new(),
             });
         }
+        let keep = 0.5f64.powf(1.0 / RECENT_HALF_LIFE);
+        for v in &mut self.views {
+            v.recent *= keep;
+        }
         let v = &mut self.views[idx];
+        if decision.new_prefix {
+            v.recent += 1.0;
+        }
         v.in_flight += 1;
         v.credit = self.ledger.credit(v.id);
         debug!(worker = %v.url, decision = %decision, "selected");
@@ -471,7 +492,7 @@ impl SelectorActor {
                 credit_tokens: decision.credit_tokens,
                 booking,
             }),
-            warming,
+            prefilling: true,
         };
         Ok(Outcome::Go(Dispatch {
             worker: v.id,
@@ -525,6 +546,7 @@ impl Handler<Select> for SelectorActor {
         let ask = index.send(MatchPrefix {
             model: model.clone(),
             facts: msg.facts,
+            count: true,
         });
         AtomicResponse::new(Box::pin(ask.into_actor(self).map(move |answer, act, _| {
             let _enter = span.enter();
@@ -569,6 +591,7 @@ impl Handler<Explain> for SelectorActor {
         let ask = index.send(MatchPrefix {
             model: self.model_key(&msg.facts),
             facts: msg.facts,
+            count: false,
         });
         AtomicResponse::new(Box::pin(ask.into_actor(self).map(move |answer, act, _| {
             let (facts, matches) = answer.map_err(|_| SelectError::NoHealthy)?;
@@ -603,6 +626,14 @@ impl Handler<Warmed> for SelectorActor {
 
     fn handle(&mut self, msg: Warmed, _: &mut Context<Self>) {
         self.warmed(msg.booking);
+        if let Some(i) = self.views.iter().position(|v| v.id == msg.worker)
+            && self.incarnations[i] == msg.incarnation
+        {
+            // The Release at the end finds this dispatch gone and releases no credit.
+            self.ledger
+                .release(msg.worker, msg.booked_at, msg.credit_tokens);
+            self.views[i].credit = self.ledger.credit(msg.worker);
+        }
     }
 }
 
@@ -660,6 +691,9 @@ pub async fn select(
 ) -> Result<Result<Dispatch, SelectError>, MailboxError> {
     let span = Span::current();
     let (mut facts, mut exclude, mut may_hold) = (facts, exclude, true);
+    // One budget for all holds of a request: its choice may move to another engine that
+    // is itself still computing the prefix (a group spreading over several engines).
+    let mut until: Option<actix_rt::time::Instant> = None;
     loop {
         let answer = selector
             .send(Select {
@@ -675,9 +709,13 @@ pub async fn select(
             Ok(Selected::Go(d)) => return Ok(Ok(d)),
             Err(e) => return Ok(Err(e)),
             Ok(Selected::Hold(h)) => {
-                // Whether it warmed, ended or timed out, the second ask goes ahead.
-                let _ = actix_rt::time::timeout(h.max, h.ready).await;
-                (facts, exclude, may_hold) = (h.facts, h.exclude, false);
+                let end = *until.get_or_insert_with(|| actix_rt::time::Instant::now() + h.max);
+                // Whether it warmed, ended or timed out, the next ask goes ahead; once the
+                // budget is spent it may not hold again.
+                let left = end.saturating_duration_since(actix_rt::time::Instant::now());
+                let _ = actix_rt::time::timeout(left, h.ready).await;
+                may_hold = actix_rt::time::Instant::now() < end;
+                (facts, exclude) = (h.facts, h.exclude);
             }
         }
     }

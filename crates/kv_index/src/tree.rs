@@ -68,6 +68,9 @@ pub struct TreeConfig {
     /// caller runs [`RadixTree::evict`] on its own schedule and the tree may overshoot
     /// until then.
     pub evict_on_insert: bool,
+    /// Half-life, in counted lookups, of the traffic counts kept on each node (see
+    /// [`PrefixMatch::traffic`]); at least 1.
+    pub traffic_half_life: u32,
 }
 
 impl Default for TreeConfig {
@@ -77,6 +80,7 @@ impl Default for TreeConfig {
             max_units: None,
             max_tenant_units: None,
             evict_on_insert: true,
+            traffic_half_life: 1024,
         }
     }
 }
@@ -124,6 +128,56 @@ pub(crate) struct Node<E, T> {
     pub(crate) parent: u32,
     /// Bumped when the slot is freed, so a snapshot cursor can tell a reused slot.
     pub(crate) generation: u32,
+    /// Lookups that entered this node, decayed; not part of a snapshot.
+    pub(crate) traffic: Traffic,
+}
+
+/// Lookups that entered a node, and those of them that ended inside its edge, as counts
+/// that halve every `traffic_half_life` lookups; stored with the lookup number they were
+/// last brought up to, so a lookup updates only the nodes it passes.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Traffic {
+    entered: f32,
+    ended: f32,
+    at: u32,
+}
+
+impl Traffic {
+    fn factor(self, now: u32, half_life: u32) -> f32 {
+        // Wrapping: a node untouched for 2^32 lookups would read as young; its counts have
+        // long been negligible by then anyway.
+        let age = now.wrapping_sub(self.at);
+        if age == 0 {
+            1.0
+        } else {
+            (-(age as f32) / half_life.max(1) as f32).exp2()
+        }
+    }
+
+    pub(crate) fn entered_at(self, now: u32, half_life: u32) -> f32 {
+        self.entered * self.factor(now, half_life)
+    }
+
+    fn bump(&mut self, now: u32, half_life: u32, ended_inside: bool) {
+        let f = self.factor(now, half_life);
+        *self = Traffic {
+            entered: self.entered * f + 1.0,
+            ended: self.ended * f + if ended_inside { 1.0 } else { 0.0 },
+            at: now,
+        };
+    }
+
+    /// Cuts the counts at a split: every lookup that entered the edge entered its head;
+    /// those that ended inside it are taken to have ended inside the head. Returns (head,
+    /// tail).
+    fn split(self) -> (Traffic, Traffic) {
+        let tail = Traffic {
+            entered: (self.entered - self.ended).max(0.0),
+            ended: 0.0,
+            at: self.at,
+        };
+        (self, tail)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -161,6 +215,8 @@ pub struct RadixTree<E, T> {
     evicted: EvictStats,
     /// Scratch for descents, kept to avoid an allocation per call.
     path: Vec<u32>,
+    /// Counted lookups so far (wrapping): the clock of the traffic counts.
+    lookups: u32,
 }
 
 impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
@@ -171,6 +227,7 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
             tenants: Small::Empty,
             parent: NIL,
             generation: 0,
+            traffic: Traffic::default(),
         };
         Self {
             config,
@@ -185,6 +242,7 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
             clock: 0,
             evicted: EvictStats::default(),
             path: Vec::new(),
+            lookups: 0,
         }
     }
 
@@ -234,9 +292,34 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
         self.collect(key.len(), &path, d)
     }
 
+    /// Matches `key` like [`peek_prefix`](Self::peek_prefix), then counts it as traffic
+    /// through every node it entered (see [`PrefixMatch::traffic`]); recency is not
+    /// touched. The match reports the counts from before this lookup.
+    pub fn observe(&mut self, key: &[E]) -> PrefixMatch<T> {
+        let mut path = mem::take(&mut self.path);
+        let d = self.descend(self.truncate(key), &mut path);
+        let m = self.collect(key.len(), &path, d);
+        self.count(&path, d);
+        self.path = path;
+        m
+    }
+
+    /// Counts one lookup through `path` and into the edge a descent stopped inside.
+    fn count(&mut self, path: &[u32], d: Descent) {
+        self.lookups = self.lookups.wrapping_add(1);
+        let (now, half_life) = (self.lookups, self.config.traffic_half_life);
+        for &n in [ROOT].iter().chain(path) {
+            self.nodes[n as usize].traffic.bump(now, half_life, false);
+        }
+        if let Some((n, _)) = d.partial {
+            self.nodes[n as usize].traffic.bump(now, half_life, true);
+        }
+    }
+
     /// One descent: computes the match as the tree stands, lets `choose` pick a tenant
     /// from it, then records the whole key for that tenant only (nothing for `None`).
     /// Only the chosen tenant's path is touched: it is the engine that sees the request.
+    /// Counts as a lookup for [`PrefixMatch::traffic`], as [`observe`](Self::observe) does.
     pub fn match_and_insert(
         &mut self,
         key: &[E],
@@ -248,6 +331,7 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
         let mut path = mem::take(&mut self.path);
         let d = self.descend(key_p, &mut path);
         let m = self.collect(key.len(), &path, d);
+        self.count(&path, d);
         let chosen = choose(&m);
         if let Some(t) = chosen {
             self.record(key_p, &mut path, d, t);
@@ -438,6 +522,8 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
 
     fn collect(&self, input_len: usize, path: &[u32], d: Descent) -> PrefixMatch<T> {
         let mut per: Vec<(T, usize)> = Vec::new();
+        let mut traffic = Vec::with_capacity(path.len() + 1);
+        let half_life = self.config.traffic_half_life;
         let mut depth = 0;
         let steps = path
             .iter()
@@ -445,6 +531,12 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
             .chain(d.partial);
         for (i, (n, len)) in steps.enumerate() {
             depth += len;
+            traffic.push((
+                depth,
+                self.nodes[n as usize]
+                    .traffic
+                    .entered_at(self.lookups, half_life),
+            ));
             let tenants = &self.nodes[n as usize].tenants;
             if i == 0 {
                 per.extend(tenants.iter().map(|&(t, _)| (t, depth)));
@@ -467,6 +559,10 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
             input_len,
             matched_len: per.first().map_or(0, |p| p.1),
             per_tenant: per,
+            traffic,
+            traffic_total: self.nodes[ROOT as usize]
+                .traffic
+                .entered_at(self.lookups, half_life),
         }
     }
 
@@ -511,6 +607,7 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
         for &n in path.iter().rev() {
             self.hold(n, ts, tenant);
         }
+
         if self.config.evict_on_insert {
             let mut stats = EvictStats::default();
             if self.config.max_tenant_units.is_some() {
@@ -543,6 +640,7 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
                 let node = &mut self.nodes[n as usize];
                 node.edge = edge;
                 node.parent = parent;
+                node.traffic = Traffic::default();
                 n
             }
             None => {
@@ -553,6 +651,7 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
                     tenants: Small::Empty,
                     parent,
                     generation: 0,
+                    traffic: Traffic::default(),
                 });
                 (self.nodes.len() - 1) as u32
             }
@@ -599,7 +698,10 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
             let list = &mut self.slots[ts as usize].list;
             head_tenants.insert(i, (t, self.lru.insert_after(list, e, ts, head, stamp)));
         }
+        let (head_traffic, tail_traffic) = self.nodes[child as usize].traffic.split();
+        self.nodes[child as usize].traffic = tail_traffic;
         let h = &mut self.nodes[head as usize];
+        h.traffic = head_traffic;
         h.tenants = head_tenants;
         h.children = Small::One((tail_key, child));
         self.nodes[child as usize].parent = head;

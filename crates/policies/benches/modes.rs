@@ -455,6 +455,7 @@ fn simulate(fleet: &Fleet, cfg: &PolicyConfig, reqs: &[Req], seed: u64) -> Outco
                 })
                 .collect(),
             source: MatchSource::TokenTree,
+            traffic: None,
         };
         // The policies read only the token count of a prompt.
         let facts = RequestFacts {

@@ -58,6 +58,7 @@ fn bench(c: &mut Criterion) {
             .map(|&(i, n)| (workers[i].id, n))
             .collect(),
         source: MatchSource::TokenTree,
+        traffic: None,
     };
     let input = SelectInput {
         matches: Some(&matches),

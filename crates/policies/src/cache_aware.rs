@@ -154,6 +154,8 @@ impl<'a> Ctx<'a> {
             match_rate: self.match_rate(pick.worker),
             credit_tokens,
             record_prefix,
+            rule: None,
+            new_prefix: false,
         }
     }
 }

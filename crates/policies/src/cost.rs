@@ -67,24 +67,41 @@
 use rand::RngCore;
 
 use crate::cache_aware::Ctx;
-use crate::decision::{Decision, DecisionPath};
+use crate::decision::{CostRule, Decision, DecisionPath};
 use crate::estimate;
 use crate::snapshot::MatchSource;
 use crate::wait::{Pick, argmin_uniform, mean_positive};
+
+/// Pseudo-requests added to the traffic total before a share is taken, so that the first
+/// few requests of a fresh index do not make every repeated prefix look like the fleet's
+/// whole traffic.
+const TRAFFIC_PRIOR: f64 = 2.0;
+
+/// How many affinity margins a new prefix may reach past the cheapest worker to land on
+/// the worker that started the fewest lately: where a group starts is where its later
+/// requests go, so an uneven start costs for as long as the group lives.
+const PLACEMENT_REACH: f64 = 3.0;
 
 /// The cost-mode decision for a cache_aware context (KV pressure already ruled out).
 pub(crate) fn select(ctx: &Ctx<'_>, rng: &mut dyn RngCore) -> Decision {
     let set = ctx.ungated_eligible();
     let costs = ttft(ctx, &set);
     let totals: Vec<f64> = costs.iter().map(|c| c.0).collect();
-    let Some(mut at) = argmin_uniform(&totals, rng) else {
+    let Some(cheapest) = argmin_uniform(&totals, rng) else {
         return Decision::none();
     };
-    // Affinity margin: a holder within `affinity_margin` of the cheapest worker keeps the
-    // request. The costs rest on polls seconds old and on an engine model; breaking a
-    // prefix group over a near-tie duplicates a whole prefill and its cache pages.
-    // An idle worker is never passed over this way: the margin must not starve one.
-    let holds = |i: usize| useful_match(ctx, ctx.matched[set[i]]) > 0;
+    let useful: Vec<usize> = set
+        .iter()
+        .map(|&w| useful_match(ctx, ctx.matched[w]))
+        .collect();
+    let holds = |i: usize| useful[i] > 0;
+    // Engines' worth of recent traffic through the prefix each candidate holds.
+    let worth: Vec<Option<f64>> = (0..set.len())
+        .map(|i| {
+            let t = ctx.matches()?.traffic.as_ref()?;
+            holds(i).then(|| t.at(useful[i]) / (t.total + TRAFFIC_PRIOR) * set.len() as f64)
+        })
+        .collect();
     let idle = |w: usize| {
         ctx.fleet.in_flight(w) == 0
             && ctx
@@ -92,21 +109,54 @@ pub(crate) fn select(ctx: &Ctx<'_>, rng: &mut dyn RngCore) -> Decision {
                 .load(w)
                 .is_none_or(|l| l.live_rate == 0.0 && l.waiting_reqs == 0.0)
     };
-    if !holds(at) && !idle(set[at]) {
-        let bound = totals[at] * (1.0 + ctx.cfg.affinity_margin.max(0.0));
-        let holder_costs: Vec<f64> = (0..set.len())
+    // Within the affinity margin of the cheapest: the costs rest on polls seconds old and
+    // on an engine model, so they cannot tell these apart.
+    let bound = totals[cheapest] * (1.0 + ctx.cfg.affinity_margin.max(0.0));
+    let cheapest_of = |keep: &dyn Fn(usize) -> bool, bound: f64, rng: &mut dyn RngCore| {
+        let masked: Vec<f64> = (0..set.len())
             .map(|i| {
-                if holds(i) && totals[i] <= bound {
+                if keep(i) && totals[i] <= bound {
                     totals[i]
                 } else {
                     f64::INFINITY
                 }
             })
             .collect();
-        if holder_costs.iter().any(|c| c.is_finite())
-            && let Some(h) = argmin_uniform(&holder_costs, rng)
+        masked
+            .iter()
+            .any(|c| c.is_finite())
+            .then(|| argmin_uniform(&masked, rng))
+            .flatten()
+    };
+    let (mut at, mut rule) = (cheapest, CostRule::Cheapest);
+    if !holds(cheapest) {
+        // A prefix that carries at most one engine's worth of traffic belongs on one
+        // engine: breaking it over a near-tie duplicates its prefill and splits its group
+        // for good. Only a busier prefix (a system prompt every conversation shares) is
+        // worth spreading, and then an idle worker is never passed over for it.
+        let private = |i: usize| worth[i].is_some_and(|x| x <= 1.0);
+        if let Some(h) = cheapest_of(&private, bound, rng) {
+            (at, rule) = (h, CostRule::PrivatePrefix);
+        } else if !idle(set[cheapest])
+            && let Some(h) = cheapest_of(&holds, bound, rng)
         {
-            at = h;
+            (at, rule) = (h, CostRule::Affinity);
+        }
+    }
+    if !holds(at) {
+        // Nobody's prefix decided: spread by recent use among the near-ties, so a new
+        // prefix group lands where the fewest requests went lately instead of wherever
+        // an instant's costs point (the first request of each group is a miss).
+        let wide = totals[cheapest] * (1.0 + PLACEMENT_REACH * ctx.cfg.affinity_margin.max(0.0));
+        let least = (0..set.len())
+            .filter(|&i| totals[i] <= wide)
+            .map(|i| ctx.fleet.workers[set[i]].recent)
+            .fold(f64::INFINITY, f64::min);
+        let spare = |i: usize| ctx.fleet.workers[set[i]].recent < least + 0.5;
+        if let Some(s) = cheapest_of(&spare, wide, rng)
+            && s != at
+        {
+            (at, rule) = (s, CostRule::Spread);
         }
     }
     let chosen = set[at];
@@ -130,10 +180,14 @@ pub(crate) fn select(ctx: &Ctx<'_>, rng: &mut dyn RngCore) -> Decision {
         scored: set.iter().copied().zip(totals).collect(),
     };
     let mut d = ctx.decide(&pick, path, estimate::to_credit(uncached), ctx.recordable());
-    for (&i, &(_, prefill)) in set.iter().zip(&costs) {
-        let id = ctx.fleet.workers[i].id;
-        if let Some(c) = d.candidates.iter_mut().find(|c| c.worker == id) {
+    d.rule = Some(rule);
+    d.new_prefix = !holds(at);
+    for (k, (&i, &(_, prefill))) in set.iter().zip(&costs).enumerate() {
+        let w = &ctx.fleet.workers[i];
+        if let Some(c) = d.candidates.iter_mut().find(|c| c.worker == w.id) {
             c.prefill = Some(prefill);
+            c.prefix_traffic = worth[k];
+            c.recent = Some(w.recent);
         }
     }
     d

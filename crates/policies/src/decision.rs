@@ -74,6 +74,14 @@ pub struct CandidateScore {
     /// Cost mode only: the part of `score` that prices the prompt tokens this worker does
     /// not hold (seconds).
     pub prefill: Option<f64>,
+    /// Cost mode only: how many engines' worth of the fleet's recent traffic shares the
+    /// prefix this worker holds (1.0: one engine's fair share), when the index counts
+    /// traffic and the worker holds a useful prefix.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_traffic: Option<f64>,
+    /// Cost mode only: the worker's recent dispatches ([`WorkerView::recent`](crate::WorkerView::recent)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recent: Option<f64>,
 }
 
 impl CandidateScore {
@@ -86,8 +94,25 @@ impl CandidateScore {
             in_flight,
             gated: false,
             prefill: None,
+            prefix_traffic: None,
+            recent: None,
         }
     }
+}
+
+/// Which rule of the cost mode settled the choice (see the `cost` module).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CostRule {
+    /// The lowest cost.
+    Cheapest,
+    /// A holder within the affinity margin of the lowest cost.
+    Affinity,
+    /// A holder of a prefix that carries at most one engine's worth of traffic, within
+    /// the affinity margin, even though an idle worker was cheaper.
+    PrivatePrefix,
+    /// Nobody's prefix decided: the least recently used worker within the margin.
+    Spread,
 }
 
 /// The outcome of one selection.
@@ -104,6 +129,14 @@ pub struct Decision {
     pub credit_tokens: u64,
     /// Whether the index should record the request's prefix for the chosen worker.
     pub record_prefix: bool,
+    /// Cost mode only: the rule that settled the choice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule: Option<CostRule>,
+    /// Cost mode only: the chosen worker held no useful part of the prompt, so the
+    /// request starts its prefix there (what [`WorkerView::recent`](crate::WorkerView::recent)
+    /// counts).
+    #[serde(default)]
+    pub new_prefix: bool,
 }
 
 impl Decision {
@@ -116,6 +149,8 @@ impl Decision {
             match_rate: None,
             credit_tokens: 0,
             record_prefix: false,
+            rule: None,
+            new_prefix: false,
         }
     }
 
@@ -128,6 +163,8 @@ impl Decision {
             match_rate: None,
             credit_tokens: 0,
             record_prefix: false,
+            rule: None,
+            new_prefix: false,
         }
     }
 
@@ -155,6 +192,9 @@ impl fmt::Display for Decision {
             None => f.write_str("worker=none")?,
         }
         write!(f, " path={}", self.path)?;
+        if let Some(r) = self.rule {
+            write!(f, " rule={r:?}")?;
+        }
         if let Some(score) = self.chosen().and_then(|c| c.score) {
             write!(f, " score={score:.6}")?;
         }

@@ -80,13 +80,13 @@ use rand::RngCore;
 
 pub use config::{CacheIndex, CacheMode, LoadMetric, PolicyConfig, PolicyKind};
 pub use consistent_hashing::{MAX_ROUTING_KEY_BYTES, ROUTING_KEY_HEADERS, valid_routing_key};
-pub use decision::{CandidateScore, Decision, DecisionPath};
+pub use decision::{CandidateScore, CostRule, Decision, DecisionPath};
 pub use error::ConfigError;
 pub use ledger::CreditLedger;
 pub use ring::HashRing;
 pub use snapshot::{
-    Credit, MatchSource, PrefixMatches, RankLoad, RequestFacts, RoutingText, SelectInput, WorkerId,
-    WorkerLoad, WorkerView,
+    Credit, MatchSource, PrefixMatches, PrefixTraffic, RECENT_HALF_LIFE, RankLoad, RequestFacts,
+    RoutingText, SelectInput, WorkerId, WorkerLoad, WorkerView,
 };
 
 /// Picks a worker for one request under the configured policy.

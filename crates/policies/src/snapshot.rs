@@ -119,7 +119,18 @@ pub struct WorkerView {
     pub load: Option<WorkerLoad>,
     /// Work dispatched since `load.sampled_at`.
     pub credit: Credit,
+    /// New prefixes started on this worker lately: dispatches that went to it holding no
+    /// useful part of their prompt ([`Decision::new_prefix`](crate::Decision::new_prefix)),
+    /// decayed by the caller (the gateway halves the count every [`RECENT_HALF_LIFE`]
+    /// dispatches to the fleet). The cost mode places a prompt that no prefix decides on
+    /// the worker with the fewest, among those within its margin, so prefix groups spread
+    /// evenly; left at 0 everywhere, such prompts go to the cheapest worker instead.
+    pub recent: f64,
 }
+
+/// Half-life of [`WorkerView::recent`], in dispatches to the whole fleet, as the gateway
+/// keeps it.
+pub const RECENT_HALF_LIFE: f64 = 256.0;
 
 impl WorkerView {
     /// A healthy worker with nothing known about its load.
@@ -131,6 +142,7 @@ impl WorkerView {
             in_flight: 0,
             load: None,
             credit: Credit::default(),
+            recent: 0.0,
         }
     }
 }
@@ -144,6 +156,34 @@ pub struct PrefixMatches {
     pub per_worker: Vec<(WorkerId, usize)>,
     /// Which index answered, and so what the units are.
     pub source: MatchSource,
+    /// How much recent traffic shared each matched prefix (tree indexes that count it).
+    #[serde(default)]
+    pub traffic: Option<PrefixTraffic>,
+}
+
+/// Recent requests through the prefixes of one request, as the tree index counts them
+/// (decayed counts of recorded requests).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PrefixTraffic {
+    /// All recent requests: the denominator of a share.
+    pub total: f64,
+    /// (units from the start, recent requests whose prompt began with those units),
+    /// shallowest first, one entry per index node on the matched path.
+    pub by_prefix: Vec<(usize, f64)>,
+}
+
+impl PrefixTraffic {
+    /// Recent requests that began with the first `units` units of this one: the first
+    /// entry reaching `units`, the total for 0, and 0 past the matched path.
+    pub fn at(&self, units: usize) -> f64 {
+        if units == 0 {
+            return self.total;
+        }
+        self.by_prefix
+            .iter()
+            .find(|(end, _)| *end >= units)
+            .map_or(0.0, |(_, c)| *c)
+    }
 }
 
 /// The index that produced a [`PrefixMatches`], which fixes its units and how a policy

@@ -279,6 +279,8 @@ impl Pick {
             match_rate: None,
             credit_tokens,
             record_prefix: false,
+            rule: None,
+            new_prefix: false,
         }
     }
 }

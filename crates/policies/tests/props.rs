@@ -103,6 +103,7 @@ fn matches() -> impl Strategy<Value = Option<PrefixMatches>> {
                 input_len,
                 per_worker: per.into_iter().map(|(i, n)| (WorkerId(i), n)).collect(),
                 source,
+                traffic: None,
             }),
     )
 }

@@ -53,8 +53,8 @@ fn scenario_58_round_trip_and_size() {
         .chain([&head[..5000], "zzz", ""])
     {
         assert_eq!(
-            restored.peek_prefix(probe.as_bytes()),
-            tree.peek_prefix(probe.as_bytes())
+            holdings(&restored, probe.as_bytes()),
+            holdings(&tree, probe.as_bytes())
         );
     }
     assert_eq!(restored.total_units(), tree.total_units());
@@ -214,7 +214,7 @@ proptest! {
         let unbounded = TreeConfig { max_units: None, max_tenant_units: None, ..config.clone() };
         let restored = round_trip(&tree, unbounded, tree.clock + 1000);
         for p in &probes {
-            prop_assert_eq!(restored.peek_prefix(p), tree.peek_prefix(p));
+            prop_assert_eq!(holdings(&restored, p), holdings(&tree, p));
         }
         for t in tree.tenants() {
             prop_assert_eq!(restored.tenant_units(t), tree.tenant_units(t));
@@ -225,7 +225,7 @@ proptest! {
         tree.set_budgets(Some(budget), None);
         tree.evict();
         for p in &probes {
-            prop_assert_eq!(restored.peek_prefix(p), tree.peek_prefix(p));
+            prop_assert_eq!(holdings(&restored, p), holdings(&tree, p));
         }
         prop_assert_eq!(restored.total_units(), tree.total_units());
     }
@@ -259,6 +259,7 @@ proptest! {
                 PropOp::Remove(t) => { tree.remove_tenant(*t); }
                 PropOp::Clear(t) => { tree.clear_tenant(*t); }
                 PropOp::Evict => { tree.evict(); }
+                PropOp::Observe(k) => { tree.observe(k); }
             }
         }
         while !cursor.is_done() {
@@ -273,4 +274,10 @@ proptest! {
             }
         }
     }
+}
+
+/// What a snapshot keeps of a match: who holds how much (traffic counts start afresh).
+fn holdings(tree: &RadixTree<u8, u64>, key: &[u8]) -> (usize, usize, Vec<(u64, usize)>) {
+    let m = tree.peek_prefix(key);
+    (m.input_len, m.matched_len, m.per_tenant)
 }

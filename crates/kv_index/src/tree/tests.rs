@@ -30,6 +30,12 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
                     p.children.iter().any(|c| c.1 == i),
                     "{i} not a child of its parent"
                 );
+                let (now, h) = (self.lookups, self.config.traffic_half_life);
+                let (mine, theirs) = (n.traffic.entered_at(now, h), p.traffic.entered_at(now, h));
+                assert!(
+                    mine <= theirs * (1.0 + 1e-4) + 1e-4,
+                    "node {i} has more traffic ({mine}) than its parent ({theirs})"
+                );
                 for (t, _) in &n.tenants {
                     if n.parent != ROOT {
                         assert!(p.tenants.iter().any(|x| x.0 == *t), "tenant not on parent");
@@ -448,6 +454,7 @@ pub(crate) enum PropOp {
     Remove(u64),
     Clear(u64),
     Evict,
+    Observe(Vec<u8>),
 }
 
 pub(crate) fn key() -> impl Strategy<Value = Vec<u8>> {
@@ -460,6 +467,7 @@ pub(crate) fn prop_op() -> impl Strategy<Value = PropOp> {
         4 => (key(), 0u64..4).prop_map(|(k, t)| PropOp::Insert(k, t)),
         2 => (key(), prop::option::of(0u64..4)).prop_map(|(k, t)| PropOp::Fused(k, t)),
         2 => key().prop_map(PropOp::Match),
+        2 => key().prop_map(PropOp::Observe),
         1 => (0u64..4).prop_map(PropOp::Remove),
         1 => (0u64..4).prop_map(PropOp::Clear),
         1 => Just(PropOp::Evict),
@@ -515,6 +523,23 @@ pub(crate) fn run_ops(
                 assert!(m.per_tenant.iter().all(|&(_, n)| n % page == 0));
                 on_match(&tree, k, &m);
             }
+            PropOp::Observe(k) => {
+                let before = tree.peek_prefix(k);
+                let m = tree.observe(k);
+                assert_eq!(m, before);
+                // Traffic never grows with depth, and no prefix outdraws the whole.
+                let counts: Vec<f32> = m.traffic.iter().map(|t| t.1).collect();
+                assert!(
+                    counts
+                        .windows(2)
+                        .all(|w| w[1] <= w[0] * (1.0 + 1e-4) + 1e-4)
+                );
+                assert!(
+                    counts
+                        .iter()
+                        .all(|&c| c <= m.traffic_total * (1.0 + 1e-4) + 1e-4)
+                );
+            }
             PropOp::Remove(t) => {
                 tree.remove_tenant(*t);
             }
@@ -558,6 +583,7 @@ pub(crate) fn config_strategy() -> impl Strategy<Value = TreeConfig> {
                 max_units,
                 max_tenant_units,
                 evict_on_insert,
+                ..TreeConfig::default()
             },
         )
 }
@@ -590,6 +616,10 @@ proptest! {
                     let m = tree.match_prefix(k, now);
                     prop_assert_eq!(m.per_tenant, model_match(&model, k, p));
                 }
+                PropOp::Observe(k) => {
+                    let m = tree.observe(k);
+                    prop_assert_eq!(m.per_tenant, model_match(&model, k, p));
+                }
                 PropOp::Remove(t) | PropOp::Clear(t) => {
                     tree.remove_tenant(*t);
                     model.remove(t);
@@ -601,4 +631,64 @@ proptest! {
         }
         tree.check_invariants();
     }
+}
+
+#[test]
+fn traffic_counts_lookups_through_each_prefix() {
+    let mut tree: RadixTree<u8, u64> = RadixTree::new(TreeConfig::default());
+    tree.insert(b"sys:a1", 1, 1);
+    // Inserts alone are not traffic.
+    assert_eq!(tree.peek_prefix(b"sys:a1").traffic_total, 0.0);
+    // Four lookups share "sys:", two of them also "sys:a"; one goes elsewhere.
+    let first = tree.observe(b"sys:a1");
+    assert_eq!(
+        first.traffic,
+        vec![(6, 0.0)],
+        "counts from before the lookup"
+    );
+    tree.observe(b"sys:a2");
+    tree.observe(b"sys:b");
+    tree.observe(b"other");
+    let near = |a: f32, b: f32| (a - b).abs() < 0.01 * b.max(1.0);
+    let m = tree.peek_prefix(b"sys:a3");
+    assert!(near(m.traffic_total, 4.0), "{m:?}");
+    // One node "sys:a1" so far: three lookups entered it.
+    assert_eq!(m.traffic.len(), 1);
+    assert!(near(m.traffic_at(5), 3.0), "{m:?}");
+    // A split gives the head every lookup that entered the edge, and the tail those that
+    // did not end inside it: "sys:b" and "sys:a2" both ended inside, so the tail keeps
+    // only "sys:a1" (exact when lookups diverge where the split falls, as conversations
+    // sharing a system prompt do).
+    tree.insert(b"sys:b", 2, 2);
+    let m = tree.peek_prefix(b"sys:a3");
+    assert_eq!(
+        m.traffic.iter().map(|t| t.0).collect::<Vec<_>>(),
+        vec![4, 5]
+    );
+    assert!(near(m.traffic_at(4), 3.0), "{m:?}");
+    assert!(near(m.traffic_at(5), 1.0), "{m:?}");
+    assert_eq!(m.traffic_at(6), 0.0, "past the matched path");
+    // Lookups that touch recency (match_prefix) and peeks are not traffic either;
+    // match_and_insert is.
+    tree.match_prefix(b"sys:a3", 5);
+    assert_eq!(tree.peek_prefix(b"sys:a3").traffic, m.traffic);
+    tree.match_and_insert(b"sys:a3", 6, |_| Some(1));
+    assert!(near(tree.peek_prefix(b"sys:a3").traffic_at(5), 2.0));
+}
+
+#[test]
+fn traffic_halves_every_half_life_lookups() {
+    let mut tree: RadixTree<u8, u64> = RadixTree::new(TreeConfig {
+        traffic_half_life: 4,
+        ..TreeConfig::default()
+    });
+    tree.insert(b"hot prefix", 1, 1);
+    tree.observe(b"hot prefix");
+    for i in 0..4u8 {
+        tree.observe(&[b'x', i]);
+    }
+    let m = tree.peek_prefix(b"hot prefix");
+    let total = 0.5 + (0..4).map(|k| 0.5f32.powf(k as f32 / 4.0)).sum::<f32>();
+    assert!((m.traffic_at(3) - 0.5).abs() < 1e-4, "{m:?}");
+    assert!((m.traffic_total - total).abs() < 1e-4, "{m:?}");
 }

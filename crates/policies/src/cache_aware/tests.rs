@@ -34,6 +34,7 @@ fn hash_matches(tokens: usize, boundary: Option<usize>, holders: &[u64]) -> Pref
             .map(|&i| (id(i), boundary.unwrap_or(0)))
             .collect(),
         source: MatchSource::Hash { boundary },
+        traffic: None,
     }
 }
 

@@ -2,8 +2,8 @@
 
 use crate::testkit::*;
 use crate::{
-    CacheMode, DecisionPath, MatchSource, PolicyConfig, PolicyKind, PrefixMatches, RankLoad,
-    RequestFacts, WorkerLoad, WorkerView,
+    CacheMode, CostRule, DecisionPath, MatchSource, PolicyConfig, PolicyKind, PrefixMatches,
+    PrefixTraffic, RankLoad, RequestFacts, WorkerLoad, WorkerView,
 };
 
 fn cost_cfg() -> PolicyConfig {
@@ -349,6 +349,7 @@ fn paths_and_recording() {
             .map(|&i| (id(i), boundary.unwrap_or(0)))
             .collect(),
         source: MatchSource::Hash { boundary },
+        traffic: None,
     };
     let holder_idle = [w(1).flight(1), w(2)];
     let d = check(
@@ -384,5 +385,122 @@ fn the_affinity_margin_never_passes_over_an_idle_worker() {
         &tokens(2000),
         Some(&m),
         (2, DecisionPath::Spill),
+    );
+}
+
+/// `m` with the index reporting `through` recent requests (of `total`) that began with
+/// the first `len` units.
+fn with_traffic(m: PrefixMatches, len: usize, through: f64, total: f64) -> PrefixMatches {
+    PrefixMatches {
+        traffic: Some(PrefixTraffic {
+            total,
+            by_prefix: vec![(len, through)],
+        }),
+        ..m
+    }
+}
+
+#[test]
+fn a_private_prefix_stays_with_its_holder_even_against_an_idle_worker() {
+    // The fleet of the test above: a busy holder within the margin, an idle non-holder.
+    let idle = report(vec![RankLoad {
+        total_prefill_uncached_tokens: 100_000,
+        total_prefill_busy_us: 10_000_000,
+        ..RankLoad::default()
+    }]);
+    let fleet = |q| {
+        [
+            w(1).load(prefilling(10_000, q, 1, 0.0)),
+            w(2).load(idle.clone()),
+        ]
+    };
+    let m = token_matches(2000, &[(1, 1600)]);
+    // 10 of the last 100 requests shared the held prefix: 10 / (100 + 2) of the traffic
+    // on 2 workers is 0.2 of one worker's share, so the prefix belongs on one worker.
+    let private = with_traffic(m.clone(), 1600, 10.0, 100.0);
+    let d = check(
+        &cost_cfg(),
+        &fleet(1500),
+        &tokens(2000),
+        Some(&private),
+        (1, DecisionPath::Hit),
+    );
+    assert_eq!(
+        (d.rule, d.new_prefix),
+        (Some(CostRule::PrivatePrefix), false)
+    );
+    let worth = d
+        .chosen()
+        .and_then(|c| c.prefix_traffic)
+        .unwrap_or(f64::NAN);
+    assert!(approx(worth, 10.0 / 102.0 * 2.0), "{worth}");
+    // 90 of 100: the prefix carries more than one worker's share, so it may spread, and
+    // the idle worker takes it.
+    let popular = with_traffic(m.clone(), 1600, 90.0, 100.0);
+    let d = check(
+        &cost_cfg(),
+        &fleet(1500),
+        &tokens(2000),
+        Some(&popular),
+        (2, DecisionPath::Spill),
+    );
+    assert_eq!((d.rule, d.new_prefix), (Some(CostRule::Cheapest), true));
+    // Beyond the margin even a private prefix moves.
+    check(
+        &cost_cfg(),
+        &fleet(20_000),
+        &tokens(2000),
+        Some(&private),
+        (2, DecisionPath::Spill),
+    );
+}
+
+#[test]
+fn a_new_prefix_starts_where_the_fewest_started_lately() {
+    // Costs for a 2000-token miss at 10k tok/s: idle 0.2 s; 500 queued tokens and one
+    // waiting request, 0.05 + 2 · 0.2 = 0.45 s (within 1 + 3 · 0.5 = 2.5 times the
+    // cheapest, 0.5 s); 4000 queued, 0.4 + 2 · 0.2 = 0.8 s (beyond it).
+    let fleet = |recent: [f64; 3]| {
+        [
+            WorkerView {
+                recent: recent[0],
+                ..w(1).load(prefilling(10_000, 0, 0, 0.0))
+            },
+            WorkerView {
+                recent: recent[1],
+                ..w(2).load(prefilling(10_000, 500, 1, 0.0))
+            },
+            WorkerView {
+                recent: recent[2],
+                ..w(3).load(prefilling(10_000, 4000, 1, 0.0))
+            },
+        ]
+    };
+    let miss = with_traffic(token_matches(2000, &[]), 0, 0.0, 50.0);
+    let d = check(
+        &cost_cfg(),
+        &fleet([3.0, 0.0, 0.0]),
+        &tokens(2000),
+        Some(&miss),
+        (2, DecisionPath::Miss),
+    );
+    assert_eq!((d.rule, d.new_prefix), (Some(CostRule::Spread), true));
+    assert_eq!(d.chosen().and_then(|c| c.recent), Some(0.0));
+    // Nothing started anywhere lately (or nobody counts): the cheapest.
+    let d = check(
+        &cost_cfg(),
+        &fleet([0.0, 0.0, 0.0]),
+        &tokens(2000),
+        Some(&miss),
+        (1, DecisionPath::Miss),
+    );
+    assert_eq!(d.rule, Some(CostRule::Cheapest));
+    // The fewest only beyond reach: the fewest within it.
+    check(
+        &cost_cfg(),
+        &fleet([3.0, 2.0, 0.0]),
+        &tokens(2000),
+        Some(&miss),
+        (2, DecisionPath::Miss),
     );
 }
