@@ -5,7 +5,9 @@
 //! over the key unit (`u8` text bytes, `char`, or `u32` token ids, with whole-page storage
 //! for tokens); it reports for every tenant how much of a key it holds, records routing
 //! decisions in the same descent, evicts least recently used leaves first under a global
-//! and a per-tenant budget, and snapshots in chunks with relative ages. [`HashIndex`] is
+//! and a per-tenant budget, counts how much recent traffic entered each node (lookups
+//! through [`RadixTree::observe`] or [`RadixTree::match_and_insert`], decayed; not
+//! snapshotted), and snapshots in chunks with relative ages. [`HashIndex`] is
 //! the tree-less hash mode: holders per hashed token head at fixed boundaries, with a TTL
 //! and a key bound. The crate never reads a clock (time is a `u64` the caller passes),
 //! does no I/O, and depends on nothing async.

@@ -13,9 +13,19 @@
 //!            = in_flight(w) · p̄ / P̄                                           nobody reports
 //! prefill(w) = m(w) · uncached(w) / P(w),  uncached(w) = prompt tokens − tokens w holds
 //!              (holdings under min_match_tokens, default 64, count as none)
-//! choice     = the lowest cost, except that the cheapest holder of the prompt wins when its
-//!              cost is within affinity_margin (default 0.5) of the lowest and the lowest
-//!              is not an idle worker (nothing in flight)
+//! choice     = the lowest cost, except:
+//!              1. private_prefix: the cheapest holder whose prefix carries at most one
+//!                 worker's worth of recent traffic, worth(w) ≤ 1, wins when its cost is
+//!                 within affinity_margin (default 0.5) of the lowest, even against an
+//!                 idle worker;
+//!              2. affinity: otherwise the cheapest holder within that margin wins, unless
+//!                 the lowest is an idle worker (nothing in flight);
+//!              3. spread: when the choice holds nothing useful, the worker with the
+//!                 fewest recent new prefixes (`WorkerView::recent`, ties within 0.5)
+//!                 among those within PLACEMENT_REACH (3) margins of the lowest, cheapest
+//!                 first
+//! worth(w)   = traffic(w's prefix) / (traffic total + 2) · |candidates|, from the index's
+//!              decayed lookup counts (`PrefixMatches::traffic`); unknown → rule 1 skipped
 //! m(w)       = 1 + waiting_reqs(w) + dispatched_since_sample(w) + cache_hit_rate(w)
 //!            = 1 + in_flight(w)                                               no report
 //! cost(w)    = wait(w) + prefill(w)
@@ -59,6 +69,16 @@
 //! - The count gate still applies, as a bound on in-flight skew (time to first token does
 //!   not see how large a decode batch grows), and KV pressure still triggers the ungated
 //!   expected-wait fallback when configured.
+//!
+//! - **A group's prefix stays whole, a shared one spreads.** The margin alone cannot tell a
+//!   prefix group (a few requests sharing a long head) from a system prompt that every
+//!   conversation in the fleet shares: at the instant of a decision both look the same. The
+//!   index's traffic counts can: a prefix that carries at most one engine's worth of the
+//!   fleet's requests belongs on one engine (breaking it over an idle worker duplicated its
+//!   prefill and split its group for good: 0.95–0.975 of the ideal at lower load in
+//!   session 3), while a busier one must spread (kept on its first holder, every new
+//!   conversation followed it: splits of 0/0/23/41). New prefixes then start where the
+//!   fewest started lately, so groups spread evenly from their first request.
 //!
 //! Paths: `hit` (or `hash` on the hash index) when the chosen worker holds part of the
 //! prompt, `spill` when it holds none although an eligible worker does, `miss` when nobody
