@@ -207,7 +207,10 @@ async fn a_routing_key_sticks_to_one_worker() {
 /// 500 ms decode step for an unrelated request). Without a hold both are admitted in the
 /// same batch and both prefill the prefix; with one, the second waits for the first's
 /// first token and then reuses the prefix.
-async fn shared_prefix_pair(hold: Duration) -> u64 {
+/// Runs two streamed requests sharing a long system prompt behind an unrelated one on a
+/// single slow engine; returns the engine's cached tokens, and the traffic explain then
+/// reports for the shared prompt on its holder (engines' worth, see the cost mode).
+async fn shared_prefix_pair(hold: Duration) -> (u64, f64) {
     let slow = SimConfig {
         decode_step_base: Duration::from_millis(500),
         ..sim()
@@ -246,22 +249,38 @@ async fn shared_prefix_pair(hold: Duration) -> u64 {
     assert_eq!(busy.await.ok(), Some(200));
     let s = h.fleet.engine(0).stats();
     assert_eq!(s.requests, 3);
-    s.cached_tokens
+    let body = json!({"messages": [{"role": "system", "content": system}, {"role": "user", "content": "question 2"}]});
+    let facts =
+        kvgate_gateway::request_facts(kvgate_gateway::Endpoint::Chat, body.to_string().as_bytes())
+            .expect("a valid chat body");
+    let d =
+        h.gw.actors()
+            .selector
+            .send(kvgate_gateway::Explain { facts })
+            .await
+            .expect("the selector answers")
+            .expect("a decision");
+    let traffic = d.chosen().and_then(|c| c.prefix_traffic);
+    (s.cached_tokens, traffic.unwrap_or(f64::NAN))
 }
 
 #[actix_rt::test]
 async fn a_request_holds_while_its_prefix_is_prefilled_for_another() {
-    assert_eq!(
-        shared_prefix_pair(Duration::ZERO).await,
-        0,
-        "without a hold both prefill the prefix"
-    );
-    let cached = shared_prefix_pair(Duration::from_secs(5)).await;
+    // Routing lookups count as traffic once per request: the first request of the pair
+    // creates the prompt's node, the second's lookup enters it (held or not), and the
+    // first request of all found no index yet. 1 lookup through the prefix of 2 counted,
+    // on 1 candidate: 1 / (2 + 2 · 1) = 0.25 engines' worth.
+    let (cached, traffic) = shared_prefix_pair(Duration::ZERO).await;
+    assert_eq!(cached, 0, "without a hold both prefill the prefix");
+    assert!((traffic - 0.25).abs() < 1e-3, "{traffic}");
+    let (cached, traffic) = shared_prefix_pair(Duration::from_secs(5)).await;
     // The system prompt is about 500 tokens; the second request reuses all of it.
     assert!(
         cached >= 400,
         "the second request reused the prefix: {cached}"
     );
+    // The held request asked twice but counts once.
+    assert!((traffic - 0.25).abs() < 1e-3, "{traffic}");
 }
 
 #[actix_rt::test]

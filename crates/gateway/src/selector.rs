@@ -91,8 +91,12 @@ pub struct Select {
     /// The request's span, so the selector's logs join the request's.
     pub span: Span,
     pub enqueued_at: Instant,
-    /// Whether the answer may be [`Selected::Hold`]; a request asks once.
+    /// Whether the answer may be [`Selected::Hold`] (a held request's hold budget is not
+    /// spent yet).
     pub may_hold: bool,
+    /// The request's first ask, whose lookup counts as traffic; a re-ask after a hold is
+    /// the same request and does not count again.
+    pub first: bool,
 }
 
 /// The answer to [`Select`].
@@ -546,7 +550,7 @@ impl Handler<Select> for SelectorActor {
         let ask = index.send(MatchPrefix {
             model: model.clone(),
             facts: msg.facts,
-            count: true,
+            count: msg.first,
         });
         AtomicResponse::new(Box::pin(ask.into_actor(self).map(move |answer, act, _| {
             let _enter = span.enter();
@@ -702,6 +706,7 @@ pub async fn select(
                 span: span.clone(),
                 enqueued_at: Instant::now(),
                 may_hold,
+                first: until.is_none(),
             })
             .instrument(span.clone())
             .await?;

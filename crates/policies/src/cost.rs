@@ -24,7 +24,7 @@
 //!                 fewest recent new prefixes (`WorkerView::recent`, ties within 0.5)
 //!                 among those within PLACEMENT_REACH (3) margins of the lowest, cheapest
 //!                 first
-//! worth(w)   = traffic(w's prefix) / (traffic total + 2) · |candidates|, from the index's
+//! worth(w)   = traffic(w's prefix) / (traffic total + 2n) · n, n = |candidates|, from the index's
 //!              decayed lookup counts (`PrefixMatches::traffic`); unknown → rule 1 skipped
 //! m(w)       = 1 + waiting_reqs(w) + dispatched_since_sample(w) + cache_hit_rate(w)
 //!            = 1 + in_flight(w)                                               no report
@@ -92,10 +92,11 @@ use crate::estimate;
 use crate::snapshot::MatchSource;
 use crate::wait::{Pick, argmin_uniform, mean_positive};
 
-/// Pseudo-requests added to the traffic total before a share is taken, so that the first
-/// few requests of a fresh index do not make every repeated prefix look like the fleet's
-/// whole traffic.
-const TRAFFIC_PRIOR: f64 = 2.0;
+/// Pseudo-requests per candidate added to the traffic total before a share is taken: a
+/// prefix must have drawn more than this many recent requests before it can read as more
+/// than one worker's worth, so the first few requests of a fresh index (or a group's
+/// first wave) do not make every repeated prefix look like the fleet's whole traffic.
+const TRAFFIC_PRIOR_PER_CANDIDATE: f64 = 2.0;
 
 /// How many affinity margins a new prefix may reach past the cheapest worker to land on
 /// the worker that started the fewest lately: where a group starts is where its later
@@ -119,7 +120,8 @@ pub(crate) fn select(ctx: &Ctx<'_>, rng: &mut dyn RngCore) -> Decision {
     let worth: Vec<Option<f64>> = (0..set.len())
         .map(|i| {
             let t = ctx.matches()?.traffic.as_ref()?;
-            holds(i).then(|| t.at(useful[i]) / (t.total + TRAFFIC_PRIOR) * set.len() as f64)
+            let n = set.len() as f64;
+            holds(i).then(|| t.at(useful[i]) / (t.total + TRAFFIC_PRIOR_PER_CANDIDATE * n) * n)
         })
         .collect();
     let idle = |w: usize| {

@@ -415,8 +415,8 @@ fn a_private_prefix_stays_with_its_holder_even_against_an_idle_worker() {
         ]
     };
     let m = token_matches(2000, &[(1, 1600)]);
-    // 10 of the last 100 requests shared the held prefix: 10 / (100 + 2) of the traffic
-    // on 2 workers is 0.2 of one worker's share, so the prefix belongs on one worker.
+    // 10 of the last 100 requests shared the held prefix: 10 / (100 + 2 · 2) of the
+    // traffic on 2 workers is 0.19 of one worker's share, so the prefix belongs on one.
     let private = with_traffic(m.clone(), 1600, 10.0, 100.0);
     let d = check(
         &cost_cfg(),
@@ -433,7 +433,7 @@ fn a_private_prefix_stays_with_its_holder_even_against_an_idle_worker() {
         .chosen()
         .and_then(|c| c.prefix_traffic)
         .unwrap_or(f64::NAN);
-    assert!(approx(worth, 10.0 / 102.0 * 2.0), "{worth}");
+    assert!(approx(worth, 10.0 / 104.0 * 2.0), "{worth}");
     // 90 of 100: the prefix carries more than one worker's share, so it may spread, and
     // the idle worker takes it.
     let popular = with_traffic(m.clone(), 1600, 90.0, 100.0);
