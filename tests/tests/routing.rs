@@ -3,7 +3,7 @@
 use futures_util::StreamExt;
 use kvgate_engine_sim::SimConfig;
 use kvgate_gateway::GetViews;
-use kvgate_policies::PolicyKind;
+use kvgate_policies::{PolicyKind, WorkerView};
 use kvgate_poller::PollNow;
 use std::time::Duration;
 
@@ -24,19 +24,22 @@ async fn with_loads(engines: usize, policy: PolicyKind) -> Harness {
         c.seed = Some(7);
     });
     // Routing must see real load reports (the idle residual among them) before the burst.
-    let actors = h.gw.actors().clone();
-    actors.poller.do_send(PollNow);
-    wait_for_async(10, "a load report from every engine", || {
-        let sel = actors.selector.clone();
-        async move {
-            sel.send(GetViews)
-                .await
-                .map(|v| v.iter().all(|w| w.load.is_some()))
-                .unwrap_or(false)
-        }
+    h.gw.actors().poller.do_send(PollNow);
+    wait_for_views(&h, "a load report from every engine", |v| {
+        v.iter().all(|w| w.load.is_some())
     })
     .await;
     h
+}
+
+/// Waits until the selector's views of the fleet satisfy `ok`.
+async fn wait_for_views(h: &Harness, what: &str, ok: fn(&[WorkerView]) -> bool) {
+    let sel = h.gw.actors().selector.clone();
+    wait_for_async(10, what, || {
+        let sel = sel.clone();
+        async move { sel.send(GetViews).await.is_ok_and(|v| ok(&v)) }
+    })
+    .await;
 }
 
 async fn burst(h: &Harness, n: usize) {
@@ -294,7 +297,6 @@ async fn a_streamed_request_gives_back_its_credit_at_its_first_token() {
         // No report covers these dispatches: only the gateway itself releases credit.
         c.poller.interval = Duration::from_secs(3600);
     });
-    let sel = h.gw.actors().selector.clone();
     let client = kvgate_tests::client();
     let long = |text: &str, stream: bool| json!({"text": text, "stream": stream, "sampling_params": {"max_new_tokens": 20000}});
     // A non-streamed request says nothing until it ends, so it keeps its credit.
@@ -304,13 +306,8 @@ async fn a_streamed_request_gives_back_its_credit_at_its_first_token() {
     let quiet = actix_rt::spawn(async move {
         let _ = quiet.await;
     });
-    wait_for_async(10, "the first request in flight", || {
-        let sel = sel.clone();
-        async move {
-            sel.send(GetViews)
-                .await
-                .is_ok_and(|v| v[0].in_flight == 1 && v[0].credit.requests == 1)
-        }
+    wait_for_views(&h, "the first request in flight", |v| {
+        v[0].in_flight == 1 && v[0].credit.requests == 1
     })
     .await;
     let mut resp = client
@@ -323,15 +320,46 @@ async fn a_streamed_request_gives_back_its_credit_at_its_first_token() {
         seen.extend_from_slice(&resp.next().await.unwrap().unwrap());
     }
     // Its prefill is over: it is in flight, but no longer queued work.
-    wait_for_async(10, "the streamed request's credit released", || {
-        let sel = sel.clone();
-        async move {
-            sel.send(GetViews)
-                .await
-                .is_ok_and(|v| v[0].in_flight == 2 && v[0].credit.requests == 1)
-        }
+    wait_for_views(&h, "the streamed request's credit released", |v| {
+        v[0].in_flight == 2 && v[0].credit.requests == 1
     })
     .await;
     drop(resp);
     quiet.abort();
+}
+
+#[actix_rt::test]
+async fn each_worker_counts_the_new_prefixes_it_started() {
+    let h = with_loads(2, PolicyKind::CacheAware).await;
+    let sel = h.gw.actors().selector.clone();
+    let url = h.url("/v1/completions");
+    let send = |prompt: String| {
+        let url = url.clone();
+        async move {
+            let r = post_json(&url, &json!({"prompt": prompt, "max_tokens": 1})).await;
+            assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+        }
+    };
+    let recent = || async {
+        let mut r: Vec<f64> = sel
+            .send(GetViews)
+            .await
+            .unwrap()
+            .iter()
+            .map(|v| v.recent)
+            .collect();
+        r.sort_by(f64::total_cmp);
+        r
+    };
+    let near = |a: &[f64], b: &[f64]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 0.01);
+    let first = "A system prompt long enough to be worth keeping together. ".repeat(12);
+    send(format!("{first} Question one?")).await;
+    assert!(near(&recent().await, &[0.0, 1.0]), "{:?}", recent().await);
+    // A hit starts nothing new.
+    send(format!("{first} Question two?")).await;
+    assert!(near(&recent().await, &[0.0, 1.0]), "{:?}", recent().await);
+    // Another group starts on the worker that started none.
+    let second = "An unrelated instruction block for a different prefix group. ".repeat(12);
+    send(format!("{second} Question three?")).await;
+    assert!(near(&recent().await, &[1.0, 1.0]), "{:?}", recent().await);
 }

@@ -60,13 +60,7 @@ impl Booking {
         if std::mem::take(&mut self.prefilling)
             && let Some(r) = &self.release
         {
-            self.selector.do_send(Warmed {
-                booking: r.booking,
-                worker: r.worker,
-                incarnation: r.incarnation,
-                booked_at: r.booked_at,
-                credit_tokens: r.credit_tokens,
-            });
+            self.selector.do_send(Warmed(r.clone()));
         }
     }
 }
@@ -108,8 +102,9 @@ pub enum Selected {
 
 /// Wait, then ask again (holding again only within the same `max` in all). The chosen
 /// worker is still computing the prefix this request would reuse, for a streamed request
-/// sent just before it; sent now, both would prefill it side by side (an engine caches a prompt only once its
-/// prefill ends). The wait ends at that request's first token, its end, or `max`.
+/// sent just before it; sent now, both would prefill it side by side (an engine caches a
+/// prompt only once its prefill ends). The wait ends at that request's first token, its
+/// end, or `max`.
 #[derive(Debug)]
 pub struct Hold {
     pub facts: RequestFacts,
@@ -120,17 +115,11 @@ pub struct Hold {
 
 /// A streamed dispatch produced its first byte (see [`Booking::first_byte`]): requests
 /// holding on it may go, and its credit goes (what a worker has left of a request after
-/// its prefill is decode, which the credit does not price). The fields are its
-/// [`Release`]'s.
+/// its prefill is decode, which the credit does not price). It carries the dispatch's
+/// [`Release`], which still follows at the end for the in-flight count.
 #[derive(Message, Debug)]
 #[rtype(result = "()")]
-pub struct Warmed {
-    pub booking: u64,
-    pub worker: WorkerId,
-    pub incarnation: u64,
-    pub booked_at: Duration,
-    pub credit_tokens: u64,
-}
+pub struct Warmed(pub Release);
 
 /// A dry run: the decision the policy would make now, with nothing dispatched or credited.
 #[derive(Message, Debug)]
@@ -140,7 +129,7 @@ pub struct Explain {
 }
 
 /// A dispatched request finished (completed, failed or was abandoned by its client).
-#[derive(Message, Debug)]
+#[derive(Message, Debug, Clone)]
 #[rtype(result = "()")]
 pub struct Release {
     pub worker: WorkerId,
@@ -184,6 +173,8 @@ pub struct SelectorActor {
     /// Streamed dispatches whose prefill has not ended, with the requests holding on them.
     warming: Vec<Warming>,
     next_booking: u64,
+    /// What `WorkerView::recent` keeps per dispatch: half of it every `RECENT_HALF_LIFE`.
+    recent_keep: f64,
 }
 
 /// A streamed dispatch still in prefill on `worker`: it computes `key` past the `known`
@@ -257,6 +248,7 @@ impl SelectorActor {
             hold: Duration::ZERO,
             warming: Vec::new(),
             next_booking: 0,
+            recent_keep: 0.5f64.powf(1.0 / RECENT_HALF_LIFE),
         }
     }
 
@@ -476,14 +468,16 @@ impl SelectorActor {
                 waiters: Vec::new(),
             });
         }
-        let keep = 0.5f64.powf(1.0 / RECENT_HALF_LIFE);
-        for v in &mut self.views {
-            v.recent *= keep;
+        if self.policy.kind.needs_prefix_matches() {
+            // Only cache_aware reads `recent`; the others skip the pass over the fleet.
+            for v in &mut self.views {
+                v.recent *= self.recent_keep;
+            }
+            if decision.new_prefix {
+                self.views[idx].recent += 1.0;
+            }
         }
         let v = &mut self.views[idx];
-        if decision.new_prefix {
-            v.recent += 1.0;
-        }
         v.in_flight += 1;
         v.credit = self.ledger.credit(v.id);
         debug!(worker = %v.url, decision = %decision, "selected");
@@ -628,7 +622,7 @@ impl Handler<Release> for SelectorActor {
 impl Handler<Warmed> for SelectorActor {
     type Result = ();
 
-    fn handle(&mut self, msg: Warmed, _: &mut Context<Self>) {
+    fn handle(&mut self, Warmed(msg): Warmed, _: &mut Context<Self>) {
         self.warmed(msg.booking);
         if let Some(i) = self.views.iter().position(|v| v.id == msg.worker)
             && self.incarnations[i] == msg.incarnation

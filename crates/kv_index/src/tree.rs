@@ -607,7 +607,6 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
         for &n in path.iter().rev() {
             self.hold(n, ts, tenant);
         }
-
         if self.config.evict_on_insert {
             let mut stats = EvictStats::default();
             if self.config.max_tenant_units.is_some() {

@@ -81,8 +81,9 @@
 //!   fewest started lately, so groups spread evenly from their first request.
 //!
 //! Paths: `hit` (or `hash` on the hash index) when the chosen worker holds part of the
-//! prompt, `spill` when it holds none although an eligible worker does, `miss` when nobody
-//! holds any, `fallback` when no matches were passed (the cost then has no affinity).
+//! prompt (on a tree, at least `min_match_tokens` of it), `spill` when it holds none
+//! although an eligible worker does, `miss` when nobody holds any, `fallback` when no
+//! matches were passed (the cost then has no affinity).
 
 use rand::RngCore;
 
@@ -166,9 +167,9 @@ pub(crate) fn select(ctx: &Ctx<'_>, rng: &mut dyn RngCore) -> Decision {
         }
     }
     if !holds(at) {
-        // Nobody's prefix decided: spread by recent use among the near-ties, so a new
-        // prefix group lands where the fewest requests went lately instead of wherever
-        // an instant's costs point (the first request of each group is a miss).
+        // Nobody's prefix decided: the request starts a prefix group, so it goes where
+        // the fewest new prefixes started lately instead of wherever an instant's costs
+        // point.
         let wide = totals[cheapest] * (1.0 + PLACEMENT_REACH * ctx.cfg.affinity_margin.max(0.0));
         let least = (0..set.len())
             .filter(|&i| totals[i] <= wide)
@@ -182,13 +183,19 @@ pub(crate) fn select(ctx: &Ctx<'_>, rng: &mut dyn RngCore) -> Decision {
         }
     }
     let chosen = set[at];
+    // On a tree, a holding under min_match_tokens is priced as none, so it is no hit
+    // either (a few shared bytes of a chat template).
+    let held = |w: usize| match ctx.matches().map(|m| m.source) {
+        Some(MatchSource::Hash { .. }) => ctx.matched[w] > 0,
+        _ => useful_match(ctx, ctx.matched[w]) > 0,
+    };
     let path = match ctx.matches() {
         None => DecisionPath::Fallback,
-        Some(m) if ctx.matched[chosen] > 0 => match m.source {
+        Some(m) if held(chosen) => match m.source {
             MatchSource::Hash { .. } => DecisionPath::Hash,
             MatchSource::TextTree | MatchSource::TokenTree => DecisionPath::Hit,
         },
-        Some(_) if !ctx.holders().is_empty() => DecisionPath::Spill,
+        Some(_) if ctx.holders().into_iter().any(held) => DecisionPath::Spill,
         Some(_) => DecisionPath::Miss,
     };
     let uncached = estimate::uncached_tokens(

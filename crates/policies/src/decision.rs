@@ -79,7 +79,8 @@ pub struct CandidateScore {
     /// traffic and the worker holds a useful prefix.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix_traffic: Option<f64>,
-    /// Cost mode only: the worker's recent dispatches ([`WorkerView::recent`](crate::WorkerView::recent)).
+    /// Cost mode only: new prefixes started on the worker lately
+    /// ([`WorkerView::recent`](crate::WorkerView::recent)).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recent: Option<f64>,
 }
@@ -111,7 +112,8 @@ pub enum CostRule {
     /// A holder of a prefix that carries at most one engine's worth of traffic, within
     /// the affinity margin, even though an idle worker was cheaper.
     PrivatePrefix,
-    /// Nobody's prefix decided: the least recently used worker within the margin.
+    /// Nobody's prefix decided: the worker that started the fewest new prefixes lately,
+    /// within a wider reach of the lowest cost than the affinity margin.
     Spread,
 }
 

@@ -162,7 +162,7 @@ pub struct PrefixMatches {
 }
 
 /// Recent requests through the prefixes of one request, as the tree index counts them
-/// (decayed counts of recorded requests).
+/// (decayed counts of routing lookups).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct PrefixTraffic {
     /// All recent requests: the denominator of a share.

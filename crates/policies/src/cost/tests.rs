@@ -504,3 +504,17 @@ fn a_new_prefix_starts_where_the_fewest_started_lately() {
         (2, DecisionPath::Miss),
     );
 }
+
+#[test]
+fn a_holding_under_min_match_tokens_is_no_hit() {
+    // 10 shared tokens (a chat template's head) are priced as nothing, and named so.
+    let workers = [
+        w(1).load(prefilling(10_000, 0, 0, 0.0)),
+        w(2).load(prefilling(10_000, 0, 0, 0.0)),
+    ];
+    let m = token_matches(2000, &[(1, 10)]);
+    for seed in 0..8 {
+        let d = pick(&cost_cfg(), &workers, &tokens(2000), Some(&m), seed);
+        assert_eq!((d.path, d.new_prefix), (DecisionPath::Miss, true), "{d:?}");
+    }
+}
