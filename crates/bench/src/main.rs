@@ -120,6 +120,10 @@ struct ProxyArgs {
     /// this is a release build; otherwise kvgate runs in-process).
     #[arg(long)]
     kvgate_bin: Option<PathBuf>,
+    /// A second `kvgate` binary (an older build, say) measured as `kvgate-baseline` in
+    /// the same interleaved rounds, for an A/B that shares the machine's noise.
+    #[arg(long)]
+    baseline_bin: Option<PathBuf>,
     /// Use the built-in closed-loop generator even when wrk is installed.
     #[arg(long)]
     no_wrk: bool,
@@ -294,6 +298,7 @@ fn proxy(a: ProxyArgs) -> anyhow::Result<()> {
         warmup: a.warmup,
         out: a.out.clone(),
         kvgate_bin,
+        baseline_bin: a.baseline_bin.clone(),
         use_wrk: !a.no_wrk,
         skip_smg: a.no_smg,
         skip_nginx: a.no_nginx,

@@ -30,6 +30,7 @@ mod routes;
 mod selector;
 mod server;
 pub mod store;
+mod upstream;
 
 pub use config::{ConfigError, GatewayConfig, Overrides};
 pub use error::ApiError;

@@ -6,15 +6,15 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use actix_web::http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use actix_web::http::header::{self, HeaderName, HeaderValue};
 use actix_web::{HttpRequest, HttpResponse, HttpResponseBuilder};
-use awc::error::{PayloadError, SendRequestError};
 use bytes::Bytes;
 use futures_util::Stream;
 use tracing::warn;
 
 use crate::error::ApiError;
 use crate::selector::Booking;
+use crate::upstream::{Body, Pool, UpstreamError};
 
 /// Request headers passed to workers; everything else stays at the gateway.
 const FORWARDED: [&str; 9] = [
@@ -47,7 +47,7 @@ fn hop_by_hop(name: &HeaderName) -> bool {
     )
 }
 
-fn copy_response_headers(from: &HeaderMap, to: &mut HttpResponseBuilder) {
+fn copy_response_headers(from: &[(HeaderName, HeaderValue)], to: &mut HttpResponseBuilder) {
     for (name, value) in from {
         if !hop_by_hop(name) {
             to.append_header((name.clone(), value.clone()));
@@ -55,61 +55,9 @@ fn copy_response_headers(from: &HeaderMap, to: &mut HttpResponseBuilder) {
     }
 }
 
-/// The upstream client of one HTTP thread: a keep-alive pool whose idle connections are
-/// dropped before the engines' own 5 s keep-alive would close them under us, with
-/// `TCP_NODELAY` on every connection (awc leaves Nagle's algorithm on).
-pub fn client(connect_timeout: Duration, request_timeout: Duration) -> awc::Client {
-    let tcp = actix_tls::connect::Connector::default().service();
-    let connector = awc::Connector::new()
-        .connector(NoDelay { tcp })
-        .timeout(connect_timeout)
-        .conn_keep_alive(Duration::from_secs(3))
-        .limit(0);
-    awc::Client::builder()
-        .connector(connector)
-        .timeout(request_timeout)
-        .disable_redirects()
-        .finish()
-}
-
-/// A TCP connector that turns Nagle's algorithm off on the connections it makes.
-#[derive(Clone)]
-struct NoDelay<S> {
-    tcp: S,
-}
-
-type TcpConn = actix_tls::connect::Connection<awc::http::Uri, actix_rt::net::TcpStream>;
-
-impl<S> actix_service::Service<actix_tls::connect::ConnectInfo<awc::http::Uri>> for NoDelay<S>
-where
-    S: actix_service::Service<
-            actix_tls::connect::ConnectInfo<awc::http::Uri>,
-            Response = TcpConn,
-            Error = actix_tls::connect::ConnectError,
-        >,
-    S::Future: 'static,
-{
-    type Response = TcpConn;
-    type Error = actix_tls::connect::ConnectError;
-    type Future = Pin<Box<dyn Future<Output = Result<TcpConn, Self::Error>>>>;
-
-    actix_service::forward_ready!(tcp);
-
-    fn call(&self, req: actix_tls::connect::ConnectInfo<awc::http::Uri>) -> Self::Future {
-        let connecting = self.tcp.call(req);
-        Box::pin(async move {
-            let conn = connecting.await?;
-            if let Err(e) = conn.io_ref().set_nodelay(true) {
-                warn!(error = %e, "cannot set TCP_NODELAY on an upstream connection");
-            }
-            Ok(conn)
-        })
-    }
-}
-
 /// What one upstream call needs besides the body.
 pub struct Upstream<'a> {
-    pub client: &'a awc::Client,
+    pub pool: &'a Pool,
     pub worker_url: &'a str,
     pub path: &'static str,
     pub request_id: &'a str,
@@ -118,16 +66,10 @@ pub struct Upstream<'a> {
     pub stream: bool,
 }
 
-fn send_error(worker: &str, timeout: Duration, e: SendRequestError) -> ApiError {
-    match e {
-        SendRequestError::Timeout => ApiError::UpstreamTimeout {
-            worker: worker.to_owned(),
-            secs: timeout.as_secs_f64(),
-        },
-        other => ApiError::Upstream {
-            worker: worker.to_owned(),
-            reason: other.to_string(),
-        },
+fn upstream_error(worker: &str, e: UpstreamError) -> ApiError {
+    ApiError::Upstream {
+        worker: worker.to_owned(),
+        reason: e.to_string(),
     }
 }
 
@@ -140,31 +82,32 @@ pub async fn forward(
     guard: Booking,
 ) -> Result<HttpResponse, ApiError> {
     let started = Instant::now();
-    let url = format!("{}{}", up.worker_url, up.path);
-    let mut out = up.client.post(url).timeout(up.timeout);
+    let timed_out = || ApiError::UpstreamTimeout {
+        worker: up.worker_url.to_owned(),
+        secs: up.timeout.as_secs_f64(),
+    };
+    let mut headers: Vec<(&str, &[u8])> = Vec::with_capacity(FORWARDED.len() + 1);
     for name in FORWARDED {
         for v in req.headers().get_all(name) {
-            out = out.append_header((name, v.clone()));
+            headers.push((name, v.as_bytes()));
         }
     }
-    out = out.insert_header(("x-request-id", up.request_id));
-    let resp = out
-        .send_body(body)
-        .await
-        .map_err(|e| send_error(up.worker_url, up.timeout, e))?;
-    let status = resp.status();
+    headers.push(("x-request-id", up.request_id.as_bytes()));
+    let sent = up.pool.post(up.worker_url, up.path, &headers, body);
+    let resp = match actix_rt::time::timeout(up.timeout, sent).await {
+        Err(_) => return Err(timed_out()),
+        Ok(r) => r.map_err(|e| upstream_error(up.worker_url, e))?,
+    };
     let is_sse = resp
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
+        .header(&header::CONTENT_TYPE)
         .is_some_and(|ct| ct.starts_with("text/event-stream"));
-    let mut builder = HttpResponse::build(status);
-    copy_response_headers(resp.headers(), &mut builder);
+    let mut builder = HttpResponse::build(resp.status);
+    copy_response_headers(&resp.headers, &mut builder);
     if up.stream || is_sse {
         let deadline = up.timeout.saturating_sub(started.elapsed());
         builder.insert_header((header::CACHE_CONTROL, HeaderValue::from_static("no-cache")));
         return Ok(builder.streaming(Relay {
-            inner: Box::pin(resp),
+            inner: resp.body,
             guard: Some(guard),
             deadline: Box::pin(actix_rt::time::sleep(deadline)),
             worker: up.worker_url.to_owned(),
@@ -176,20 +119,9 @@ pub async fn forward(
         }));
     }
     let remaining = up.timeout.saturating_sub(started.elapsed());
-    let declared_len = resp
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    let mut resp = resp;
-    let read = resp.body().limit(up.max_response);
+    let read = resp.body.collect(up.max_response);
     let body = match actix_rt::time::timeout(remaining, read).await {
-        Err(_) => {
-            return Err(ApiError::UpstreamTimeout {
-                worker: up.worker_url.to_owned(),
-                secs: up.timeout.as_secs_f64(),
-            });
-        }
+        Err(_) => return Err(timed_out()),
         Ok(Err(e)) => {
             return Err(ApiError::Upstream {
                 worker: up.worker_url.to_owned(),
@@ -198,21 +130,13 @@ pub async fn forward(
         }
         Ok(Ok(b)) => b,
     };
-    // awc ends a body quietly when the worker closes early; the declared length tells.
-    if let Some(len) = declared_len
-        && len != body.len() as u64
-    {
-        return Err(ApiError::Upstream {
-            worker: up.worker_url.to_owned(),
-            reason: format!("the body ended after {} of {len} bytes", body.len()),
-        });
-    }
     drop(guard);
     Ok(builder.body(body))
 }
 
 /// The last bytes relayed, to tell a finished LLM stream (`data: [DONE]`) from one the
-/// worker abandoned: awc reports a connection closed mid-body as a clean end.
+/// worker abandoned. A body that runs to the connection's end (no length, not chunked)
+/// cannot tell a close mid-stream from a finished answer any other way.
 #[derive(Default)]
 struct Tail {
     buf: [u8; 32],
@@ -244,8 +168,8 @@ impl Tail {
 /// past the deadline ends the client's stream with one SSE error event instead of a
 /// silent truncation. Dropping the relay (client gone) drops the upstream connection,
 /// which aborts the request on the engine, and releases the in-flight slot.
-struct Relay<S> {
-    inner: Pin<Box<S>>,
+struct Relay {
+    inner: Body,
     guard: Option<Booking>,
     deadline: Pin<Box<actix_rt::time::Sleep>>,
     worker: String,
@@ -257,7 +181,7 @@ struct Relay<S> {
     sse: bool,
 }
 
-impl<S> Relay<S> {
+impl Relay {
     fn fail(&mut self, err: ApiError) -> Poll<Option<Result<Bytes, actix_web::Error>>> {
         warn!(worker = %self.worker, request_id = %self.request_id, error = %err, "upstream stream failed");
         self.done = true;
@@ -267,17 +191,14 @@ impl<S> Relay<S> {
     }
 }
 
-impl<S> Stream for Relay<S>
-where
-    S: Stream<Item = Result<Bytes, PayloadError>>,
-{
+impl Stream for Relay {
     type Item = Result<Bytes, actix_web::Error>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         if self.done {
             return Poll::Ready(None);
         }
-        match self.inner.as_mut().poll_next(cx) {
+        match Pin::new(&mut self.inner).poll_next(cx) {
             Poll::Ready(Some(Ok(b))) => {
                 self.tail.push(&b);
                 if let Some(g) = self.guard.as_mut() {
@@ -317,24 +238,7 @@ where
 
 #[cfg(test)]
 mod tests {
-    use actix_service::Service;
-
-    use super::{NoDelay, Tail};
-
-    #[actix_rt::test]
-    async fn upstream_connections_have_nagle_off() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let port = listener.local_addr().expect("addr").port();
-        let connector = NoDelay {
-            tcp: actix_tls::connect::Connector::default().service(),
-        };
-        let uri: awc::http::Uri = format!("http://127.0.0.1:{port}/").parse().expect("uri");
-        let conn = connector
-            .call(actix_tls::connect::ConnectInfo::new(uri))
-            .await
-            .expect("connect");
-        assert!(conn.io_ref().nodelay().expect("nodelay"));
-    }
+    use super::Tail;
 
     #[test]
     fn tail_sees_done_across_chunks() {

@@ -21,6 +21,7 @@ use crate::registry::{
     AddWorker, ListWorkers, RegistryActor, RegistryError, RemoveWorker, WorkerRecord, WorkerSource,
 };
 use crate::selector::{self, GetViews, SelectError, SelectorActor};
+use crate::upstream::Pool;
 
 /// Shared by every HTTP worker thread.
 #[derive(Debug, Clone)]
@@ -105,7 +106,7 @@ pub async fn inference(
     req: HttpRequest,
     payload: web::Payload,
     state: web::Data<AppState>,
-    client: web::Data<awc::Client>,
+    pool: web::Data<Pool>,
 ) -> Result<HttpResponse, ApiError> {
     // A debug span: at the default info level it costs nothing on the hot path; the
     // request id is also in every warning the proxy logs.
@@ -115,8 +116,7 @@ pub async fn inference(
         id = id.as_deref().unwrap_or(""),
         route = endpoint.path()
     );
-    tracing::Instrument::instrument(proxy_request(endpoint, req, payload, state, client), span)
-        .await
+    tracing::Instrument::instrument(proxy_request(endpoint, req, payload, state, pool), span).await
 }
 
 async fn proxy_request(
@@ -124,7 +124,7 @@ async fn proxy_request(
     req: HttpRequest,
     payload: web::Payload,
     state: web::Data<AppState>,
-    client: web::Data<awc::Client>,
+    pool: web::Data<Pool>,
 ) -> Result<HttpResponse, ApiError> {
     let body = read_body(&req, payload, state.max_payload_size).await?;
     let mut facts = request_facts(endpoint, &body)?;
@@ -144,7 +144,7 @@ async fn proxy_request(
         .map(|r| r.0.clone())
         .unwrap_or_else(|| Arc::from(""));
     let up = Upstream {
-        client: &client,
+        pool: &pool,
         worker_url: &worker_url,
         path: endpoint.path(),
         request_id: &request_id,
@@ -347,28 +347,27 @@ pub async fn legacy_list(state: web::Data<AppState>) -> Result<HttpResponse, Api
 /// held, since its cache is now empty.
 pub async fn flush_cache(
     state: web::Data<AppState>,
-    client: web::Data<awc::Client>,
+    pool: web::Data<Pool>,
 ) -> Result<HttpResponse, ApiError> {
     let fleet = state.registry.send(ListWorkers).await.map_err(mailbox)?;
     let calls = fleet.iter().filter(|w| w.healthy()).map(|w| {
-        let client = client.clone();
+        let pool = pool.clone();
         async move {
-            let r = client
-                .post(format!("{}/flush_cache", w.url))
-                .timeout(Duration::from_secs(30))
-                .send()
-                .await;
-            let outcome = match r {
-                Ok(resp) if resp.status().is_success() => Ok(()),
-                Ok(mut resp) => {
-                    let body = resp.body().limit(4096).await.unwrap_or_default();
-                    Err(format!(
-                        "status {}: {}",
-                        resp.status().as_u16(),
-                        String::from_utf8_lossy(&body)
-                    ))
-                }
-                Err(e) => Err(e.to_string()),
+            let call = async {
+                let resp = pool.post(&w.url, "/flush_cache", &[], Bytes::new()).await?;
+                let status = resp.status;
+                let body = resp.body.collect(4096).await.unwrap_or_default();
+                Ok::<_, crate::upstream::UpstreamError>((status, body))
+            };
+            let outcome = match actix_rt::time::timeout(Duration::from_secs(30), call).await {
+                Err(_) => Err("no answer within 30 s".to_owned()),
+                Ok(Ok((status, _))) if status.is_success() => Ok(()),
+                Ok(Ok((status, body))) => Err(format!(
+                    "status {}: {}",
+                    status.as_u16(),
+                    String::from_utf8_lossy(&body)
+                )),
+                Ok(Err(e)) => Err(e.to_string()),
             };
             (w.id, w.url.clone(), outcome)
         }

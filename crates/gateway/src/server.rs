@@ -24,7 +24,8 @@ use crate::registry::normalize_url;
 use crate::registry::{AddWorker, RegistryActor, RegistryConfig, RegistryError, WorkerSource};
 use crate::routes::{self, AppState, RequestId};
 use crate::selector::SelectorActor;
-use crate::{persist, proxy, store};
+use crate::upstream::Pool;
+use crate::{persist, store};
 use kvgate_poller::LoadPoller;
 
 #[derive(Debug, Error)]
@@ -66,6 +67,10 @@ fn new_request_id() -> String {
     }
     id
 }
+
+/// Idle upstream connections are dropped before the engines' own keep-alive (uvicorn's
+/// default is 5 s) would close them under a request.
+const UPSTREAM_KEEP_ALIVE: Duration = Duration::from_secs(3);
 
 /// The threads behind the actors, stopped in order at shutdown.
 struct Threads {
@@ -229,7 +234,6 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         request_timeout: cfg.request_timeout,
     });
     let connect_timeout = cfg.connect_timeout;
-    let request_timeout = cfg.request_timeout;
     let server = HttpServer::new(move || {
         // The first worker to build its app hosts the routing actors; later calls (other
         // workers, a restarted service) find them started.
@@ -241,10 +245,10 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
             r.run_here();
         }
         // One upstream pool per HTTP thread.
-        let client = proxy::client(connect_timeout, request_timeout);
+        let pool = Pool::new(connect_timeout, UPSTREAM_KEEP_ALIVE);
         App::new()
             .app_data(state.clone())
-            .app_data(web::Data::new(client))
+            .app_data(web::Data::new(pool))
             .app_data(web::QueryConfig::default().error_handler(|e, _| {
                 ApiError::BadRequest(format!("invalid query string: {e}")).into()
             }))

@@ -30,6 +30,8 @@ pub struct ProxySettings {
     pub out: PathBuf,
     /// The release `kvgate` binary to run as a child; `None` runs kvgate in-process.
     pub kvgate_bin: Option<PathBuf>,
+    /// Another `kvgate` binary, measured as `kvgate-baseline` beside the first.
+    pub baseline_bin: Option<PathBuf>,
     pub use_wrk: bool,
     pub skip_smg: bool,
     pub skip_nginx: bool,
@@ -83,7 +85,23 @@ pub fn run(s: &ProxySettings) -> anyhow::Result<Vec<ProxyRow>> {
         url: upstream.clone(),
         _guard: Box::new(()),
     }];
-    ups.push(start_kvgate(s, &upstream, tmp.path())?);
+    ups.push(start_kvgate(
+        "kvgate",
+        s.kvgate_bin.as_deref(),
+        s,
+        &upstream,
+        tmp.path(),
+    )?);
+    if let Some(bin) = &s.baseline_bin {
+        let dir = tmp.path().join("baseline");
+        ups.push(start_kvgate(
+            "kvgate-baseline",
+            Some(bin),
+            s,
+            &upstream,
+            &dir,
+        )?);
+    }
     match (which("nginx"), s.skip_nginx) {
         (_, true) => {}
         (None, false) => {
@@ -131,9 +149,15 @@ pub fn run(s: &ProxySettings) -> anyhow::Result<Vec<ProxyRow>> {
 }
 
 /// kvgate: the release binary as a child when there is one, else in-process.
-fn start_kvgate(s: &ProxySettings, upstream: &str, tmp: &Path) -> anyhow::Result<Up> {
+fn start_kvgate(
+    name: &'static str,
+    bin: Option<&Path>,
+    s: &ProxySettings,
+    upstream: &str,
+    tmp: &Path,
+) -> anyhow::Result<Up> {
     let data = tmp.join("kvgate-data");
-    match &s.kvgate_bin {
+    match bin {
         Some(bin) => {
             let port = free_port()?;
             let args: Vec<String> = [
@@ -152,17 +176,12 @@ fn start_kvgate(s: &ProxySettings, upstream: &str, tmp: &Path) -> anyhow::Result
             ]
             .map(String::from)
             .to_vec();
-            let log = s.out.join("kvgate-proxy.log");
-            let mut c = ChildServer::spawn(
-                "kvgate",
-                bin,
-                &args,
-                &log,
-                format!("http://127.0.0.1:{port}"),
-            )?;
+            let log = s.out.join(format!("{name}-proxy.log"));
+            let mut c =
+                ChildServer::spawn(name, bin, &args, &log, format!("http://127.0.0.1:{port}"))?;
             c.wait_ready(&["/readiness", "/health"], Duration::from_secs(30))?;
             Ok(Up {
-                name: "kvgate",
+                name,
                 how: format!("child process {}", bin.display()),
                 url: c.url().to_owned(),
                 _guard: Box::new(c),

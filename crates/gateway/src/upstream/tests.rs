@@ -1,0 +1,484 @@
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+
+use proptest::prelude::*;
+
+use super::*;
+
+/// What the test server does for one request.
+struct Reply {
+    /// Written one after another, each after the previous one's gate (if any) opens.
+    parts: Vec<Vec<u8>>,
+    /// Closes the connection after the last part.
+    close: bool,
+    /// The server waits on this before writing each part after the first.
+    gate: Option<mpsc::Receiver<()>>,
+}
+
+impl Reply {
+    fn once(bytes: &[u8]) -> Reply {
+        Reply {
+            parts: vec![bytes.to_vec()],
+            close: false,
+            gate: None,
+        }
+    }
+}
+
+/// A loopback HTTP/1.1 server on its own threads: it reads each request (head and
+/// `content-length` body), records its bytes and answers what `respond` gives for it.
+struct Server {
+    url: String,
+    connections: Arc<AtomicUsize>,
+    requests: Arc<Mutex<Vec<Vec<u8>>>>,
+    /// One message per connection the client closed (the server read EOF).
+    closed: mpsc::Receiver<()>,
+    /// One message per connection the server closed after a `close` reply.
+    shut: mpsc::Receiver<()>,
+}
+
+fn read_request(s: &mut std::net::TcpStream) -> Option<Vec<u8>> {
+    let mut req = Vec::new();
+    let mut byte = [0u8; 1];
+    while !req.ends_with(b"\r\n\r\n") {
+        match s.read(&mut byte) {
+            Ok(1) => req.push(byte[0]),
+            _ => return None,
+        }
+    }
+    let head = String::from_utf8_lossy(&req).to_ascii_lowercase();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).ok()?;
+    req.extend_from_slice(&body);
+    Some(req)
+}
+
+fn serve(respond: impl Fn(usize) -> Reply + Send + Sync + 'static) -> Server {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let connections = Arc::new(AtomicUsize::new(0));
+    let requests = Arc::new(Mutex::new(Vec::new()));
+    let (closed_tx, closed) = mpsc::channel();
+    let (shut_tx, shut) = mpsc::channel();
+    let respond = Arc::new(respond);
+    let (c, r) = (connections.clone(), requests.clone());
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut s) = stream else { return };
+            c.fetch_add(1, Ordering::SeqCst);
+            let (r, respond) = (r.clone(), respond.clone());
+            let (closed_tx, shut_tx) = (closed_tx.clone(), shut_tx.clone());
+            std::thread::spawn(move || {
+                loop {
+                    let Some(req) = read_request(&mut s) else {
+                        let _ = closed_tx.send(());
+                        return;
+                    };
+                    let n = {
+                        let mut all = r.lock().expect("lock");
+                        all.push(req);
+                        all.len() - 1
+                    };
+                    let reply = respond(n);
+                    for (i, part) in reply.parts.iter().enumerate() {
+                        if i > 0
+                            && let Some(g) = &reply.gate
+                        {
+                            let _ = g.recv();
+                        }
+                        if s.write_all(part).is_err() {
+                            return;
+                        }
+                    }
+                    if reply.close {
+                        let _ = s.shutdown(Shutdown::Both);
+                        let _ = shut_tx.send(());
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    Server {
+        url,
+        connections,
+        requests,
+        closed,
+        shut,
+    }
+}
+
+const OK: &[u8] =
+    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}";
+
+fn pool() -> Pool {
+    Pool::new(Duration::from_secs(2), Duration::from_secs(30))
+}
+
+async fn post_ok(pool: &Pool, url: &str) -> Bytes {
+    let resp = pool
+        .post(url, "/v1/x", &[], Bytes::from_static(b"{}"))
+        .await
+        .expect("post");
+    assert_eq!(resp.status, StatusCode::OK);
+    resp.body.collect(1024).await.expect("body")
+}
+
+#[test]
+fn origin_splits_host_port_and_prefix() {
+    let o = origin("http://127.0.0.1:8000").expect("plain");
+    assert_eq!(
+        (o.authority, o.host, o.port, o.prefix),
+        ("127.0.0.1:8000", "127.0.0.1", 8000, "")
+    );
+    let o = origin("http://gpu-3:30000/sglang/").expect("prefix");
+    assert_eq!(
+        (o.authority, o.host, o.port, o.prefix),
+        ("gpu-3:30000", "gpu-3", 30000, "/sglang")
+    );
+    let o = origin("http://[::1]:9000").expect("v6");
+    assert_eq!((o.host, o.port), ("::1", 9000));
+    assert_eq!(origin("http://engine").expect("no port").port, 80);
+    for bad in ["https://a:1", "a:1", "http://:80", "http://a:port"] {
+        assert!(
+            matches!(origin(bad), Err(UpstreamError::BadUrl(_))),
+            "{bad}"
+        );
+    }
+}
+
+#[test]
+fn heads_say_how_the_body_ends() {
+    let head = |raw: &str| {
+        parse_head(raw.as_bytes())
+            .expect("parses")
+            .expect("complete")
+    };
+    let h = head("HTTP/1.1 200 OK\r\nContent-Length: 12\r\nx-a: 1\r\n\r\nbody");
+    assert_eq!(h.framing, Framing::Length { left: 12, want: 12 });
+    assert!(h.keep_alive);
+    assert_eq!(h.len, 47);
+    assert_eq!(h.headers.len(), 2);
+    let h = head("HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n");
+    assert_eq!(h.framing, Framing::Chunked(Chunked::default()));
+    let h = head("HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 0\r\n\r\n");
+    assert!(!h.keep_alive);
+    let h = head("HTTP/1.0 200 OK\r\ncontent-length: 0\r\n\r\n");
+    assert!(!h.keep_alive);
+    let h = head("HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ncontent-length: 0\r\n\r\n");
+    assert!(h.keep_alive);
+    let h = head("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n");
+    assert_eq!(h.framing, Framing::UntilClose);
+    assert!(
+        !h.keep_alive,
+        "a body that ends with the connection leaves nothing to reuse"
+    );
+    let h = head("HTTP/1.1 204 No Content\r\n\r\n");
+    assert_eq!(h.framing, Framing::Length { left: 0, want: 0 });
+    assert!(
+        parse_head(b"HTTP/1.1 200 OK\r\ncontent-le")
+            .expect("partial")
+            .is_none()
+    );
+    for bad in [
+        "HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n",
+        "HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n",
+        "HTTP/1.1 999999 OK\r\n\r\n",
+        "SMTP ready\r\n\r\n",
+    ] {
+        assert!(
+            matches!(parse_head(bad.as_bytes()), Err(UpstreamError::Malformed(_))),
+            "{bad:?}"
+        );
+    }
+}
+
+fn decode_all(wire: &[u8], cuts: &[usize]) -> Result<(Vec<u8>, bool), UpstreamError> {
+    let mut dec = Chunked::default();
+    let mut buf = BytesMut::new();
+    let mut out = Vec::new();
+    let mut at = 0;
+    let mut ends: Vec<usize> = cuts.iter().map(|c| c % (wire.len() + 1)).collect();
+    ends.push(wire.len());
+    ends.sort_unstable();
+    for end in ends {
+        buf.extend_from_slice(&wire[at..end.max(at)]);
+        at = end.max(at);
+        loop {
+            match dec.step(&mut buf)? {
+                Step::Data(d) => out.extend_from_slice(&d),
+                Step::More => break,
+                Step::Done => return Ok((out, true)),
+            }
+        }
+    }
+    Ok((out, false))
+}
+
+#[test]
+fn chunk_extensions_and_trailers_are_skipped() {
+    let wire = b"5;name=value\r\nhello\r\n1\r\n \r\n0\r\nx-trailer: 1\r\n\r\n";
+    assert_eq!(
+        decode_all(wire, &[]).expect("decodes"),
+        (b"hello ".to_vec(), true)
+    );
+    let lf_only = b"3\nabc\n0\n\n";
+    assert_eq!(
+        decode_all(lf_only, &[]).expect("decodes"),
+        (b"abc".to_vec(), true)
+    );
+    for bad in [
+        &b"zz\r\n"[..],
+        b"10000000000000000\r\n",
+        b"2\r\nabc\r\n",
+        b"\r\n",
+    ] {
+        assert!(
+            matches!(decode_all(bad, &[]), Err(UpstreamError::Malformed(_))),
+            "{bad:?}"
+        );
+    }
+    assert!(matches!(
+        decode_all(&[b'1'; MAX_LINE + 2], &[]),
+        Err(UpstreamError::Malformed(_))
+    ));
+}
+
+proptest! {
+    #[test]
+    fn chunked_bodies_decode_whatever_the_split(
+        parts in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..300), 0..8),
+        cuts in prop::collection::vec(any::<usize>(), 0..12),
+    ) {
+        let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+        let wire = encode_chunked(&refs);
+        let (out, done) = decode_all(&wire, &cuts).expect("decodes");
+        prop_assert!(done);
+        prop_assert_eq!(out, parts.concat());
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic_the_parsers(
+        bytes in prop::collection::vec(any::<u8>(), 0..600),
+        cuts in prop::collection::vec(any::<usize>(), 0..6),
+    ) {
+        let _ = decode_all(&bytes, &cuts);
+        let _ = parse_head(&bytes);
+        let mut head = b"HTTP/1.1 200 OK\r\n".to_vec();
+        head.extend_from_slice(&bytes);
+        let _ = parse_head(&head);
+    }
+}
+
+#[actix_rt::test]
+async fn a_request_goes_out_whole_and_its_connection_is_reused() {
+    let server = serve(|_| Reply::once(OK));
+    let pool = pool();
+    let url = format!("{}/prefix", server.url);
+    for _ in 0..3 {
+        let resp = pool
+            .post(
+                &url,
+                "/v1/x",
+                &[("x-a", b"b")],
+                Bytes::from_static(b"hello"),
+            )
+            .await
+            .expect("post");
+        assert_eq!(resp.status, StatusCode::OK);
+        assert_eq!(
+            resp.header(&actix_web::http::header::CONTENT_TYPE),
+            Some("application/json")
+        );
+        assert_eq!(resp.body.collect(1024).await.expect("body"), &b"{}"[..]);
+        assert_eq!(
+            pool.idle_count(&url),
+            1,
+            "read to its end, the connection is pooled"
+        );
+    }
+    assert_eq!(server.connections.load(Ordering::SeqCst), 1);
+    let authority = server.url.trim_start_matches("http://");
+    let want = format!(
+        "POST /prefix/v1/x HTTP/1.1\r\nhost: {authority}\r\ncontent-length: 5\r\nx-a: b\r\n\r\nhello"
+    );
+    let got = server.requests.lock().expect("lock").clone();
+    assert_eq!(got, vec![want.into_bytes(); 3]);
+    let conn = pool.checkout(authority).expect("pooled");
+    assert!(
+        conn.nodelay().expect("nodelay"),
+        "Nagle is off on upstream connections"
+    );
+}
+
+#[actix_rt::test]
+async fn a_body_cut_short_is_an_error_and_its_connection_is_dropped() {
+    let server = serve(|_| Reply {
+        parts: vec![b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabcd".to_vec()],
+        close: true,
+        gate: None,
+    });
+    let pool = pool();
+    let resp = pool
+        .post(&server.url, "/v1/x", &[], Bytes::new())
+        .await
+        .expect("head");
+    let err = resp.body.collect(1024).await.expect_err("truncated");
+    assert!(
+        matches!(err, UpstreamError::Truncated { got: 4, want: 10 }),
+        "{err}"
+    );
+    assert_eq!(pool.idle_count(&server.url), 0);
+
+    let server = serve(|_| Reply {
+        parts: vec![b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n4\r\nabcd\r\n".to_vec()],
+        close: true,
+        gate: None,
+    });
+    let resp = pool
+        .post(&server.url, "/v1/x", &[], Bytes::new())
+        .await
+        .expect("head");
+    let err = resp.body.collect(1024).await.expect_err("truncated");
+    assert!(matches!(err, UpstreamError::ChunkedTruncated), "{err}");
+    assert_eq!(pool.idle_count(&server.url), 0);
+}
+
+#[actix_rt::test]
+async fn a_worker_that_closes_before_answering_is_an_error() {
+    let server = serve(|_| Reply {
+        parts: vec![Vec::new()],
+        close: true,
+        gate: None,
+    });
+    let err = pool()
+        .post(&server.url, "/v1/x", &[], Bytes::new())
+        .await
+        .expect_err("no answer");
+    assert!(matches!(err, UpstreamError::ClosedBeforeHead), "{err}");
+    let free = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", free.local_addr().expect("addr"));
+    drop(free);
+    let err = pool()
+        .post(&url, "/v1/x", &[], Bytes::new())
+        .await
+        .expect_err("refused");
+    assert!(matches!(err, UpstreamError::Connect(_)), "{err}");
+}
+
+#[actix_rt::test]
+async fn streamed_chunks_arrive_as_sent_and_a_dropped_body_closes_the_connection() {
+    let (open, gate) = mpsc::channel();
+    let gate = Mutex::new(Some(gate));
+    let server = serve(move |_| {
+        Reply {
+        parts: vec![
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n8\r\ndata: 1\n\r\n".to_vec(),
+            b"8\r\ndata: 2\n\r\n".to_vec(),
+            b"0\r\n\r\n".to_vec(),
+        ],
+        close: false,
+        gate: gate.lock().expect("lock").take(),
+    }
+    });
+    let pool = pool();
+    let resp = pool
+        .post(&server.url, "/v1/x", &[], Bytes::new())
+        .await
+        .expect("head");
+    let mut body = resp.body;
+    // The second chunk is not written until the first has been read here.
+    assert_eq!(
+        body.next().await.expect("chunk").expect("ok"),
+        &b"data: 1\n"[..]
+    );
+    open.send(()).expect("gate");
+    assert_eq!(
+        body.next().await.expect("chunk").expect("ok"),
+        &b"data: 2\n"[..]
+    );
+    drop(body);
+    assert_eq!(
+        pool.idle_count(&server.url),
+        0,
+        "an unfinished body is not pooled"
+    );
+    // Lets the server write the end of the body and find the connection gone.
+    drop(open);
+    server
+        .closed
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the server sees the connection close");
+}
+
+#[actix_rt::test]
+async fn closed_or_expired_idle_connections_are_not_reused() {
+    // Answers with `connection: close`.
+    let server = serve(|_| {
+        Reply::once(b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\n{}")
+    });
+    let p = pool();
+    post_ok(&p, &server.url).await;
+    assert_eq!(p.idle_count(&server.url), 0);
+    post_ok(&p, &server.url).await;
+    assert_eq!(server.connections.load(Ordering::SeqCst), 2);
+
+    // Closes the idle connection after answering, without saying so.
+    let server = serve(|_| Reply {
+        parts: vec![OK.to_vec()],
+        close: true,
+        gate: None,
+    });
+    let p = pool();
+    post_ok(&p, &server.url).await;
+    assert_eq!(p.idle_count(&server.url), 1);
+    server
+        .shut
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the server closes");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Reusing it would fail the request; checkout sees the EOF and connects again.
+    post_ok(&p, &server.url).await;
+    assert_eq!(server.connections.load(Ordering::SeqCst), 2);
+
+    // Idle past the keep-alive.
+    let server = serve(|_| Reply::once(OK));
+    let p = Pool::new(Duration::from_secs(2), Duration::ZERO);
+    post_ok(&p, &server.url).await;
+    post_ok(&p, &server.url).await;
+    assert_eq!(server.connections.load(Ordering::SeqCst), 2);
+}
+
+#[actix_rt::test]
+async fn interim_answers_are_skipped_and_limits_hold() {
+    let server = serve(|_| {
+        Reply::once(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
+    });
+    assert_eq!(post_ok(&pool(), &server.url).await, &b"{}"[..]);
+
+    let mut big = b"HTTP/1.1 200 OK\r\ncontent-length: 2000\r\n\r\n".to_vec();
+    big.extend_from_slice(&[b'a'; 2000]);
+    let server = serve(move |_| Reply::once(&big));
+    let resp = pool()
+        .post(&server.url, "/v1/x", &[], Bytes::new())
+        .await
+        .expect("head");
+    let err = resp.body.collect(1000).await.expect_err("over the limit");
+    assert!(matches!(err, UpstreamError::BodyTooLarge(1000)), "{err}");
+
+    let mut huge = b"HTTP/1.1 200 OK\r\n".to_vec();
+    huge.extend(std::iter::repeat_n(b"x-pad: aaaaaaaaaaaaaaaa\r\n".as_slice(), 4000).flatten());
+    let server = serve(move |_| Reply::once(&huge));
+    let err = pool()
+        .post(&server.url, "/v1/x", &[], Bytes::new())
+        .await
+        .expect_err("huge head");
+    assert!(matches!(err, UpstreamError::Malformed(_)), "{err}");
+}
