@@ -47,10 +47,10 @@ fn hop_by_hop(name: &HeaderName) -> bool {
     )
 }
 
-fn copy_response_headers(from: &[(HeaderName, HeaderValue)], to: &mut HttpResponseBuilder) {
+fn copy_response_headers(from: Vec<(HeaderName, HeaderValue)>, to: &mut HttpResponseBuilder) {
     for (name, value) in from {
-        if !hop_by_hop(name) {
-            to.append_header((name.clone(), value.clone()));
+        if !hop_by_hop(&name) {
+            to.append_header((name, value));
         }
     }
 }
@@ -102,7 +102,7 @@ pub async fn forward(
         .header(&header::CONTENT_TYPE)
         .is_some_and(|ct| ct.starts_with("text/event-stream"));
     let mut builder = HttpResponse::build(resp.status);
-    copy_response_headers(&resp.headers, &mut builder);
+    copy_response_headers(resp.headers, &mut builder);
     if up.stream || is_sse {
         let deadline = up.timeout.saturating_sub(started.elapsed());
         builder.insert_header((header::CACHE_CONTROL, HeaderValue::from_static("no-cache")));
