@@ -3,8 +3,8 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// What the upstream sends for an inference request.
@@ -18,20 +18,28 @@ pub struct Script {
     pub crash: bool,
 }
 
+/// Requests as they arrived: head text and body.
+pub type Seen = Mutex<Vec<(String, Vec<u8>)>>;
+
 #[derive(Debug)]
 pub struct RawUpstream {
     pub url: String,
     pub requests: Arc<AtomicU64>,
+    /// Every inference request as it arrived: head (request line and headers) and body.
+    pub seen: Arc<Seen>,
 }
 
-fn read_request(stream: &mut BufReader<TcpStream>) -> Option<(String, Vec<u8>)> {
+/// Reads one request: its path, its head as text and its body.
+fn read_request(stream: &mut BufReader<TcpStream>) -> Option<(String, String, Vec<u8>)> {
     let mut line = String::new();
     stream.read_line(&mut line).ok()?;
     let path = line.split_whitespace().nth(1)?.to_owned();
+    let mut head = line;
     let mut len = 0usize;
     loop {
         let mut h = String::new();
         stream.read_line(&mut h).ok()?;
+        head.push_str(&h);
         if h == "\r\n" || h.is_empty() {
             break;
         }
@@ -43,16 +51,16 @@ fn read_request(stream: &mut BufReader<TcpStream>) -> Option<(String, Vec<u8>)> 
     }
     let mut body = vec![0; len];
     stream.read_exact(&mut body).ok()?;
-    Some((path, body))
+    Some((path, head, body))
 }
 
-fn serve(conn: TcpStream, script: &Script, requests: &AtomicU64) {
+fn serve(conn: TcpStream, script: &Script, requests: &AtomicU64, seen: &Seen) {
     let Ok(write_half) = conn.try_clone() else {
         return;
     };
     let mut out = write_half;
     let mut reader = BufReader::new(conn);
-    while let Some((path, _body)) = read_request(&mut reader) {
+    while let Some((path, head, body)) = read_request(&mut reader) {
         let json = |out: &mut TcpStream, status: &str, body: &str| {
             let _ = write!(
                 out,
@@ -69,6 +77,9 @@ fn serve(conn: TcpStream, script: &Script, requests: &AtomicU64) {
             "/health" => json(&mut out, "200 OK", "{}"),
             p if p.contains("server_info") => json(&mut out, "404 Not Found", "{}"),
             _ => {
+                if let Ok(mut s) = seen.lock() {
+                    s.push((head, body));
+                }
                 requests.fetch_add(1, Ordering::SeqCst);
                 let _ = write!(
                     out,
@@ -98,15 +109,19 @@ impl RawUpstream {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
         let url = format!("http://{}", listener.local_addr().expect("addr"));
         let requests = Arc::new(AtomicU64::new(0));
-        let counter = requests.clone();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (counter, log) = (requests.clone(), seen.clone());
         let script = Arc::new(script);
         std::thread::spawn(move || {
             for conn in listener.incoming().flatten() {
-                let script = script.clone();
-                let counter = counter.clone();
-                std::thread::spawn(move || serve(conn, &script, &counter));
+                let (script, counter, log) = (script.clone(), counter.clone(), log.clone());
+                std::thread::spawn(move || serve(conn, &script, &counter, &log));
             }
         });
-        RawUpstream { url, requests }
+        RawUpstream {
+            url,
+            requests,
+            seen,
+        }
     }
 }

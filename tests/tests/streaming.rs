@@ -1,4 +1,5 @@
-//! SSE relay: byte for byte, disconnects abort upstream, broken upstreams end with an error event.
+//! SSE relay: byte for byte, disconnects abort upstream, broken upstreams end with an error
+//! event; and what of a request reaches the worker.
 
 use std::io::{Read, Write};
 use std::time::Duration;
@@ -175,5 +176,61 @@ async fn stalled_clients_do_not_block_others() {
             .expect("the server closes a stalled connection");
         let text = String::from_utf8_lossy(&buf);
         assert!(buf.is_empty() || text.starts_with("HTTP/1.1 408"), "{text}");
+    }
+}
+
+#[actix_rt::test]
+async fn the_worker_gets_the_body_unchanged_and_only_the_headers_meant_for_it() {
+    let up = RawUpstream::start(Script {
+        status: 200,
+        content_type: "application/json",
+        chunks: vec![b"{}".to_vec()],
+        crash: false,
+    });
+    let (gw, _dir) = gateway_for(&up.url);
+    // Odd spacing and escapes: the gateway parses the body but forwards the bytes it got.
+    let body = "{\"messages\":[{\"role\":\"user\",\"content\":\"caf\u{e9} \\u00e9\"}],  \"max_tokens\" : 3 }";
+    let trace = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let r = kvgate_tests::client()
+        .post(format!("{}/v1/chat/completions", gw.url()))
+        .insert_header(("content-type", "application/json"))
+        .insert_header(("authorization", "Bearer k1"))
+        .insert_header(("traceparent", trace))
+        .insert_header(("x-request-id", "req-abc"))
+        .insert_header(("cookie", "session=secret"))
+        .insert_header(("x-internal", "1"))
+        .send_body(body)
+        .await
+        .expect("sent");
+    assert_eq!(r.status().as_u16(), 200);
+    let seen = up.seen.lock().expect("lock").clone();
+    assert_eq!(seen.len(), 1);
+    let (head, got) = &seen[0];
+    assert_eq!(got.as_slice(), body.as_bytes());
+    let head = head.to_ascii_lowercase();
+    assert!(
+        head.starts_with("post /v1/chat/completions http/1.1\r\n"),
+        "{head}"
+    );
+    let authority = up.url.trim_start_matches("http://");
+    let wanted = [
+        format!("host: {authority}"),
+        format!("content-length: {}", body.len()),
+        "content-type: application/json".into(),
+        "authorization: bearer k1".into(),
+        format!("traceparent: {trace}"),
+        "x-request-id: req-abc".into(),
+    ];
+    for want in wanted {
+        assert!(
+            head.contains(&format!("\r\n{want}\r\n")),
+            "{want} in {head}"
+        );
+    }
+    for never in ["cookie", "x-internal", "connection", "transfer-encoding"] {
+        assert!(
+            !head.contains(&format!("\r\n{never}:")),
+            "{never} in {head}"
+        );
     }
 }

@@ -125,7 +125,7 @@ pub async fn forward(
         Ok(Err(e)) => {
             return Err(ApiError::Upstream {
                 worker: up.worker_url.to_owned(),
-                reason: format!("reading the response body: {e}"),
+                reason: e.to_string(),
             });
         }
         Ok(Ok(b)) => b,

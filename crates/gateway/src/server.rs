@@ -246,6 +246,7 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         }
         // One upstream pool per HTTP thread.
         let pool = Pool::new(connect_timeout, UPSTREAM_KEEP_ALIVE);
+        pool.spawn_sweeper();
         App::new()
             .app_data(state.clone())
             .app_data(web::Data::new(pool))

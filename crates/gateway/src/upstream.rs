@@ -5,7 +5,9 @@
 //! head is parsed with `httparse` and its body framed by `Content-Length`, chunked
 //! encoding or the end of the connection. A connection goes back to the pool only after
 //! its body was read to the end, so a dropped [`Body`] (a client that went away) closes
-//! the connection, which is what aborts the request on the engine.
+//! the connection, which is what aborts the request on the engine. Only a pooled
+//! connection that the worker closed under a request, before any byte of an answer, is
+//! tried again (once, on a new connection).
 //!
 //! Why not awc: awc builds a codec per request whose date service spawns a task and arms
 //! a timer, waking the runtime's driver once per request (docs/benchmarks.md, "Proxy
@@ -34,7 +36,7 @@ const MAX_HEAD: usize = 64 * 1024;
 /// A chunk-size or trailer line longer than this is refused.
 const MAX_LINE: usize = 4096;
 /// Idle connections kept per worker and thread; more are closed.
-const MAX_IDLE: usize = 512;
+const MAX_IDLE: usize = 256;
 
 /// What can go wrong between the gateway and a worker.
 #[derive(Debug, Error)]
@@ -81,7 +83,9 @@ fn origin(url: &str) -> Result<Origin<'_>, UpstreamError> {
         _ => (authority, 80),
     };
     let host = host.trim_start_matches('[').trim_end_matches(']');
-    if host.is_empty() {
+    // Both go into the request line and the Host header as they are.
+    let visible = |s: &str| s.bytes().all(|b| b.is_ascii_graphic());
+    if host.is_empty() || !visible(authority) || !visible(prefix) {
         return Err(bad());
     }
     Ok(Origin {
@@ -136,17 +140,12 @@ impl Pool {
         })
     }
 
-    /// A live idle connection, newest first; stale or closed ones are dropped.
+    /// A live idle connection, newest first; expired or closed ones are dropped.
     fn checkout(&self, authority: &str) -> Option<TcpStream> {
         let mut idle = self.0.idle.borrow_mut();
         let list = idle.get_mut(authority)?;
-        let now = Instant::now();
-        while let Some(Idle { conn, since }) = list.pop() {
-            if now.duration_since(since) >= self.0.keep_alive {
-                // Everything below is older still.
-                list.clear();
-                break;
-            }
+        prune(list, self.0.keep_alive);
+        while let Some(Idle { conn, .. }) = list.pop() {
             // A closed peer has made the socket readable (EOF); a live idle one has not.
             match conn.try_read(&mut [0u8; 1]) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Some(conn),
@@ -159,12 +158,39 @@ impl Pool {
     fn checkin(&self, authority: &str, conn: TcpStream) {
         let mut idle = self.0.idle.borrow_mut();
         let list = idle.entry(authority.to_owned()).or_default();
+        prune(list, self.0.keep_alive);
         if list.len() < MAX_IDLE {
             list.push(Idle {
                 conn,
                 since: Instant::now(),
             });
         }
+    }
+
+    /// Closes every connection idle past the keep-alive and forgets workers with none left.
+    fn sweep(&self) {
+        let mut idle = self.0.idle.borrow_mut();
+        idle.retain(|_, list| {
+            prune(list, self.0.keep_alive);
+            !list.is_empty()
+        });
+    }
+
+    /// Sweeps the pool every keep-alive period on this thread's runtime, so connections to
+    /// a worker that gets no more traffic (or was removed) are closed too; the task ends
+    /// with the pool. Must be called on an actix or tokio local runtime.
+    pub fn spawn_sweeper(&self) {
+        let pool = Rc::downgrade(&self.0);
+        let every = self.0.keep_alive.max(Duration::from_millis(10));
+        actix_rt::spawn(async move {
+            loop {
+                actix_rt::time::sleep(every).await;
+                match pool.upgrade() {
+                    Some(inner) => Pool(inner).sweep(),
+                    None => return,
+                }
+            }
+        });
     }
 
     async fn connect(&self, o: &Origin<'_>) -> Result<TcpStream, UpstreamError> {
@@ -191,23 +217,52 @@ impl Pool {
         body: Bytes,
     ) -> Result<Response, UpstreamError> {
         let o = origin(worker_url)?;
-        let mut conn = match self.checkout(o.authority) {
-            Some(c) => c,
-            None => self.connect(&o).await?,
-        };
-        let head = request_head(&o, path, headers, body.len());
-        if body.len() <= COALESCE {
-            let mut msg = head;
-            msg.extend_from_slice(&body);
-            conn.write_all(&msg).await.map_err(UpstreamError::Write)?;
+        let mut head = request_head(&o, path, headers, body.len());
+        // Small bodies go out with the head in one write.
+        let rest = if body.len() <= COALESCE {
+            head.extend_from_slice(&body);
+            Bytes::new()
         } else {
-            conn.write_all(&head).await.map_err(UpstreamError::Write)?;
-            conn.write_all(&body).await.map_err(UpstreamError::Write)?;
+            body
+        };
+        if let Some(conn) = self.checkout(o.authority) {
+            match self.exchange(conn, &o, &head, &rest).await {
+                Ok(r) => return Ok(r),
+                // The worker closed this idle connection as the request went out (its
+                // keep-alive ran out first): no byte of an answer came back, so the
+                // request goes once more, on a new connection.
+                Err((_, Answered::Nothing)) => {}
+                Err((e, Answered::Something)) => return Err(e),
+            }
+        }
+        let conn = self.connect(&o).await?;
+        self.exchange(conn, &o, &head, &rest)
+            .await
+            .map_err(|(e, _)| e)
+    }
+
+    /// Writes one request on `conn` and reads the answer's head.
+    async fn exchange(
+        &self,
+        mut conn: TcpStream,
+        o: &Origin<'_>,
+        head: &[u8],
+        rest: &[u8],
+    ) -> Result<Response, (UpstreamError, Answered)> {
+        let nothing = |e| (e, Answered::Nothing);
+        conn.write_all(head)
+            .await
+            .map_err(|e| nothing(UpstreamError::Write(e)))?;
+        if !rest.is_empty() {
+            conn.write_all(rest)
+                .await
+                .map_err(|e| nothing(UpstreamError::Write(e)))?;
         }
         let mut buf = BytesMut::with_capacity(8 * 1024);
+        let mut got_any = false;
         loop {
-            let parsed = parse_head(&buf)?;
-            if let Some(head) = parsed {
+            let something = |e| (e, Answered::Something);
+            if let Some(head) = parse_head(&buf).map_err(something)? {
                 buf.advance(head.len);
                 // An interim answer (100 Continue) is followed by the real one.
                 if head.status.is_informational() {
@@ -228,19 +283,41 @@ impl Pool {
                 });
             }
             if buf.len() >= MAX_HEAD {
-                return Err(UpstreamError::Malformed(format!(
+                return Err(something(UpstreamError::Malformed(format!(
                     "response head over {MAX_HEAD} bytes"
-                )));
+                ))));
             }
-            if read_more(&mut conn, &mut buf).await? == 0 {
-                return Err(if buf.is_empty() {
-                    UpstreamError::ClosedBeforeHead
-                } else {
-                    UpstreamError::Malformed("the connection closed inside the head".into())
-                });
+            let answered = if got_any {
+                Answered::Something
+            } else {
+                Answered::Nothing
+            };
+            match read_more(&mut conn, &mut buf).await {
+                Err(e) => return Err((e, answered)),
+                Ok(0) if !got_any => return Err(nothing(UpstreamError::ClosedBeforeHead)),
+                Ok(0) => {
+                    return Err(something(UpstreamError::Malformed(
+                        "the connection closed inside the head".into(),
+                    )));
+                }
+                Ok(_) => got_any = true,
             }
         }
     }
+}
+
+/// Whether any byte of an answer came back before a failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answered {
+    Nothing,
+    Something,
+}
+
+/// Drops the connections idle past `keep_alive`: the oldest, at the front.
+fn prune(list: &mut Vec<Idle>, keep_alive: Duration) {
+    let now = Instant::now();
+    let expired = list.partition_point(|i| now.duration_since(i.since) >= keep_alive);
+    list.drain(..expired);
 }
 
 fn request_head(o: &Origin<'_>, path: &str, headers: &[(&str, &[u8])], len: usize) -> Vec<u8> {
@@ -320,8 +397,10 @@ fn parse_head(buf: &[u8]) -> Result<Option<Head>, UpstreamError> {
     };
     let code = resp.code.unwrap_or(0);
     let status = StatusCode::from_u16(code).map_err(|_| malformed(format!("status {code}")))?;
-    let mut keep_alive = resp.version == Some(1);
+    let http10 = resp.version == Some(0);
+    let mut keep_alive = !http10;
     let mut length: Option<u64> = None;
+    let mut coded = false;
     let mut chunked = false;
     let mut headers = Vec::with_capacity(resp.headers.len());
     for h in resp.headers.iter() {
@@ -330,16 +409,18 @@ fn parse_head(buf: &[u8]) -> Result<Option<Head>, UpstreamError> {
         let value = HeaderValue::from_bytes(h.value)
             .map_err(|_| malformed(format!("value of {}", h.name)))?;
         if name == actix_web::http::header::CONTENT_LENGTH {
-            let n = value
-                .to_str()
+            let digits = h.value.trim_ascii();
+            let n = std::str::from_utf8(digits)
                 .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok())
+                .filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|d| d.parse::<u64>().ok())
                 .ok_or_else(|| malformed("content-length is not a number".into()))?;
             if length.is_some_and(|l| l != n) {
                 return Err(malformed("conflicting content-length headers".into()));
             }
             length = Some(n);
         } else if name == actix_web::http::header::TRANSFER_ENCODING {
+            coded = true;
             // Only the last coding frames the body.
             chunked = h
                 .value
@@ -351,12 +432,20 @@ fn parse_head(buf: &[u8]) -> Result<Option<Head>, UpstreamError> {
                 let t = token.trim_ascii();
                 if t.eq_ignore_ascii_case(b"close") {
                     keep_alive = false;
-                } else if t.eq_ignore_ascii_case(b"keep-alive") && resp.version == Some(0) {
+                } else if t.eq_ignore_ascii_case(b"keep-alive") && http10 {
                     keep_alive = true;
                 }
             }
         }
         headers.push((name, value));
+    }
+    if status == StatusCode::SWITCHING_PROTOCOLS {
+        return Err(malformed("the worker switched protocols".into()));
+    }
+    // RFC 9112 §6.1, §6.3: a coded body next to a length, or a coded body in HTTP/1.0,
+    // leaves the connection's framing in doubt, so it is not reused.
+    if coded && (length.is_some() || http10) {
+        keep_alive = false;
     }
     let no_body = status.is_informational()
         || status == StatusCode::NO_CONTENT
@@ -365,9 +454,10 @@ fn parse_head(buf: &[u8]) -> Result<Option<Head>, UpstreamError> {
         Framing::Length { left: 0, want: 0 }
     } else if chunked {
         Framing::Chunked(Chunked::default())
-    } else if let Some(n) = length {
+    } else if let Some(n) = length.filter(|_| !coded) {
         Framing::Length { left: n, want: n }
     } else {
+        // No length, or a coding other than chunked last: the body ends with the connection.
         keep_alive = false;
         Framing::UntilClose
     };

@@ -60,7 +60,8 @@ fn read_request(s: &mut std::net::TcpStream) -> Option<Vec<u8>> {
     Some(req)
 }
 
-fn serve(respond: impl Fn(usize) -> Reply + Send + Sync + 'static) -> Server {
+/// `respond(n, k)`: `n` counts requests overall, `k` on their connection, from 0.
+fn serve(respond: impl Fn(usize, usize) -> Reply + Send + Sync + 'static) -> Server {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let url = format!("http://{}", listener.local_addr().expect("addr"));
     let connections = Arc::new(AtomicUsize::new(0));
@@ -76,7 +77,7 @@ fn serve(respond: impl Fn(usize) -> Reply + Send + Sync + 'static) -> Server {
             let (r, respond) = (r.clone(), respond.clone());
             let (closed_tx, shut_tx) = (closed_tx.clone(), shut_tx.clone());
             std::thread::spawn(move || {
-                loop {
+                for k in 0.. {
                     let Some(req) = read_request(&mut s) else {
                         let _ = closed_tx.send(());
                         return;
@@ -86,7 +87,7 @@ fn serve(respond: impl Fn(usize) -> Reply + Send + Sync + 'static) -> Server {
                         all.push(req);
                         all.len() - 1
                     };
-                    let reply = respond(n);
+                    let reply = respond(n, k);
                     for (i, part) in reply.parts.iter().enumerate() {
                         if i > 0
                             && let Some(g) = &reply.gate
@@ -146,7 +147,14 @@ fn origin_splits_host_port_and_prefix() {
     let o = origin("http://[::1]:9000").expect("v6");
     assert_eq!((o.host, o.port), ("::1", 9000));
     assert_eq!(origin("http://engine").expect("no port").port, 80);
-    for bad in ["https://a:1", "a:1", "http://:80", "http://a:port"] {
+    for bad in [
+        "https://a:1",
+        "a:1",
+        "http://:80",
+        "http://a:port",
+        "http://a:1/x y",
+        "http://a:1/x\r\nx-evil: 1",
+    ] {
         assert!(
             matches!(origin(bad), Err(UpstreamError::BadUrl(_))),
             "{bad}"
@@ -190,6 +198,9 @@ fn heads_say_how_the_body_ends() {
     for bad in [
         "HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n",
         "HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n",
+        "HTTP/1.1 200 OK\r\ncontent-length: +5\r\n\r\n",
+        "HTTP/1.1 200 OK\r\ncontent-length: \r\n\r\n",
+        "HTTP/1.1 101 Switching Protocols\r\nupgrade: h2c\r\n\r\n",
         "HTTP/1.1 999999 OK\r\n\r\n",
         "SMTP ready\r\n\r\n",
     ] {
@@ -279,7 +290,7 @@ proptest! {
 
 #[actix_rt::test]
 async fn a_request_goes_out_whole_and_its_connection_is_reused() {
-    let server = serve(|_| Reply::once(OK));
+    let server = serve(|_, _| Reply::once(OK));
     let pool = pool();
     let url = format!("{}/prefix", server.url);
     for _ in 0..3 {
@@ -320,7 +331,7 @@ async fn a_request_goes_out_whole_and_its_connection_is_reused() {
 
 #[actix_rt::test]
 async fn a_body_cut_short_is_an_error_and_its_connection_is_dropped() {
-    let server = serve(|_| Reply {
+    let server = serve(|_, _| Reply {
         parts: vec![b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabcd".to_vec()],
         close: true,
         gate: None,
@@ -337,7 +348,7 @@ async fn a_body_cut_short_is_an_error_and_its_connection_is_dropped() {
     );
     assert_eq!(pool.idle_count(&server.url), 0);
 
-    let server = serve(|_| Reply {
+    let server = serve(|_, _| Reply {
         parts: vec![b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n4\r\nabcd\r\n".to_vec()],
         close: true,
         gate: None,
@@ -353,7 +364,7 @@ async fn a_body_cut_short_is_an_error_and_its_connection_is_dropped() {
 
 #[actix_rt::test]
 async fn a_worker_that_closes_before_answering_is_an_error() {
-    let server = serve(|_| Reply {
+    let server = serve(|_, _| Reply {
         parts: vec![Vec::new()],
         close: true,
         gate: None,
@@ -363,6 +374,11 @@ async fn a_worker_that_closes_before_answering_is_an_error() {
         .await
         .expect_err("no answer");
     assert!(matches!(err, UpstreamError::ClosedBeforeHead), "{err}");
+    assert_eq!(
+        server.requests.lock().expect("lock").len(),
+        1,
+        "a new connection is not tried again"
+    );
     let free = TcpListener::bind("127.0.0.1:0").expect("bind");
     let url = format!("http://{}", free.local_addr().expect("addr"));
     drop(free);
@@ -377,7 +393,7 @@ async fn a_worker_that_closes_before_answering_is_an_error() {
 async fn streamed_chunks_arrive_as_sent_and_a_dropped_body_closes_the_connection() {
     let (open, gate) = mpsc::channel();
     let gate = Mutex::new(Some(gate));
-    let server = serve(move |_| {
+    let server = serve(move |_, _| {
         Reply {
         parts: vec![
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n8\r\ndata: 1\n\r\n".to_vec(),
@@ -421,7 +437,7 @@ async fn streamed_chunks_arrive_as_sent_and_a_dropped_body_closes_the_connection
 #[actix_rt::test]
 async fn closed_or_expired_idle_connections_are_not_reused() {
     // Answers with `connection: close`.
-    let server = serve(|_| {
+    let server = serve(|_, _| {
         Reply::once(b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\n{}")
     });
     let p = pool();
@@ -431,7 +447,7 @@ async fn closed_or_expired_idle_connections_are_not_reused() {
     assert_eq!(server.connections.load(Ordering::SeqCst), 2);
 
     // Closes the idle connection after answering, without saying so.
-    let server = serve(|_| Reply {
+    let server = serve(|_, _| Reply {
         parts: vec![OK.to_vec()],
         close: true,
         gate: None,
@@ -449,7 +465,7 @@ async fn closed_or_expired_idle_connections_are_not_reused() {
     assert_eq!(server.connections.load(Ordering::SeqCst), 2);
 
     // Idle past the keep-alive.
-    let server = serve(|_| Reply::once(OK));
+    let server = serve(|_, _| Reply::once(OK));
     let p = Pool::new(Duration::from_secs(2), Duration::ZERO);
     post_ok(&p, &server.url).await;
     post_ok(&p, &server.url).await;
@@ -458,14 +474,14 @@ async fn closed_or_expired_idle_connections_are_not_reused() {
 
 #[actix_rt::test]
 async fn interim_answers_are_skipped_and_limits_hold() {
-    let server = serve(|_| {
+    let server = serve(|_, _| {
         Reply::once(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
     });
     assert_eq!(post_ok(&pool(), &server.url).await, &b"{}"[..]);
 
     let mut big = b"HTTP/1.1 200 OK\r\ncontent-length: 2000\r\n\r\n".to_vec();
     big.extend_from_slice(&[b'a'; 2000]);
-    let server = serve(move |_| Reply::once(&big));
+    let server = serve(move |_, _| Reply::once(&big));
     let resp = pool()
         .post(&server.url, "/v1/x", &[], Bytes::new())
         .await
@@ -475,10 +491,115 @@ async fn interim_answers_are_skipped_and_limits_hold() {
 
     let mut huge = b"HTTP/1.1 200 OK\r\n".to_vec();
     huge.extend(std::iter::repeat_n(b"x-pad: aaaaaaaaaaaaaaaa\r\n".as_slice(), 4000).flatten());
-    let server = serve(move |_| Reply::once(&huge));
+    let server = serve(move |_, _| Reply::once(&huge));
     let err = pool()
         .post(&server.url, "/v1/x", &[], Bytes::new())
         .await
         .expect_err("huge head");
     assert!(matches!(err, UpstreamError::Malformed(_)), "{err}");
+}
+
+#[actix_rt::test]
+async fn a_pooled_connection_closed_under_a_request_is_retried_once_on_a_new_one() {
+    // Each connection answers its first request, then closes on the second unanswered:
+    // what a worker's keep-alive running out as a request goes out looks like.
+    let server = serve(|_, k| {
+        if k == 0 {
+            Reply::once(OK)
+        } else {
+            Reply {
+                parts: vec![Vec::new()],
+                close: true,
+                gate: None,
+            }
+        }
+    });
+    let p = pool();
+    post_ok(&p, &server.url).await;
+    assert_eq!(post_ok(&p, &server.url).await, &b"{}"[..]);
+    assert_eq!(server.connections.load(Ordering::SeqCst), 2);
+    assert_eq!(server.requests.lock().expect("lock").len(), 3);
+}
+
+#[actix_rt::test]
+async fn bodies_that_leave_the_connection_in_doubt_are_not_pooled() {
+    let cases: [(&[u8], &[u8]); 3] = [
+        // Runs to the connection's end.
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nall of it",
+            b"all of it",
+        ),
+        // Bytes after the declared length.
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}extra",
+            b"{}",
+        ),
+        // A body where there can be none.
+        (b"HTTP/1.1 204 No Content\r\n\r\nstray", b""),
+    ];
+    for (wire, want) in cases {
+        let close = !wire
+            .windows(14)
+            .any(|w| w.eq_ignore_ascii_case(b"content-length"))
+            && !wire.starts_with(b"HTTP/1.1 204");
+        let wire = wire.to_vec();
+        let server = serve(move |_, _| Reply {
+            parts: vec![wire.clone()],
+            close,
+            gate: None,
+        });
+        let p = pool();
+        let resp = p
+            .post(&server.url, "/v1/x", &[], Bytes::new())
+            .await
+            .expect("head");
+        let body = tokio::time::timeout(Duration::from_secs(10), resp.body.collect(1024))
+            .await
+            .expect("the body ends")
+            .expect("body");
+        assert_eq!(body, want);
+        assert_eq!(
+            p.idle_count(&server.url),
+            0,
+            "{}",
+            String::from_utf8_lossy(want)
+        );
+    }
+}
+
+#[actix_rt::test]
+async fn idle_connections_past_the_keep_alive_are_closed_without_traffic() {
+    let server = serve(|_, _| Reply::once(OK));
+    let p = Pool::new(Duration::from_secs(2), Duration::from_millis(50));
+    p.spawn_sweeper();
+    post_ok(&p, &server.url).await;
+    assert_eq!(p.idle_count(&server.url), 1);
+    // No further request: the sweeper alone closes it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(p.idle_count(&server.url), 0);
+    assert!(
+        p.0.idle.borrow().is_empty(),
+        "a worker with no connections is forgotten"
+    );
+    server
+        .closed
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the server sees the connection close");
+}
+
+#[actix_rt::test]
+async fn expired_connections_are_dropped_when_a_new_one_is_pooled() {
+    let server = serve(|_, _| Reply::once(OK));
+    let p = Pool::new(Duration::from_secs(2), Duration::from_millis(100));
+    // Two at once: two connections, both pooled.
+    futures_util::future::join(post_ok(&p, &server.url), post_ok(&p, &server.url)).await;
+    assert_eq!(p.idle_count(&server.url), 2);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    post_ok(&p, &server.url).await;
+    assert_eq!(server.connections.load(Ordering::SeqCst), 3);
+    assert_eq!(
+        p.idle_count(&server.url),
+        1,
+        "the two expired ones are gone"
+    );
 }
