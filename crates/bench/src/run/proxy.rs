@@ -422,9 +422,15 @@ fn nginx_conf(dir: &Path, port: u16, upstream: &str) -> anyhow::Result<PathBuf> 
 /// The stdout table for the proxy rows.
 pub fn table(rows: &[ProxyRow]) -> String {
     let mut s = String::new();
+    let w = rows
+        .iter()
+        .map(|r| r.target.len())
+        .max()
+        .unwrap_or(0)
+        .max(8);
     let _ = writeln!(
         s,
-        "{:<8} {:>10} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10}  how",
+        "{:<w$} {:>10} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10}  how",
         "target",
         "req/s",
         "load p50",
@@ -438,7 +444,7 @@ pub fn table(rows: &[ProxyRow]) -> String {
     for r in rows {
         let _ = writeln!(
             s,
-            "{:<8} {:>10.0} {:>9} {:>9} {:>10.3} {:>10.3} {:>10} {:>10}  {}{}",
+            "{:<w$} {:>10.0} {:>9} {:>9} {:>10.3} {:>10.3} {:>10} {:>10}  {}{}",
             r.target,
             r.req_per_sec,
             opt(r.load_p50_ms),
@@ -456,4 +462,43 @@ pub fn table(rows: &[ProxyRow]) -> String {
         );
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ProxyRow, table};
+    use kvgate_bench::Summary;
+
+    fn row(target: &str) -> ProxyRow {
+        ProxyRow {
+            target: target.into(),
+            how: "h".into(),
+            load_tool: "wrk".into(),
+            req_per_sec: 12345.0,
+            load_p50_ms: Some(1.0),
+            load_p99_ms: None,
+            load_errors: 0,
+            one_conn: Summary::default(),
+            added_p50_ms: Some(0.1),
+            added_p99_ms: None,
+        }
+    }
+
+    #[test]
+    fn columns_line_up_whatever_the_target_names() {
+        let text = table(&[row("direct"), row("kvgate-baseline"), row("smg")]);
+        let ends: Vec<usize> = text
+            .lines()
+            .map(|l| l.find("12345").map_or(0, |i| i + 5))
+            .skip(1)
+            .collect();
+        assert_eq!(ends.len(), 3);
+        assert!(ends.iter().all(|e| *e == ends[0] && *e > 0), "{text}");
+        let header_end = text
+            .lines()
+            .next()
+            .and_then(|l| l.find("req/s"))
+            .map(|i| i + 5);
+        assert_eq!(header_end, Some(ends[0]), "{text}");
+    }
 }
