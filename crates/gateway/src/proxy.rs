@@ -122,12 +122,7 @@ pub async fn forward(
     let read = resp.body.collect(up.max_response);
     let body = match actix_rt::time::timeout(remaining, read).await {
         Err(_) => return Err(timed_out()),
-        Ok(Err(e)) => {
-            return Err(ApiError::Upstream {
-                worker: up.worker_url.to_owned(),
-                reason: e.to_string(),
-            });
-        }
+        Ok(Err(e)) => return Err(upstream_error(up.worker_url, e)),
         Ok(Ok(b)) => b,
     };
     drop(guard);

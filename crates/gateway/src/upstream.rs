@@ -16,7 +16,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::future::poll_fn;
-use std::io;
+use std::io::{self, Write as _};
 use std::rc::Rc;
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
@@ -155,15 +155,20 @@ impl Pool {
         None
     }
 
+    /// Expired connections are left to the next checkout or sweep.
     fn checkin(&self, authority: &str, conn: TcpStream) {
         let mut idle = self.0.idle.borrow_mut();
-        let list = idle.entry(authority.to_owned()).or_default();
-        prune(list, self.0.keep_alive);
-        if list.len() < MAX_IDLE {
-            list.push(Idle {
-                conn,
-                since: Instant::now(),
-            });
+        let entry = Idle {
+            conn,
+            since: Instant::now(),
+        };
+        // Looked up first: the key is allocated only for a worker's first connection.
+        match idle.get_mut(authority) {
+            Some(list) if list.len() >= MAX_IDLE => {}
+            Some(list) => list.push(entry),
+            None => {
+                idle.insert(authority.to_owned(), vec![entry]);
+            }
         }
     }
 
@@ -287,20 +292,16 @@ impl Pool {
                     "response head over {MAX_HEAD} bytes"
                 ))));
             }
-            let answered = if got_any {
-                Answered::Something
-            } else {
-                Answered::Nothing
-            };
             match read_more(&mut conn, &mut buf).await {
-                Err(e) => return Err((e, answered)),
-                Ok(0) if !got_any => return Err(nothing(UpstreamError::ClosedBeforeHead)),
-                Ok(0) => {
+                Ok(0) if got_any => {
                     return Err(something(UpstreamError::Malformed(
                         "the connection closed inside the head".into(),
                     )));
                 }
+                Ok(0) => return Err(nothing(UpstreamError::ClosedBeforeHead)),
                 Ok(_) => got_any = true,
+                Err(e) if got_any => return Err(something(e)),
+                Err(e) => return Err(nothing(e)),
             }
         }
     }
@@ -328,9 +329,8 @@ fn request_head(o: &Origin<'_>, path: &str, headers: &[(&str, &[u8])], len: usiz
     h.extend_from_slice(path.as_bytes());
     h.extend_from_slice(b" HTTP/1.1\r\nhost: ");
     h.extend_from_slice(o.authority.as_bytes());
-    h.extend_from_slice(b"\r\ncontent-length: ");
-    h.extend_from_slice(len.to_string().as_bytes());
-    h.extend_from_slice(b"\r\n");
+    // Writing into a Vec cannot fail.
+    let _ = write!(h, "\r\ncontent-length: {len}\r\n");
     for (name, value) in headers {
         h.extend_from_slice(name.as_bytes());
         h.extend_from_slice(b": ");
