@@ -179,6 +179,9 @@ async fn request_ids_are_echoed_or_made() {
     let r = get(&h.url("/health")).await;
     let id = r.header("x-request-id").unwrap();
     assert!(id.starts_with("req-") && id.len() == 28, "{id}");
+    assert!(id[4..].bytes().all(|b| b.is_ascii_alphanumeric()), "{id}");
+    let next = get(&h.url("/health")).await;
+    assert_ne!(next.header("x-request-id").unwrap(), id);
     // An id that is not visible ASCII or too long is replaced.
     let long = "x".repeat(200);
     let r = kvgate_tests::client()

@@ -16,17 +16,25 @@ use crate::error::ApiError;
 use crate::selector::Booking;
 use crate::upstream::{Body, Pool, UpstreamError};
 
-/// Request headers passed to workers; everything else stays at the gateway.
-const FORWARDED: [&str; 9] = [
-    "content-type",
-    "accept",
-    "authorization",
-    "x-correlation-id",
-    "traceparent",
-    "tracestate",
-    "x-kvgate-routing-key",
-    "x-smg-routing-key",
-    "user-agent",
+/// Request headers passed to workers; everything else stays at the gateway. Typed names:
+/// a lookup by `&str` parses the name first, nine times per request.
+pub(crate) static ROUTING_KEY_NAMES: [HeaderName; 2] = [
+    HeaderName::from_static(kvgate_policies::ROUTING_KEY_HEADERS[0]),
+    HeaderName::from_static(kvgate_policies::ROUTING_KEY_HEADERS[1]),
+];
+// A header added to the policies' list must be added above too.
+const _: () = assert!(kvgate_policies::ROUTING_KEY_HEADERS.len() == ROUTING_KEY_NAMES.len());
+
+static FORWARDED: [HeaderName; 9] = [
+    header::CONTENT_TYPE,
+    header::ACCEPT,
+    header::AUTHORIZATION,
+    HeaderName::from_static("x-correlation-id"),
+    HeaderName::from_static("traceparent"),
+    HeaderName::from_static("tracestate"),
+    HeaderName::from_static(kvgate_policies::ROUTING_KEY_HEADERS[0]),
+    HeaderName::from_static(kvgate_policies::ROUTING_KEY_HEADERS[1]),
+    header::USER_AGENT,
 ];
 
 fn hop_by_hop(name: &HeaderName) -> bool {
@@ -87,9 +95,9 @@ pub async fn forward(
         secs: up.timeout.as_secs_f64(),
     };
     let mut headers: Vec<(&str, &[u8])> = Vec::with_capacity(FORWARDED.len() + 1);
-    for name in FORWARDED {
+    for name in &FORWARDED {
         for v in req.headers().get_all(name) {
-            headers.push((name, v.as_bytes()));
+            headers.push((name.as_str(), v.as_bytes()));
         }
     }
     headers.push(("x-request-id", up.request_id.as_bytes()));

@@ -93,9 +93,9 @@ async fn read_body(
 
 /// The first usable routing key among the headers, in order.
 fn routing_key(req: &HttpRequest) -> Option<String> {
-    kvgate_policies::ROUTING_KEY_HEADERS
+    proxy::ROUTING_KEY_NAMES
         .iter()
-        .filter_map(|h| req.headers().get(*h))
+        .filter_map(|h| req.headers().get(h))
         .find_map(|v| kvgate_policies::valid_routing_key(v.to_str().ok()))
         .map(str::to_owned)
 }

@@ -388,9 +388,12 @@ struct Head {
 /// Parses a complete response head at the start of `buf`, or `None` if more is needed.
 fn parse_head(buf: &[u8]) -> Result<Option<Head>, UpstreamError> {
     let malformed = |m: String| UpstreamError::Malformed(m);
-    let mut slots = [httparse::EMPTY_HEADER; 96];
-    let mut resp = httparse::Response::new(&mut slots);
-    let len = match resp.parse(buf) {
+    // Uninitialised slots: zeroing all 96 was a sixth of this function's instructions.
+    let mut slots = [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; 96];
+    let mut resp = httparse::Response::new(&mut []);
+    let parsed = httparse::ParserConfig::default()
+        .parse_response_with_uninit_headers(&mut resp, buf, &mut slots);
+    let len = match parsed {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) => return Ok(None),
         Err(e) => return Err(malformed(format!("{e}"))),

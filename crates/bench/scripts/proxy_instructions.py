@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""Instructions per proxied request, counted by callgrind: repeatable where timings are not.
+
+    python3 crates/bench/scripts/proxy_instructions.py [--requests N] [--nginx] [--top K] BIN [BIN ...]
+
+Starts one fixed-response simulated engine (target/release/kvgate-sim), then, one at a
+time, each `kvgate` binary BIN (and with --nginx, nginx as a reverse proxy) under
+`valgrind --tool=callgrind`. Each target gets 300 warm-up requests, then its counters are
+zeroed, N small chat completions are sent on one keep-alive connection, and the counters
+are dumped. Printed per target: instructions (Ir) per request; the same without memset
+(actix-http's request parser zeroes a 3 KB header table on each of its six decode
+attempts per request, done with `rep stosb`, which callgrind counts once per byte: 18k
+"instructions" that take a fraction of a microsecond); malloc calls per request; and the
+K functions with the most instructions of their own. Loopback only; needs valgrind (and
+nginx for --nginx). Used in docs/benchmarks.md.
+"""
+import argparse
+import collections
+import http.client
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+BODY = (b'{"model":"kvgate-sim-model","messages":[{"role":"user","content":"Hello!"}],'
+        b'"max_tokens":1}')
+WARMUP = 300
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(port, path, deadline=60.0):
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            c.request("GET", path)
+            if c.getresponse().status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.3)
+    sys.exit(f"nothing answered 200 on port {port}{path} within {deadline:.0f} s")
+
+
+def send(port, n):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    for _ in range(n):
+        c.request("POST", "/v1/chat/completions", BODY, {"Content-Type": "application/json"})
+        r = c.getresponse()
+        body = r.read()
+        if r.status != 200:
+            sys.exit(f"port {port} answered {r.status}: {body[:200]!r}")
+    c.close()
+
+
+def control(flag, pid):
+    subprocess.run(["callgrind_control", flag, str(pid)], check=True, capture_output=True)
+
+
+def summarise(path, n, top):
+    """Self cost per function and malloc calls, from an uncompressed callgrind dump."""
+    own = collections.Counter()
+    mallocs = 0
+    fn = cfn = None
+    call_line = False
+    with open(path) as f:
+        for line in f:
+            line = line.rstrip("\n")
+            if line.startswith("fn="):
+                fn = line[3:]
+            elif line.startswith("cfn="):
+                cfn = line[4:]
+            elif line.startswith("calls="):
+                call_line = True
+                if cfn == "malloc":
+                    mallocs += int(line[6:].split()[0])
+            elif line[:1].isdigit() or line[:1] in "+-*":
+                # The cost line after `calls=` is the callee's inclusive cost.
+                if not call_line and fn is not None:
+                    parts = line.split()
+                    if len(parts) >= 2:
+                        own[fn] += int(parts[1])
+                call_line = False
+    total = sum(own.values())
+    memset = sum(c for f, c in own.items() if "memset" in f)
+    return total / n, (total - memset) / n, mallocs / n, own.most_common(top)
+
+
+def profile(name, label, argv, port, ready_path, n, top, workdir):
+    out = os.path.join(workdir, f"{name}.out")
+    cmd = ["valgrind", "--tool=callgrind", "--compress-strings=no", "--compress-pos=no",
+           f"--callgrind-out-file={out}"] + argv
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_ready(port, ready_path)
+        send(port, WARMUP)
+        control("-z", proc.pid)
+        send(port, n)
+        control("-d", proc.pid)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    dumps = [f for f in os.listdir(workdir) if f.startswith(f"{name}.out.")]
+    if len(dumps) != 1:
+        sys.exit(f"{name}: expected one callgrind dump, found {dumps}")
+    ir, ir_no_memset, mallocs, hot = summarise(os.path.join(workdir, dumps[0]), n, top)
+    print(f"{label}: {ir:,.0f} Ir/request, {ir_no_memset:,.0f} without memset, "
+          f"{mallocs:.1f} malloc calls/request")
+    for f, c in hot:
+        print(f"  {c / n:>8,.0f}  {f[:110]}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("bins", nargs="+", help="kvgate binaries to count")
+    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--nginx", action="store_true", help="count nginx as a proxy too")
+    ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--sim", default="target/release/kvgate-sim")
+    a = ap.parse_args()
+    for tool in ["valgrind", "callgrind_control"] + (["nginx"] if a.nginx else []):
+        if shutil.which(tool) is None:
+            sys.exit(f"{tool} not found")
+    work = tempfile.mkdtemp(prefix="kvgate-callgrind-")
+    sim_port = free_port()
+    cfg = os.path.join(work, "sim.toml")
+    with open(cfg, "w") as f:
+        f.write("fixed_response = true\n")
+    sim = subprocess.Popen([a.sim, "--engines", "1", "--base-port", str(sim_port),
+                            "--config", cfg], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_ready(sim_port, "/health")
+        upstream = f"http://127.0.0.1:{sim_port}"
+        for i, b in enumerate(a.bins):
+            port = free_port()
+            argv = [b, "--port", str(port), "--worker-urls", upstream, "--policy", "round_robin",
+                    "--log-level", "warn", "--data-dir", os.path.join(work, f"data{i}")]
+            profile(f"kvgate{i}", b, argv, port, "/readiness", a.requests, a.top, work)
+        if a.nginx:
+            port = free_port()
+            conf = os.path.join(work, "nginx.conf")
+            with open(conf, "w") as f:
+                f.write(f"""daemon off; master_process off; worker_processes 1;
+error_log {work}/nginx-error.log; pid {work}/nginx.pid;
+events {{ worker_connections 1024; }}
+http {{ access_log off; upstream up {{ server 127.0.0.1:{sim_port}; keepalive 64; }}
+  server {{ listen 127.0.0.1:{port};
+    location / {{ proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection ""; }}
+    location = /health {{ return 200; }} }} }}
+""")
+            profile("nginx", "nginx", ["nginx", "-c", conf, "-p", work], port, "/health",
+                    a.requests, a.top, work)
+    finally:
+        sim.terminate()
+        sim.wait(timeout=30)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
