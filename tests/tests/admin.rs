@@ -165,8 +165,16 @@ async fn vllm_and_older_sglang_workers_are_detected_and_polled() {
         v["startup_time"].is_null() && v["max_running_requests"].is_null(),
         "vLLM has no /server_info: {v}"
     );
+    // The legacy engine answers only /get_server_info: what it says is kept all the same.
     let l = find(&legacy.urls()[0]);
     assert_eq!(l["runtime"], "sglang", "{l}");
+    let defaults = SimConfig::default();
+    assert_eq!(
+        l["max_running_requests"], defaults.max_running_requests as u64,
+        "{l}"
+    );
+    assert_eq!(l["page_size"], defaults.page_size as u64, "{l}");
+    assert!(l["startup_time"].as_f64().is_some_and(|t| t > 0.0), "{l}");
     // Both get load reports: vLLM and old SGLang from /metrics.
     let sel = gw.actors().selector.clone();
     gw.actors().poller.do_send(kvgate_poller::PollNow);
@@ -192,4 +200,50 @@ async fn vllm_and_older_sglang_workers_are_detected_and_polled() {
         vllm.engine(0).stats().requests + legacy.engine(0).stats().requests,
         4
     );
+}
+
+#[actix_rt::test]
+async fn a_worker_that_lists_no_model_is_pending_and_not_routed() {
+    use std::io::{BufRead, BufReader, Write};
+    // Answers every request with an empty model list, as an engine still loading might.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let mut reader = BufReader::new(conn.try_clone().unwrap());
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                line.clear();
+            }
+            let body = r#"{"object":"list","data":[]}"#;
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let gw = kvgate_gateway::Gateway::start(test_config(&dir)).unwrap();
+    let r = post_json(&format!("{}/workers", gw.url()), &json!({"url": url})).await;
+    assert_eq!(r.status.as_u16(), 201, "{}", r.text());
+    let w = r.json();
+    assert_eq!(
+        (w["status"].as_str(), w["healthy"].as_bool()),
+        (Some("pending"), Some(false)),
+        "{w}"
+    );
+    assert!(
+        w["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("no model")),
+        "{w}"
+    );
+    post_json(
+        &format!("{}/v1/completions", gw.url()),
+        &json!({"prompt": "x"}),
+    )
+    .await
+    .assert_error(503, "no_available_workers");
 }

@@ -90,6 +90,33 @@ async fn oversized_bodies_are_refused_from_the_declared_length() {
 }
 
 #[actix_rt::test]
+async fn admin_body_errors_are_json_errors_too() {
+    let h = Harness::start(1, SimConfig::default(), |_| {});
+    let url = h.url("/workers");
+    // Over the admin body limit (1 MiB), as declared and as sent.
+    let big = format!("{{\"url\":\"{}\"}}", "a".repeat(2 << 20));
+    post(&url, big).await.assert_error(413, "payload_too_large");
+    post(&url, "{not json")
+        .await
+        .assert_error(400, "json_parse_error");
+    post(&url, r#"{"url": 5}"#)
+        .await
+        .assert_error(400, "invalid_request");
+    // A chunked body that breaks off is a 400, not a bare text answer.
+    let mut s = std::net::TcpStream::connect(h.gw.addr()).unwrap();
+    s.write_all(b"POST /workers HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n")
+        .unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut answer = Vec::new();
+    let _ = s.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("\"code\":\"invalid_request\""), "{answer}");
+    let r = get(&h.url("/workers")).await;
+    assert_eq!(r.json()["workers"].as_array().map(Vec::len), Some(1));
+}
+
+#[actix_rt::test]
 async fn no_worker_is_503_until_one_is_added() {
     let dir = tempfile::tempdir().unwrap();
     let gw = kvgate_gateway::Gateway::start(test_config(&dir)).unwrap();

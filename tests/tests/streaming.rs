@@ -87,6 +87,62 @@ async fn upstream_death_mid_stream_ends_with_an_error_event() {
 }
 
 #[actix_rt::test]
+async fn a_death_inside_an_event_leaves_the_error_event_parseable() {
+    let up = RawUpstream::start(Script {
+        status: 200,
+        content_type: "text/event-stream",
+        chunks: vec![
+            b"data: {\"n\":1}\n\ndata: {\"n\"".to_vec(),
+            b":2}\n\ndata: {\"n\":3,\"te".to_vec(),
+        ],
+        crash: true,
+    });
+    let (gw, _dir) = gateway_for(&up.url);
+    let r = post(
+        &format!("{}/v1/completions", gw.url()),
+        r#"{"prompt":"x","stream":true}"#,
+    )
+    .await;
+    assert_eq!(r.status.as_u16(), 200);
+    let text = r.text();
+    // Whole events pass unchanged; the unfinished third is dropped, not glued to the error.
+    let (head, error) = text
+        .split_once("\n\ndata: {\"error\"")
+        .unwrap_or_else(|| panic!("no error event: {text}"));
+    assert_eq!(head, "data: {\"n\":1}\n\ndata: {\"n\":2}", "{text}");
+    assert!(error.ends_with("}\n\n"), "{text}");
+    let (events, done) = sse_events(&text);
+    assert!(!done);
+    assert_eq!(events.len(), 3, "{text}");
+    assert_eq!(events[1]["n"], 2);
+    assert_eq!(events[2]["error"]["code"], "upstream_failed", "{text}");
+}
+
+#[actix_rt::test]
+async fn a_finished_stream_without_a_last_blank_line_arrives_whole() {
+    let chunks = vec![
+        b"data: {\"a\":1}\n\n".to_vec(),
+        b"data: [DO".to_vec(),
+        b"NE]\n".to_vec(),
+    ];
+    let expected = chunks.concat();
+    let up = RawUpstream::start(Script {
+        status: 200,
+        content_type: "text/event-stream",
+        chunks,
+        crash: false,
+    });
+    let (gw, _dir) = gateway_for(&up.url);
+    let r = post(
+        &format!("{}/v1/completions", gw.url()),
+        r#"{"prompt":"x","stream":true}"#,
+    )
+    .await;
+    assert_eq!(r.status.as_u16(), 200);
+    assert_eq!(r.body.as_ref(), expected.as_slice());
+}
+
+#[actix_rt::test]
 async fn simulated_engine_crash_mid_stream_is_reported() {
     let h = Harness::start(1, SimConfig::default(), |_| {});
     h.fleet

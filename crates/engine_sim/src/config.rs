@@ -11,7 +11,8 @@ pub enum Flavor {
     /// SGLang 0.5.23: `/v1/loads`, `/server_info`, `owned_by: "sglang"`, `sglang_` gauges on `/metrics`.
     #[default]
     Sglang,
-    /// SGLang before `/v1/loads` (404 there): load only on `/metrics` as `sglang:` gauges.
+    /// Older SGLang: no `/v1/loads` (404 there), load only on `/metrics` as `sglang:` gauges,
+    /// and server info only at `/get_server_info` (`/get_model_info`).
     SglangLegacy,
     /// vLLM: OpenAI routes, `owned_by: "vllm"`, `vllm:` metrics, `/version`; no SGLang-native routes.
     Vllm,

@@ -15,7 +15,7 @@
 //! Routes per [`Flavor`]: all serve `/health`, `/v1/models`, `/v1/completions`,
 //! `/v1/chat/completions`, `/metrics` and the control routes; SGLang flavours add
 //! `/health_generate`, `/ready`, `/server_info` (`/get_server_info`), `/model_info`
-//! (`/get_model_info`), `/generate`, `/flush_cache` (400 while requests are in flight, as in
+//! (`/get_model_info`; the legacy flavour has only these `get_` forms), `/generate`, `/flush_cache` (400 while requests are in flight, as in
 //! SGLang) and `/abort_request`; only [`Flavor::Sglang`] serves `/v1/loads`; [`Flavor::Vllm`]
 //! adds `/version` and `/reset_prefix_cache`. Control routes: `GET /sim/stats` answers
 //! [`EngineStats`], `POST /sim/fault` takes a [`Fault`] in its tagged form and echoes it,

@@ -67,10 +67,19 @@ fn routes(cfg: &mut ServiceConfig, flavor: Flavor) {
         .service(resource("/sim/restart").post(sim_restart));
     match flavor {
         Flavor::Sglang | Flavor::SglangLegacy => {
+            // Older SGLang has only the `get_` forms, which newer versions keep as aliases.
+            let (info, model) = if flavor == Flavor::Sglang {
+                (
+                    vec!["/server_info", "/get_server_info"],
+                    vec!["/model_info", "/get_model_info"],
+                )
+            } else {
+                (vec!["/get_server_info"], vec!["/get_model_info"])
+            };
             cfg.service(resource("/health_generate").get(health_generate))
                 .service(resource("/ready").get(ready))
-                .service(resource(["/server_info", "/get_server_info"]).get(server_info))
-                .service(resource(["/model_info", "/get_model_info"]).get(model_info))
+                .service(resource(info).get(server_info))
+                .service(resource(model).get(model_info))
                 .service(resource("/generate").post(generate))
                 .service(resource("/flush_cache").get(flush_cache).post(flush_cache))
                 .service(resource("/abort_request").post(abort_request));

@@ -105,6 +105,15 @@ impl Default for GatewayConfig {
 /// Overrides given on the command line, as `key → value` in config-key form.
 pub type Overrides = Vec<(String, config::Value)>;
 
+/// `KVGATE_` variables that belong to the kvgate tools rather than to this configuration:
+/// the config file's path, `kvgatectl`'s gateway URL and `kvgate-bench`'s log filter. A
+/// shell that exports them for those tools can still start the gateway; any other unknown
+/// `KVGATE_` variable is refused as a likely typo.
+pub const NOT_CONFIG_VARS: [&str; 3] = ["KVGATE_CONFIG", "KVGATE_URL", "KVGATE_BENCH_LOG"];
+
+/// Longest duration any setting takes.
+const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
+
 impl GatewayConfig {
     /// Loads from an optional TOML file, then `KVGATE_*` variables from `env`, then
     /// `overrides` (the flags). Nested keys use `__` in variables: `KVGATE_POLICY__KIND`.
@@ -119,7 +128,7 @@ impl GatewayConfig {
         }
         let vars: HashMap<String, String> = env
             .iter()
-            .filter(|(k, _)| k.starts_with("KVGATE_") && k.as_str() != "KVGATE_CONFIG")
+            .filter(|(k, _)| k.starts_with("KVGATE_") && !NOT_CONFIG_VARS.contains(&k.as_str()))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         b = b.add_source(
@@ -171,6 +180,20 @@ impl GatewayConfig {
         ] {
             if d.is_zero() {
                 return invalid(key, "must be greater than 0");
+            }
+        }
+        // Deadlines are `now + d`: an absurd value must be refused here, not overflow later.
+        for (key, d) in [
+            ("request_timeout_secs", self.request_timeout),
+            ("connect_timeout_secs", self.connect_timeout),
+            ("header_read_timeout_secs", self.header_read_timeout),
+            ("health_check_interval_secs", self.health_check_interval),
+            ("health_check_timeout_secs", self.health_check_timeout),
+            ("snapshot_interval_secs", self.snapshot_interval),
+            ("prefill_hold_secs", self.prefill_hold),
+        ] {
+            if d > MAX_DURATION {
+                return invalid(key, "must be at most 30 days (2592000 s)");
             }
         }
         if self.health_failure_threshold == 0 {

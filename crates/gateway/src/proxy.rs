@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use actix_web::http::header::{self, HeaderName, HeaderValue};
 use actix_web::{HttpRequest, HttpResponse, HttpResponseBuilder};
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures_util::Stream;
 use tracing::warn;
 
@@ -124,6 +124,7 @@ pub async fn forward(
             done: false,
             tail: Tail::default(),
             sse: is_sse,
+            partial: BytesMut::new(),
         }));
     }
     let remaining = up.timeout.saturating_sub(started.elapsed());
@@ -180,8 +181,30 @@ struct Relay {
     timeout: Duration,
     done: bool,
     tail: Tail,
-    /// Only event streams are expected to end with `[DONE]`.
+    /// Only event streams are expected to end with `[DONE]`, and only they are held to
+    /// event boundaries.
     sse: bool,
+    /// The start of an event whose end has not arrived. Relaying events whole means an
+    /// error event added after a failure never lands inside an unfinished one.
+    partial: BytesMut,
+}
+
+/// Longest unfinished event held back; anything longer passes as it comes.
+const MAX_PARTIAL_EVENT: usize = 256 * 1024;
+
+/// The end of the last complete event in `b` (just past its blank line), looking only at
+/// blank lines that end at or after `from`.
+fn last_event_end(b: &[u8], from: usize) -> Option<usize> {
+    let mut i = b.len();
+    while i > from {
+        let before = &b[..i];
+        // `\n\r\n` covers `\r\n\r\n`; a trailing `\r\n\r` is no end until its `\n` comes.
+        if before.ends_with(b"\n\n") || before.ends_with(b"\n\r\n") || before.ends_with(b"\r\r") {
+            return Some(i);
+        }
+        i -= 1;
+    }
+    None
 }
 
 impl Relay {
@@ -189,6 +212,8 @@ impl Relay {
         warn!(worker = %self.worker, request_id = %self.request_id, error = %err, "upstream stream failed");
         self.done = true;
         self.guard = None;
+        // An unfinished event is dropped: the client could not parse it anyway.
+        self.partial.clear();
         let event = format!("data: {}\n\n", err.body());
         Poll::Ready(Some(Ok(Bytes::from(event))))
     }
@@ -201,34 +226,27 @@ impl Stream for Relay {
         if self.done {
             return Poll::Ready(None);
         }
-        match Pin::new(&mut self.inner).poll_next(cx) {
-            Poll::Ready(Some(Ok(b))) => {
-                self.tail.push(&b);
-                if let Some(g) = self.guard.as_mut() {
-                    g.first_byte();
+        loop {
+            match Pin::new(&mut self.inner).poll_next(cx) {
+                Poll::Ready(Some(Ok(b))) => {
+                    self.tail.push(&b);
+                    if let Some(g) = self.guard.as_mut() {
+                        g.first_byte();
+                    }
+                    if let Some(whole) = self.whole_events(b) {
+                        return Poll::Ready(Some(Ok(whole)));
+                    }
                 }
-                return Poll::Ready(Some(Ok(b)));
-            }
-            Poll::Ready(Some(Err(e))) => {
-                let worker = self.worker.clone();
-                return self.fail(ApiError::Upstream {
-                    worker,
-                    reason: format!("the stream broke: {e}"),
-                });
-            }
-            Poll::Ready(None) => {
-                if self.sse && !self.tail.is_done() {
+                Poll::Ready(Some(Err(e))) => {
                     let worker = self.worker.clone();
                     return self.fail(ApiError::Upstream {
                         worker,
-                        reason: "the stream ended before data: [DONE]".into(),
+                        reason: format!("the stream broke: {e}"),
                     });
                 }
-                self.done = true;
-                self.guard = None;
-                return Poll::Ready(None);
+                Poll::Ready(None) => return self.end(),
+                Poll::Pending => break,
             }
-            Poll::Pending => {}
         }
         if self.deadline.as_mut().poll(cx).is_ready() {
             let worker = self.worker.clone();
@@ -239,9 +257,73 @@ impl Stream for Relay {
     }
 }
 
+impl Relay {
+    /// What of `b` (after any held part) can go to the client now: up to the last event
+    /// end, or all of it when this is no event stream.
+    fn whole_events(&mut self, b: Bytes) -> Option<Bytes> {
+        if !self.sse {
+            return Some(b);
+        }
+        if self.partial.is_empty() {
+            return match last_event_end(&b, 0) {
+                Some(n) if n == b.len() => Some(b),
+                Some(n) => {
+                    self.partial.extend_from_slice(&b[n..]);
+                    Some(b.slice(..n))
+                }
+                None if b.len() > MAX_PARTIAL_EVENT => Some(b),
+                None => {
+                    self.partial.extend_from_slice(&b);
+                    None
+                }
+            };
+        }
+        let from = self.partial.len().saturating_sub(3);
+        self.partial.extend_from_slice(&b);
+        match last_event_end(&self.partial, from) {
+            Some(n) => Some(self.partial.split_to(n).freeze()),
+            None if self.partial.len() > MAX_PARTIAL_EVENT => Some(self.partial.split().freeze()),
+            None => None,
+        }
+    }
+
+    /// The upstream body ended cleanly.
+    fn end(&mut self) -> Poll<Option<Result<Bytes, actix_web::Error>>> {
+        if self.sse && !self.tail.is_done() {
+            let worker = self.worker.clone();
+            return self.fail(ApiError::Upstream {
+                worker,
+                reason: "the stream ended before data: [DONE]".into(),
+            });
+        }
+        self.done = true;
+        self.guard = None;
+        // A finished stream whose last event lacks its blank line still gets all of it.
+        if self.partial.is_empty() {
+            Poll::Ready(None)
+        } else {
+            Poll::Ready(Some(Ok(self.partial.split().freeze())))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::Tail;
+    use super::{Tail, last_event_end};
+
+    #[test]
+    fn event_ends_are_found_for_every_line_ending() {
+        assert_eq!(last_event_end(b"data: 1\n\ndata: 2", 0), Some(9));
+        assert_eq!(last_event_end(b"data: 1\n\ndata: 2\n\n", 0), Some(18));
+        assert_eq!(last_event_end(b"data: 1\r\n\r\nda", 0), Some(11));
+        assert_eq!(last_event_end(b"data: 1\r\rda", 0), Some(9));
+        assert_eq!(last_event_end(b"data: 1\n", 0), None);
+        assert_eq!(last_event_end(b"data: 1\r\n\r", 0), None);
+        assert_eq!(last_event_end(b"", 0), None);
+        // Only ends after `from` count: the caller has already looked before it.
+        assert_eq!(last_event_end(b"a\n\nbcdef", 4), None);
+        assert_eq!(last_event_end(b"a\n\nb\n\n", 4), Some(6));
+    }
 
     #[test]
     fn tail_sees_done_across_chunks() {

@@ -147,18 +147,37 @@ struct ModelCard {
     owned_by: Option<String>,
 }
 
-#[derive(Deserialize, Default)]
+/// The fields kept from `/server_info`. Read one by one, so a field of an unexpected type
+/// (a newer engine, say) costs only that field.
+#[derive(Default)]
 struct ServerInfo {
-    #[serde(default)]
     max_running_requests: Option<u64>,
-    #[serde(default)]
     dp_size: Option<u64>,
-    #[serde(default)]
     page_size: Option<u64>,
-    #[serde(default)]
     startup_time: Option<f64>,
-    #[serde(default)]
     kv_events: Option<serde_json::Value>,
+}
+
+impl ServerInfo {
+    fn from_json(url: &str, v: &serde_json::Value) -> ServerInfo {
+        let field = |key: &str, read: fn(&serde_json::Value) -> bool| {
+            let x = v.get(key).filter(|x| !x.is_null())?;
+            if read(x) {
+                Some(x.clone())
+            } else {
+                warn!(worker = url, field = key, value = %x, "server_info field of an unexpected type, ignored");
+                None
+            }
+        };
+        let count = |key| field(key, |x| x.is_u64()).and_then(|x| x.as_u64());
+        ServerInfo {
+            max_running_requests: count("max_running_requests"),
+            dp_size: count("dp_size"),
+            page_size: count("page_size"),
+            startup_time: field("startup_time", |x| x.is_number()).and_then(|x| x.as_f64()),
+            kv_events: field("kv_events", |_| true),
+        }
+    }
 }
 
 async fn get_json<T: serde::de::DeserializeOwned>(
@@ -204,18 +223,21 @@ pub async fn detect(
         ..Detected::default()
     };
     // vLLM has no server_info: that is not a failure.
-    let info = match get_json::<ServerInfo>(client, &format!("{url}/server_info"), timeout).await {
+    let info = match get_json::<serde_json::Value>(client, &format!("{url}/server_info"), timeout)
+        .await
+    {
         Ok(i) => Some(i),
-        Err(_) => get_json::<ServerInfo>(client, &format!("{url}/get_server_info"), timeout)
+        Err(_) => get_json::<serde_json::Value>(client, &format!("{url}/get_server_info"), timeout)
             .await
             .ok(),
     };
-    if let Some(i) = info {
+    if let Some(v) = info {
+        let i = ServerInfo::from_json(url, &v);
         d.max_running_requests = i.max_running_requests;
         d.dp_size = i.dp_size;
         d.page_size = i.page_size;
         d.startup_time = i.startup_time;
-        d.kv_events = i.kv_events.filter(|v| !v.is_null());
+        d.kv_events = i.kv_events;
     }
     Ok(d)
 }
@@ -525,6 +547,13 @@ impl Handler<AddWorker> for RegistryActor {
                         .get_mut(&id)
                         .ok_or_else(|| RegistryError::NotFound(url.clone()))?;
                     match detected {
+                        // As in the health loop: ready once it serves a model.
+                        Ok(d) if d.models.is_empty() => {
+                            RegistryActor::apply_detected(rec, d);
+                            let e = "/v1/models lists no model yet".to_string();
+                            warn!(worker = %rec.url, error = %e, "worker registered but not ready yet");
+                            rec.last_error = Some(e);
+                        }
                         Ok(d) => {
                             RegistryActor::apply_detected(rec, d);
                             rec.status = WorkerStatus::Ready;
@@ -596,6 +625,28 @@ impl Handler<CheckNow> for RegistryActor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_server_info_field_of_another_type_costs_only_that_field() {
+        let v = serde_json::json!({
+            "max_running_requests": "48",
+            "dp_size": 2,
+            "page_size": 16,
+            "startup_time": 1764000000.5,
+            "kv_events": {"publisher": "zmq", "endpoint_port_base": 5557},
+            "other": [1, 2],
+        });
+        let i = ServerInfo::from_json("http://w:1", &v);
+        assert_eq!(i.max_running_requests, None);
+        assert_eq!((i.dp_size, i.page_size), (Some(2), Some(16)));
+        assert_eq!(i.startup_time, Some(1764000000.5));
+        assert_eq!(i.kv_events.unwrap()["endpoint_port_base"], 5557);
+        let off = ServerInfo::from_json(
+            "http://w:1",
+            &serde_json::json!({"kv_events": null, "dp_size": -1}),
+        );
+        assert!(off.kv_events.is_none() && off.dp_size.is_none());
+    }
 
     #[test]
     fn urls_normalize() {

@@ -268,10 +268,16 @@ async fn add(state: &AppState, url: String) -> Result<WorkerRecord, ApiError> {
         .map_err(mailbox)??)
 }
 
+/// Largest body `POST /workers` reads; a worker URL needs far less.
+const ADMIN_BODY_LIMIT: usize = 1024 * 1024;
+
 pub async fn post_worker(
-    body: Bytes,
+    req: HttpRequest,
+    payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
+    // Read like an inference body, so a size or transfer error is a JSON error too.
+    let body = read_body(&req, payload, ADMIN_BODY_LIMIT).await?;
     let b: AddBody = serde_json::from_slice(&body).map_err(|e| {
         if e.is_data() {
             ApiError::BadRequest(format!("expected {{\"url\": \"http://host:port\"}}: {e}"))

@@ -75,7 +75,7 @@ impl Drop for Booking {
 }
 
 /// Asks for a worker; on success the worker's in-flight count is already raised and the
-/// caller must send [`Release`] when the response ends (see `proxy::InFlight`).
+/// caller must send [`Release`] when the response ends (dropping the dispatch's [`Booking`] does).
 #[derive(Message, Debug)]
 #[rtype(result = "Result<Selected, SelectError>")]
 pub struct Select {

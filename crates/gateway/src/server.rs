@@ -256,7 +256,6 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
             .app_data(web::QueryConfig::default().error_handler(|e, _| {
                 ApiError::BadRequest(format!("invalid query string: {e}")).into()
             }))
-            .app_data(web::PayloadConfig::new(1024 * 1024))
             .wrap_fn(|req, srv| {
                 let id: Arc<str> = req
                     .headers()

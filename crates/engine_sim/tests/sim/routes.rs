@@ -469,7 +469,18 @@ async fn legacy_sglang_serves_load_only_on_metrics() {
         get(&format!("{url}/v1/loads")).await.0,
         StatusCode::NOT_FOUND
     );
-    assert_eq!(get(&format!("{url}/server_info")).await.0, StatusCode::OK);
+    assert_eq!(
+        get(&format!("{url}/server_info")).await.0,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        get(&format!("{url}/get_server_info")).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        get(&format!("{url}/get_model_info")).await.0,
+        StatusCode::OK
+    );
     let (_, text) = get(&format!("{url}/metrics")).await;
     let text = std::str::from_utf8(&text).unwrap();
     assert!(

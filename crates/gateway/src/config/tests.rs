@@ -85,6 +85,32 @@ fn bad_config_names_the_key() {
     assert!(load_err("port = \"abc\"\n", &[]).contains("port"));
     assert!(load_err("", &[("KVGATE_PORT", "99999")]).contains("port"));
     assert!(load_err("", &[("KVGATE_BOGUS", "1")]).contains("bogus"));
+    assert!(load_err("prefill_hold_secs = 1e19\n", &[]).contains("prefill_hold_secs"));
+    assert!(load_err("request_timeout_secs = 2592001\n", &[]).contains("request_timeout_secs"));
+    // Every key of the README's table has its variable.
+    let e = env(&[
+        ("KVGATE_LOG_JSON", "true"),
+        ("KVGATE_MAX_PAYLOAD_SIZE", "4096"),
+        ("KVGATE_REQUEST_TIMEOUT_SECS", "7"),
+        ("KVGATE_HEADER_READ_TIMEOUT_SECS", "3"),
+        ("KVGATE_HEALTH_CHECK_INTERVAL_SECS", "2"),
+    ]);
+    let c = GatewayConfig::load(None, &e, vec![]).unwrap();
+    assert!(c.log_json);
+    assert_eq!(c.max_payload_size, 4096);
+    assert_eq!(c.request_timeout, std::time::Duration::from_secs(7));
+    assert_eq!(c.header_read_timeout, std::time::Duration::from_secs(3));
+    assert_eq!(c.health_check_interval, std::time::Duration::from_secs(2));
+    // The other kvgate tools' variables are not configuration and are not refused.
+    let tools = env(&[
+        ("KVGATE_URL", "http://127.0.0.1:30000"),
+        ("KVGATE_BENCH_LOG", "debug"),
+        ("KVGATE_CONFIG", "/nonexistent.toml"),
+    ]);
+    assert_eq!(
+        GatewayConfig::load(None, &tools, vec![]).unwrap(),
+        GatewayConfig::default()
+    );
     assert!(load_err("worker_urls = [\"ftp://x\"]\n", &[]).contains("worker_urls"));
     assert!(
         load_err("health_check_interval_secs = 0\n", &[]).contains("health_check_interval_secs")
