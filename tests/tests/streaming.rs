@@ -7,7 +7,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use kvgate_engine_sim::{Fault, SimConfig};
 use kvgate_tests::raw::{RawUpstream, Script};
-use kvgate_tests::{Harness, get, post, post_json, sse_events, test_config, wait_for};
+use kvgate_tests::{Harness, Reply, get, post, post_json, sse_events, test_config, wait_for};
 use serde_json::json;
 
 fn gateway_for(url: &str) -> (kvgate_gateway::Gateway, tempfile::TempDir) {
@@ -18,6 +18,33 @@ fn gateway_for(url: &str) -> (kvgate_gateway::Gateway, tempfile::TempDir) {
         kvgate_gateway::Gateway::start(cfg).expect("gateway starts"),
         dir,
     )
+}
+
+/// A gateway in front of a scripted event-stream worker, and its answer to one streamed
+/// request on `path`. The worker (and with it the gateway) stays up for later checks.
+struct Relayed {
+    reply: Reply,
+    gw: kvgate_gateway::Gateway,
+    _up: RawUpstream,
+    _dir: tempfile::TempDir,
+}
+
+async fn relay(chunks: Vec<Vec<u8>>, crash: bool, path: &str, body: &str) -> Relayed {
+    let up = RawUpstream::start(Script {
+        status: 200,
+        content_type: "text/event-stream",
+        chunks,
+        crash,
+    });
+    let (gw, dir) = gateway_for(&up.url);
+    let reply = post(&format!("{}{path}", gw.url()), body.to_owned()).await;
+    assert_eq!(reply.status.as_u16(), 200, "{}", reply.text());
+    Relayed {
+        reply,
+        gw,
+        _up: up,
+        _dir: dir,
+    }
 }
 
 #[actix_rt::test]
@@ -34,19 +61,14 @@ async fn sse_is_relayed_byte_for_byte() {
         b"data: [DONE]\n\n".to_vec(),
     ];
     let expected: Vec<u8> = chunks.concat();
-    let up = RawUpstream::start(Script {
-        status: 200,
-        content_type: "text/event-stream",
+    let r = relay(
         chunks,
-        crash: false,
-    });
-    let (gw, _dir) = gateway_for(&up.url);
-    let r = post(
-        &format!("{}/v1/chat/completions", gw.url()),
+        false,
+        "/v1/chat/completions",
         r#"{"messages":[{"role":"user","content":"x"}],"stream":true}"#,
     )
-    .await;
-    assert_eq!(r.status.as_u16(), 200);
+    .await
+    .reply;
     assert_eq!(r.body.as_ref(), expected.as_slice());
     assert!(
         r.header("content-type")
@@ -57,22 +79,12 @@ async fn sse_is_relayed_byte_for_byte() {
 
 #[actix_rt::test]
 async fn upstream_death_mid_stream_ends_with_an_error_event() {
-    let up = RawUpstream::start(Script {
-        status: 200,
-        content_type: "text/event-stream",
-        chunks: vec![
-            b"data: {\"n\":1}\n\n".to_vec(),
-            b"data: {\"n\":2}\n\n".to_vec(),
-        ],
-        crash: true,
-    });
-    let (gw, _dir) = gateway_for(&up.url);
-    let r = post(
-        &format!("{}/generate", gw.url()),
-        r#"{"text":"x","stream":true}"#,
-    )
-    .await;
-    assert_eq!(r.status.as_u16(), 200);
+    let chunks = vec![
+        b"data: {\"n\":1}\n\n".to_vec(),
+        b"data: {\"n\":2}\n\n".to_vec(),
+    ];
+    let Relayed { reply: r, gw, .. } =
+        relay(chunks, true, "/generate", r#"{"text":"x","stream":true}"#).await;
     let text = r.text();
     assert!(
         text.starts_with("data: {\"n\":1}\n\ndata: {\"n\":2}\n\n"),
@@ -88,22 +100,18 @@ async fn upstream_death_mid_stream_ends_with_an_error_event() {
 
 #[actix_rt::test]
 async fn a_death_inside_an_event_leaves_the_error_event_parseable() {
-    let up = RawUpstream::start(Script {
-        status: 200,
-        content_type: "text/event-stream",
-        chunks: vec![
-            b"data: {\"n\":1}\n\ndata: {\"n\"".to_vec(),
-            b":2}\n\ndata: {\"n\":3,\"te".to_vec(),
-        ],
-        crash: true,
-    });
-    let (gw, _dir) = gateway_for(&up.url);
-    let r = post(
-        &format!("{}/v1/completions", gw.url()),
+    let chunks = vec![
+        b"data: {\"n\":1}\n\ndata: {\"n\"".to_vec(),
+        b":2}\n\ndata: {\"n\":3,\"te".to_vec(),
+    ];
+    let r = relay(
+        chunks,
+        true,
+        "/v1/completions",
         r#"{"prompt":"x","stream":true}"#,
     )
-    .await;
-    assert_eq!(r.status.as_u16(), 200);
+    .await
+    .reply;
     let text = r.text();
     // Whole events pass unchanged; the unfinished third is dropped, not glued to the error.
     let (head, error) = text
@@ -126,19 +134,14 @@ async fn a_finished_stream_without_a_last_blank_line_arrives_whole() {
         b"NE]\n".to_vec(),
     ];
     let expected = chunks.concat();
-    let up = RawUpstream::start(Script {
-        status: 200,
-        content_type: "text/event-stream",
+    let r = relay(
         chunks,
-        crash: false,
-    });
-    let (gw, _dir) = gateway_for(&up.url);
-    let r = post(
-        &format!("{}/v1/completions", gw.url()),
+        false,
+        "/v1/completions",
         r#"{"prompt":"x","stream":true}"#,
     )
-    .await;
-    assert_eq!(r.status.as_u16(), 200);
+    .await
+    .reply;
     assert_eq!(r.body.as_ref(), expected.as_slice());
 }
 

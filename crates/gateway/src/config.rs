@@ -170,28 +170,27 @@ impl GatewayConfig {
         if self.max_payload_size == 0 {
             return invalid("max_payload_size", "must be at least 1 byte");
         }
-        for (key, d) in [
-            ("request_timeout_secs", self.request_timeout),
-            ("connect_timeout_secs", self.connect_timeout),
-            ("header_read_timeout_secs", self.header_read_timeout),
-            ("health_check_interval_secs", self.health_check_interval),
-            ("health_check_timeout_secs", self.health_check_timeout),
-            ("snapshot_interval_secs", self.snapshot_interval),
+        // Deadlines are `now + d`: an absurd value must be refused here, not overflow later.
+        for (key, d, zero_ok) in [
+            ("request_timeout_secs", self.request_timeout, false),
+            ("connect_timeout_secs", self.connect_timeout, false),
+            ("header_read_timeout_secs", self.header_read_timeout, false),
+            (
+                "health_check_interval_secs",
+                self.health_check_interval,
+                false,
+            ),
+            (
+                "health_check_timeout_secs",
+                self.health_check_timeout,
+                false,
+            ),
+            ("snapshot_interval_secs", self.snapshot_interval, false),
+            ("prefill_hold_secs", self.prefill_hold, true),
         ] {
-            if d.is_zero() {
+            if d.is_zero() && !zero_ok {
                 return invalid(key, "must be greater than 0");
             }
-        }
-        // Deadlines are `now + d`: an absurd value must be refused here, not overflow later.
-        for (key, d) in [
-            ("request_timeout_secs", self.request_timeout),
-            ("connect_timeout_secs", self.connect_timeout),
-            ("header_read_timeout_secs", self.header_read_timeout),
-            ("health_check_interval_secs", self.health_check_interval),
-            ("health_check_timeout_secs", self.health_check_timeout),
-            ("snapshot_interval_secs", self.snapshot_interval),
-            ("prefill_hold_secs", self.prefill_hold),
-        ] {
             if d > MAX_DURATION {
                 return invalid(key, "must be at most 30 days (2592000 s)");
             }
