@@ -99,20 +99,41 @@ pub fn spawn(store: Store) -> std::io::Result<(Persister, JoinHandle<()>)> {
     Ok((Persister { tx, reg_tx, stats }, handle))
 }
 
-fn write_registry(store: &Store, reg_rx: &Receiver<RegistryImage>, stats: &PersistStats) {
-    // Only the newest image matters.
-    let Some(r) = reg_rx.try_iter().last() else {
-        return;
-    };
-    if let Err(e) = store.put_registry(&r) {
-        error!(error = %e, "registry write failed");
-        stats.write_failures.fetch_add(1, Ordering::Relaxed);
+/// The newest registry image not yet on disk. A failed write is retried after each
+/// commit and flush, so a disk that was full for a moment does not leave an API change
+/// unsaved until the next one.
+#[derive(Default)]
+struct UnsavedRegistry {
+    image: Option<RegistryImage>,
+    /// Whether this image already failed once (counted once, not per retry).
+    failed: bool,
+}
+
+impl UnsavedRegistry {
+    fn offer(&mut self, image: RegistryImage) {
+        self.image = Some(image);
+        self.failed = false;
+    }
+
+    fn save(&mut self, store: &Store, stats: &PersistStats) {
+        let Some(r) = self.image.take() else {
+            return;
+        };
+        if let Err(e) = store.put_registry(&r) {
+            if !self.failed {
+                error!(error = %e, "registry write failed; it is retried after the next snapshot");
+                stats.write_failures.fetch_add(1, Ordering::Relaxed);
+            }
+            self.image = Some(r);
+            self.failed = true;
+        }
     }
 }
 
 fn run(store: Store, rx: Receiver<Persist>, reg_rx: Receiver<RegistryImage>, stats: &PersistStats) {
     // A generation with a failed chunk is never committed.
     let mut failed_generation: Option<u64> = None;
+    let mut registry = UnsavedRegistry::default();
     loop {
         let msg = crossbeam_channel::select! {
             recv(rx) -> m => match m {
@@ -121,12 +142,9 @@ fn run(store: Store, rx: Receiver<Persist>, reg_rx: Receiver<RegistryImage>, sta
             },
             recv(reg_rx) -> r => {
                 if let Ok(r) = r {
-                    // Put it back in front of any newer one and write the newest.
-                    let newest = reg_rx.try_iter().last().unwrap_or(r);
-                    if let Err(e) = store.put_registry(&newest) {
-                        error!(error = %e, "registry write failed");
-                        stats.write_failures.fetch_add(1, Ordering::Relaxed);
-                    }
+                    // Only the newest image matters.
+                    registry.offer(reg_rx.try_iter().last().unwrap_or(r));
+                    registry.save(&store, stats);
                 }
                 continue;
             }
@@ -173,6 +191,7 @@ fn run(store: Store, rx: Receiver<Persist>, reg_rx: Receiver<RegistryImage>, sta
                         if let Err(e) = store.drop_uncommitted() {
                             error!(error = %e, "cannot clear old snapshot chunks");
                         }
+                        registry.save(&store, stats);
                     }
                     Err(e) => {
                         error!(error = %e, "snapshot commit failed; the previous snapshot stays");
@@ -181,12 +200,18 @@ fn run(store: Store, rx: Receiver<Persist>, reg_rx: Receiver<RegistryImage>, sta
                 }
             }
             Persist::Flush(ack) => {
-                write_registry(&store, &reg_rx, stats);
+                if let Some(r) = reg_rx.try_iter().last() {
+                    registry.offer(r);
+                }
+                registry.save(&store, stats);
                 let _ = ack.send(());
             }
         }
     }
-    write_registry(&store, &reg_rx, stats);
+    if let Some(r) = reg_rx.try_iter().last() {
+        registry.offer(r);
+    }
+    registry.save(&store, stats);
 }
 
 #[cfg(test)]
@@ -242,5 +267,10 @@ mod tests {
         let image = store.load().expect("load").expect("an image");
         assert_eq!(image.header.generation, 3);
         assert_eq!(image.chunks, vec![text_chunk(&[("third", 1)])]);
+        // The registry image that failed was written once there was space again.
+        assert_eq!(
+            store.registry().expect("registry").added,
+            vec!["http://x:1"]
+        );
     }
 }

@@ -133,6 +133,9 @@ pub struct Detected {
     pub page_size: Option<u64>,
     pub startup_time: Option<f64>,
     pub kv_events: Option<serde_json::Value>,
+    /// Whether `/server_info` (or `/get_server_info`) answered; when it did not, the
+    /// fields above from it are unknown, not absent.
+    pub server_info: bool,
 }
 
 #[derive(Deserialize)]
@@ -232,6 +235,7 @@ pub async fn detect(
             .ok(),
     };
     if let Some(v) = info {
+        d.server_info = true;
         let i = ServerInfo::from_json(url, &v);
         d.max_running_requests = i.max_running_requests;
         d.dp_size = i.dp_size;
@@ -355,6 +359,10 @@ impl RegistryActor {
     fn apply_detected(rec: &mut WorkerRecord, d: Detected) {
         rec.models = d.models;
         rec.runtime = d.runtime.unwrap_or(Runtime::Unknown);
+        // A server_info that failed this once leaves what an earlier one said.
+        if !d.server_info && rec.startup_time.is_some() {
+            return;
+        }
         rec.max_running_requests = d.max_running_requests;
         rec.dp_size = d.dp_size;
         rec.page_size = d.page_size;
@@ -463,7 +471,7 @@ fn settle(
     if rec.status != before {
         info!(worker = %rec.url, from = ?before, to = ?rec.status, "worker status changed");
     }
-    if rec.startup_time != startup && startup.is_some() {
+    if rec.startup_time != startup && startup.is_some() && rec.startup_time.is_some() {
         info!(worker = %rec.url, "engine restarted: new startup_time");
     }
     rec.status != before || rec.startup_time != startup || rec.models != models
@@ -710,5 +718,42 @@ mod tests {
         assert!(!settle(&mut r, Ok(None), &cfg));
         assert!(settle(&mut r, Ok(None), &cfg));
         assert_eq!(r.status, WorkerStatus::Ready);
+    }
+
+    #[test]
+    fn a_server_info_that_fails_once_leaves_what_was_learned() {
+        let cfg = RegistryConfig {
+            health_check_interval: Duration::from_secs(1),
+            health_check_timeout: Duration::from_secs(1),
+            failure_threshold: 3,
+            success_threshold: 2,
+        };
+        let mut r = rec();
+        let seen = |startup: f64, info: bool| Detected {
+            models: vec!["m".into()],
+            runtime: Some(Runtime::Sglang),
+            max_running_requests: info.then_some(48),
+            startup_time: info.then_some(startup),
+            server_info: info,
+            ..Detected::default()
+        };
+        assert!(settle(&mut r, Ok(Some(seen(5.0, true))), &cfg));
+        assert_eq!(
+            (r.startup_time, r.max_running_requests),
+            (Some(5.0), Some(48))
+        );
+        assert!(
+            !settle(&mut r, Ok(Some(seen(0.0, false))), &cfg),
+            "nothing changed"
+        );
+        assert_eq!(
+            (r.startup_time, r.max_running_requests),
+            (Some(5.0), Some(48))
+        );
+        assert!(
+            settle(&mut r, Ok(Some(seen(9.0, true))), &cfg),
+            "a restart is a change"
+        );
+        assert_eq!(r.startup_time, Some(9.0));
     }
 }

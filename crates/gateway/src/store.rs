@@ -106,6 +106,9 @@ pub struct Store {
     db: sled::Db,
     meta: sled::Tree,
     index: sled::Tree,
+    /// The format version found on disk (after any upgrade); `None` in a store that has
+    /// none yet and was opened for inspection.
+    on_disk: Option<u32>,
     /// Tests turn this on to make every write fail as a full disk would.
     #[cfg(test)]
     pub(crate) fail_writes: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -155,10 +158,12 @@ fn open_db(path: &Path) -> sled::Result<sled::Db> {
 impl Store {
     /// Opens (or creates) the store in `dir/store` and checks its format version.
     pub fn open(dir: &Path) -> Result<Store, StoreError> {
-        Store::open_here(dir)
+        Store::open_here(dir, true)
     }
 
-    fn open_here(dir: &Path) -> Result<Store, StoreError> {
+    /// `stamp`: write the format version into a new store and upgrade a version-1 one;
+    /// an inspection reads the store as it is.
+    fn open_here(dir: &Path, stamp: bool) -> Result<Store, StoreError> {
         let path = dir.join("store");
         let p = path.display().to_string();
         let sled_err = |source| StoreError::Sled {
@@ -172,11 +177,13 @@ impl Store {
         let db = open_db(&path).map_err(sled_err)?;
         let meta = db.open_tree("meta").map_err(sled_err)?;
         let index = db.open_tree("index").map_err(sled_err)?;
-        match meta.get("format_version").map_err(sled_err)? {
+        let on_disk = match meta.get("format_version").map_err(sled_err)? {
+            None if !stamp => None,
             None => {
                 meta.insert("format_version", &FORMAT_VERSION.to_be_bytes())
                     .map_err(sled_err)?;
                 db.flush().map_err(sled_err)?;
+                Some(FORMAT_VERSION)
             }
             Some(v) => {
                 let found = <[u8; 4]>::try_from(v.as_ref())
@@ -185,19 +192,21 @@ impl Store {
                         path: p.clone(),
                         reason: "unreadable format version".into(),
                     })?;
-                if found == 1 {
+                if found == 1 && stamp {
                     // Version 1 kept each chunk whole under its 12-byte key; a prefix scan
                     // reads that as a chunk of one piece, so the store is upgraded in place.
                     meta.insert("format_version", &FORMAT_VERSION.to_be_bytes())
                         .map_err(sled_err)?;
                     db.flush().map_err(sled_err)?;
-                } else if found != FORMAT_VERSION {
+                } else if found != FORMAT_VERSION && found != 1 {
                     return Err(StoreError::Version { path: p, found });
                 }
+                Some(found)
             }
-        }
+        };
         Ok(Store {
             path,
+            on_disk,
             db,
             meta,
             index,
@@ -429,10 +438,20 @@ impl StoreError {
     }
 }
 
-fn open_and_load(dir: &Path) -> Result<(Store, Option<Image>), StoreError> {
-    let store = Store::open(dir)?;
-    let image = store.load()?;
-    Ok((store, image))
+/// Opens and reads the store. When the snapshot is damaged, the error comes with the
+/// worker registry if that could still be read: it is a separate key, and losing it would
+/// bring back workers removed through the API and forget those added.
+fn open_and_load(
+    dir: &Path,
+) -> Result<(Store, Option<Image>), (StoreError, Option<RegistryImage>)> {
+    let store = Store::open(dir).map_err(|e| (e, None))?;
+    match store.load() {
+        Ok(image) => Ok((store, image)),
+        Err(e) => {
+            let kept = store.registry().ok();
+            Err((e, kept))
+        }
+    }
 }
 
 /// Opens the store and reads it once. A damaged or foreign-format store is moved aside
@@ -443,7 +462,7 @@ pub fn open_or_reset(dir: &Path) -> Opened {
     let mut out = Opened::default();
     let (store, image) = match open_and_load(dir) {
         Ok(x) => x,
-        Err(e) if e.fixed_by_reset() => {
+        Err((e, kept)) if e.fixed_by_reset() => {
             let src = dir.join("store");
             let aside = dir.join(format!("store.bad-{}", unix_now() as u64));
             if let Err(mv) = std::fs::rename(&src, &aside) {
@@ -454,8 +473,15 @@ pub fn open_or_reset(dir: &Path) -> Opened {
             }
             match Store::open(dir) {
                 Ok(s) => {
+                    let registry = match kept.filter(|r| *r != RegistryImage::default()) {
+                        None => "",
+                        Some(r) => match s.put_registry(&r) {
+                            Ok(()) => " (the worker registry was kept)",
+                            Err(_) => " (the worker registry could not be carried over)",
+                        },
+                    };
                     out.problems.push(format!(
-                        "{e}; moved it to {} and started empty",
+                        "{e}; moved it to {} and started empty{registry}",
                         aside.display()
                     ));
                     (s, None)
@@ -469,7 +495,7 @@ pub fn open_or_reset(dir: &Path) -> Opened {
                 }
             }
         }
-        Err(e) => {
+        Err((e, _)) => {
             out.problems.push(format!(
                 "{e}; running without persistence (the store was left as it is)"
             ));
@@ -491,6 +517,8 @@ pub fn open_or_reset(dir: &Path) -> Opened {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct StoreSummary {
     pub path: String,
+    /// As found on disk (a version-1 store is shown as 1, not upgraded); 0 when none is
+    /// recorded.
     pub format_version: u32,
     pub written_at: Option<f64>,
     pub generation: Option<u64>,
@@ -524,7 +552,7 @@ pub fn inspect(dir: &Path) -> Result<StoreSummary, StoreError> {
             source: std::io::Error::new(std::io::ErrorKind::NotFound, "no kvgate store here"),
         });
     }
-    let store = Store::open(dir)?;
+    let store = Store::open_here(dir, false)?;
     let image = store.load()?;
     let registry = store.registry()?;
     let mut models = Vec::new();
@@ -583,7 +611,7 @@ pub fn inspect(dir: &Path) -> Result<StoreSummary, StoreError> {
     }
     Ok(StoreSummary {
         path: store.path.display().to_string(),
-        format_version: FORMAT_VERSION,
+        format_version: store.on_disk.unwrap_or(0),
         written_at: image.as_ref().map(|i| i.header.written_at),
         generation: image.as_ref().map(|i| i.header.generation),
         size_on_disk: store.size_on_disk(),

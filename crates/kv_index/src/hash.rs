@@ -201,6 +201,12 @@ impl<T: TenantId> HashIndex<T> {
         self.retain_holders(|t, _| t != tenant)
     }
 
+    /// Drops every holder whose tenant `keep` refuses (e.g. workers a restored snapshot
+    /// names that are not in the fleet).
+    pub fn retain_tenants(&mut self, mut keep: impl FnMut(T) -> bool) -> SweepStats {
+        self.retain_holders(|t, _| keep(t))
+    }
+
     pub fn key_count(&self) -> usize {
         self.map.len()
     }

@@ -7,11 +7,12 @@
 //! 1. E = the eligible workers; none eligible → no worker.
 //! 2. **KV pressure** (only if a KV threshold is set, see `gate`): expected wait over all
 //!    of E, ungated, path `kv_pressure`. The request is still recorded in the index.
-//! 3. No matches passed (the index was not consulted): expected wait over the ungated
-//!    workers, path `fallback`, nothing recorded.
-//! 4. Otherwise by `cache_mode`:
-//!    - `threshold` (reference-compatible), below;
-//!    - `cost` (threshold-free, the default), see the `cost` module.
+//! 3. By `cache_mode`:
+//!    - `threshold` (reference-compatible), below; when no matches were passed (the
+//!      index was not consulted): expected wait over the ungated workers, path
+//!      `fallback`, nothing recorded;
+//!    - `cost` (threshold-free, the default), see the `cost` module; with no matches it
+//!      prices every worker as holding nothing, path `fallback`, nothing recorded.
 //!
 //! Threshold mode, tree index (text or tokens):
 //! - rate = best / input_len, where best is the deepest match among eligible workers

@@ -81,7 +81,7 @@
 //!   fewest started lately, so groups spread evenly from their first request.
 //!
 //! Paths: `hit` (or `hash` on the hash index) when the chosen worker holds part of the
-//! prompt (on a tree, at least `min_match_tokens` of it), `spill` when it holds none
+//! prompt (at least `min_match_tokens` of it, a hash boundary included), `spill` when it holds none
 //! although an eligible worker does, `miss` when nobody holds any, `fallback` when no
 //! matches were passed (the cost then has no affinity).
 
@@ -183,12 +183,9 @@ pub(crate) fn select(ctx: &Ctx<'_>, rng: &mut dyn RngCore) -> Decision {
         }
     }
     let chosen = set[at];
-    // On a tree, a holding under min_match_tokens is priced as none, so it is no hit
-    // either (a few shared bytes of a chat template).
-    let held = |w: usize| match ctx.matches().map(|m| m.source) {
-        Some(MatchSource::Hash { .. }) => ctx.matched[w] > 0,
-        _ => useful_match(ctx, ctx.matched[w]) > 0,
-    };
+    // A holding under min_match_tokens is priced as none, so it is no hit either (a few
+    // shared bytes of a chat template, or a hash boundary below the floor).
+    let held = |w: usize| useful_match(ctx, ctx.matched[w]) > 0;
     let path = match ctx.matches() {
         None => DecisionPath::Fallback,
         Some(m) if held(chosen) => match m.source {

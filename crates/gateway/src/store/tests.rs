@@ -127,6 +127,10 @@ fn a_version_1_store_is_read_and_upgraded() {
             .unwrap();
         s.db.flush().unwrap();
     }
+    // Inspection shows the version on disk and changes nothing.
+    let seen = inspect(dir.path()).unwrap();
+    assert_eq!((seen.format_version, seen.generation), (1, Some(3)));
+    assert_eq!(inspect(dir.path()).unwrap().format_version, 1);
     let s = Store::open(dir.path()).unwrap();
     assert_eq!(s.load().unwrap().unwrap().chunks, vec![c]);
     let v = s.meta.get("format_version").unwrap().unwrap();
@@ -141,6 +145,34 @@ fn a_lost_piece_is_reported_as_damage() {
     s.index.remove(piece_key(1, 0, 1)).unwrap();
     let e = s.load().unwrap_err();
     assert!(matches!(e, StoreError::Corrupt { .. }), "{e}");
+}
+
+#[test]
+fn a_damaged_snapshot_is_moved_aside_but_the_registry_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = RegistryImage {
+        added: vec!["http://a:1".into()],
+        removed: vec!["http://b:2".into()],
+    };
+    {
+        let s = Store::open(dir.path()).unwrap();
+        s.put_registry(&registry).unwrap();
+        write(&s, 1, &[big_chunk(1)]);
+        s.index.remove(piece_key(1, 0, 1)).unwrap();
+        s.db.flush().unwrap();
+    }
+    let opened = open_or_reset(dir.path());
+    assert!(opened.image.is_none());
+    assert_eq!(opened.registry, registry);
+    assert!(
+        opened.problems[0].contains("moved it to")
+            && opened.problems[0].contains("registry was kept"),
+        "{:?}",
+        opened.problems
+    );
+    // It is in the fresh store, so it survives the next start as well.
+    drop(opened);
+    assert_eq!(open_or_reset(dir.path()).registry, registry);
 }
 
 #[test]

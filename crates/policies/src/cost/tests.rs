@@ -329,8 +329,11 @@ fn seed_scenarios_hold_in_cost_mode() {
 
 #[test]
 fn paths_and_recording() {
+    // A 16-token boundary is below the default --min-match-tokens (64): lowered here so
+    // that holding it counts, and checked at the default below.
     let cfg = PolicyConfig {
         cache_boundaries: vec![16],
+        min_match_tokens: 8,
         ..cost_cfg()
     };
     let workers = [w(1), w(2).flight(1)];
@@ -360,6 +363,19 @@ fn paths_and_recording() {
         (2, DecisionPath::Hash),
     );
     assert!(d.record_prefix);
+    // At the default floor the 16-token holding is priced as none, and labelled so.
+    let floor = PolicyConfig {
+        min_match_tokens: 64,
+        ..cfg.clone()
+    };
+    let d = pick(
+        &floor,
+        &holder_idle,
+        &tokens(20),
+        Some(&hash(Some(16), &[2])),
+        0,
+    );
+    assert_eq!((d.path, d.new_prefix), (DecisionPath::Miss, true), "{d:?}");
     // 8 tokens reach no boundary: nothing to record.
     let short = pick(&cfg, &workers, &tokens(8), Some(&hash(None, &[])), 0);
     assert_eq!(
