@@ -3,12 +3,14 @@
 //! before each cache-aware decision and tells it what to record after.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::num::NonZeroUsize;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use kvgate_kv_index::{
-    HashConfig, HashIndex, PrefixMatch, RadixTree, SnapshotCursor, TreeConfig, TreeSnapshot,
+    HashConfig, HashIndex, HashSnapshot, PrefixMatch, RadixTree, SNAPSHOT_VERSION, SnapshotCursor,
+    TreeConfig, TreeSnapshot,
 };
 use kvgate_policies::{
     CacheIndex, MatchSource, PolicyConfig, PrefixMatches, PrefixTraffic, RequestFacts, RoutingText,
@@ -136,6 +138,8 @@ struct SnapJob {
     /// 0 text, 1 tokens, 2 hash.
     stage: u8,
     cursor: Option<SnapshotCursor>,
+    /// The hash index's next slot.
+    hash_next: usize,
     seq: u32,
     /// A piece the writer had no room for yet.
     pending: Option<Persist>,
@@ -201,6 +205,7 @@ impl IndexActor {
         }
         let mut text: HashMap<u32, TreeSnapshot<u8, WorkerId>> = HashMap::new();
         let mut tokens: HashMap<u32, TreeSnapshot<u32, WorkerId>> = HashMap::new();
+        let mut hash: HashMap<u32, HashSnapshot<WorkerId>> = HashMap::new();
         for c in chunks {
             match c {
                 Chunk::Text {
@@ -231,15 +236,26 @@ impl IndexActor {
                     })
                     .records
                     .extend(records),
-                Chunk::Hash { model, snapshot } => {
-                    let Some(name) = header.models.get(model as usize) else {
-                        continue;
-                    };
-                    match HashIndex::restore(snapshot, hash_config(&self.cfg), now) {
-                        Ok(h) => self.model(&name.clone()).hash = h,
-                        Err(e) => warn!(model = %name, error = %e, "stored hash index dropped"),
+                // A model's hash index comes in several pieces.
+                Chunk::Hash { model, snapshot } => match hash.entry(model) {
+                    Entry::Vacant(v) => {
+                        v.insert(snapshot);
                     }
-                }
+                    Entry::Occupied(mut o) if o.get().version == snapshot.version => {
+                        o.get_mut().records.extend(snapshot.records)
+                    }
+                    // Pieces of mixed versions: restore refuses the model's whole index.
+                    Entry::Occupied(mut o) => o.get_mut().version = snapshot.version,
+                },
+            }
+        }
+        for (i, snap) in hash {
+            let Some(name) = header.models.get(i as usize).cloned() else {
+                continue;
+            };
+            match HashIndex::restore(snap, hash_config(&self.cfg), now) {
+                Ok(h) => self.model(&name).hash = h,
+                Err(e) => warn!(model = %name, error = %e, "stored hash index dropped"),
             }
         }
         for (i, snap) in text {
@@ -432,11 +448,23 @@ impl IndexActor {
                     })
                 }
                 _ => {
-                    job.stage = 0;
-                    job.model += 1;
-                    (m.hash.key_count() > 0).then(|| Chunk::Hash {
+                    // Up to 2^20 keys: a piece per turn, like the trees, so routing never
+                    // waits for the whole map.
+                    let (records, next) = m.hash.snapshot_part(job.hash_next, CHUNK_RECORDS);
+                    match next {
+                        Some(n) => job.hash_next = n,
+                        None => {
+                            job.hash_next = 0;
+                            job.stage = 0;
+                            job.model += 1;
+                        }
+                    }
+                    (!records.is_empty()).then_some(Chunk::Hash {
                         model: model_ix,
-                        snapshot: m.hash.snapshot(),
+                        snapshot: HashSnapshot {
+                            version: SNAPSHOT_VERSION,
+                            records,
+                        },
                     })
                 }
             };
@@ -831,6 +859,7 @@ impl IndexActor {
             model: 0,
             stage: 0,
             cursor: None,
+            hash_next: 0,
             seq: 0,
             pending: None,
             started: Instant::now(),
@@ -857,5 +886,39 @@ mod tests {
         assert_eq!(text.tenants(), vec![WorkerId(1)]);
         assert!(text.tenant_units(WorkerId(1)) > 0);
         assert_eq!(text.tenant_units(WorkerId(2)), 0);
+    }
+
+    #[test]
+    fn a_hash_index_written_in_pieces_is_restored_whole() {
+        let policy = PolicyConfig {
+            cache_boundaries: vec![16, 64],
+            ..PolicyConfig::default()
+        };
+        let cfg = IndexConfig::from_policy(&policy, Duration::from_secs(5));
+        let mut source: HashIndex<WorkerId> = HashIndex::new(hash_config(&cfg));
+        let deepest = 64;
+        for i in 0..50u32 {
+            let tokens: Vec<u32> = (0..deepest as u32).map(|t| t ^ (i << 20)).collect();
+            source.record(&tokens, 0, WorkerId(1), 1);
+        }
+        let pieces = [source.snapshot_part(0, 30), source.snapshot_part(30, 1000)];
+        assert!(pieces[0].1.is_some() && pieces[1].1.is_none());
+        let chunks = pieces
+            .into_iter()
+            .map(|(records, _)| Chunk::Hash {
+                model: 0,
+                snapshot: HashSnapshot {
+                    version: SNAPSHOT_VERSION,
+                    records,
+                },
+            })
+            .collect();
+        let mut index = IndexActor::new(cfg, Instant::now(), None);
+        index.restore(Image {
+            header: header(3, 2),
+            chunks,
+        });
+        assert_eq!(index.models["m"].hash.key_count(), source.key_count());
+        assert_eq!(index.models["m"].hash.holder_count(), source.holder_count());
     }
 }

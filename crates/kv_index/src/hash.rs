@@ -250,6 +250,34 @@ impl<T: TenantId> HashIndex<T> {
         }
     }
 
+    /// Part of a snapshot, for writing a large index a piece at a time: the records of the
+    /// live keys in slots `from..`, at most `max` of them, and the slot to continue from
+    /// (`None` when done). Records come in slot order, not recency order ([`Self::restore`]
+    /// orders them by age). Keys added behind the cursor between calls are missed, and a key
+    /// that moved ahead of it can appear twice (restore keeps one), as in any snapshot of
+    /// an index that keeps serving while it is taken.
+    pub fn snapshot_part(&self, from: usize, max: usize) -> (Vec<HashRecord<T>>, Option<usize>) {
+        let mut records = Vec::with_capacity(max.min(self.map.len()));
+        let mut i = from;
+        while i < self.slots.len() && records.len() < max {
+            let s = &self.slots[i];
+            // A freed slot is not in the map under its old key.
+            if self.map.get(&s.key) == Some(&(i as u32)) {
+                records.push(HashRecord {
+                    boundary: s.key.0,
+                    hash: s.key.1,
+                    holders: s
+                        .holders
+                        .iter()
+                        .map(|&(t, touch)| (t, self.clock.saturating_sub(touch)))
+                        .collect(),
+                });
+            }
+            i += 1;
+        }
+        (records, (i < self.slots.len()).then_some(i))
+    }
+
     /// Rebuilds an index under `config` with touches at `now − age`. Records at a
     /// boundary `config` no longer has are dropped; holder and key caps are applied,
     /// keeping the freshest.
