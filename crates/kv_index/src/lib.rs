@@ -9,7 +9,7 @@
 //! through [`RadixTree::observe`] or [`RadixTree::match_and_insert`], decayed; not
 //! snapshotted), and snapshots in chunks with relative ages. [`HashIndex`] is
 //! the tree-less hash mode: holders per hashed token head at fixed boundaries, with a TTL
-//! and a key bound. The crate never reads a clock (time is a `u64` the caller passes),
+//! and a key bound; it snapshots whole or in parts ([`HashIndex::snapshot_part`]). The crate never reads a clock (time is a `u64` the caller passes),
 //! does no I/O, and depends on nothing async.
 //!
 //! Eviction is O(1) per entry dropped (recency lists kept in leaf-first order) and runs
