@@ -495,6 +495,8 @@ fn start_gateway(
         worker_urls: fleet.urls(),
         data_dir: data_dir.to_path_buf(),
         snapshot_interval: PERIOD,
+        // Every round's write starts at the tick after it dirties the index.
+        snapshot_backoff: 0.0,
         http_workers: Some(1),
         policy: policy.clone(),
         ..GatewayConfig::default()

@@ -53,6 +53,9 @@ pub struct GatewayConfig {
     /// How often a changed prefix index is written to the store under `data_dir`.
     #[serde(rename = "snapshot_interval_secs", with = "secs")]
     pub snapshot_interval: Duration,
+    /// After a snapshot that took `t`, the timer's next one waits until `t × this` after
+    /// it, so a large index that stays dirty is not rewritten back to back; 0 turns it off.
+    pub snapshot_backoff: f64,
     /// Longest wait of a request held behind a streamed request that is still prefilling
     /// the prefix both share on the worker they go to; 0 turns holds off.
     #[serde(rename = "prefill_hold_secs", with = "secs")]
@@ -91,6 +94,7 @@ impl Default for GatewayConfig {
             health_failure_threshold: 3,
             health_success_threshold: 2,
             snapshot_interval: Duration::from_secs(5),
+            snapshot_backoff: 4.0,
             prefill_hold: Duration::from_millis(500),
             http_workers: Some(1),
             policy: PolicyConfig::with_kind(kvgate_policies::PolicyKind::CacheAware),
@@ -194,6 +198,9 @@ impl GatewayConfig {
             if d > MAX_DURATION {
                 return invalid(key, "must be at most 30 days (2592000 s)");
             }
+        }
+        if !(0.0..=1000.0).contains(&self.snapshot_backoff) {
+            return invalid("snapshot_backoff", "must be a number from 0 to 1000");
         }
         if self.health_failure_threshold == 0 {
             return invalid("health_failure_threshold", "must be at least 1");

@@ -41,6 +41,8 @@ pub struct IndexConfig {
     pub ttl: Duration,
     /// How often a changed index is written to the store.
     pub snapshot_interval: Duration,
+    /// The timer's next snapshot waits this many times the last one's duration.
+    pub snapshot_backoff: f64,
 }
 
 impl IndexConfig {
@@ -53,6 +55,7 @@ impl IndexConfig {
             eviction_interval: p.eviction_interval,
             boundaries: p.cache_boundaries.clone(),
             ttl: p.cache_ttl,
+            snapshot_backoff: 4.0,
         }
     }
 }
@@ -146,12 +149,6 @@ struct SnapJob {
     started: Instant,
 }
 
-/// After a snapshot that took `t` to hand over, the timer starts the next one no sooner
-/// than `SNAPSHOT_BACKOFF × t` later: a large index that stays dirty is then written at
-/// most a fifth of the time, instead of again every interval (a 1M-prompt snapshot takes
-/// about 2.3 s, docs/benchmarks.md).
-const SNAPSHOT_BACKOFF: u32 = 4;
-
 #[derive(Debug)]
 pub struct IndexActor {
     cfg: IndexConfig,
@@ -163,7 +160,7 @@ pub struct IndexActor {
     dirty: bool,
     job: Option<SnapJob>,
     generation: u64,
-    /// The timer's next snapshot waits until then (see `SNAPSHOT_BACKOFF`).
+    /// The timer's next snapshot waits until then (see `IndexConfig::snapshot_backoff`).
     next_timed_snapshot: Option<Instant>,
 }
 
@@ -368,8 +365,11 @@ impl IndexActor {
                 };
                 match outcome {
                     Ok(()) if is_commit => {
-                        let took = job.started.elapsed();
-                        self.next_timed_snapshot = Some(Instant::now() + took * SNAPSHOT_BACKOFF);
+                        // A large index that stays dirty is then written at most
+                        // 1 / (1 + backoff) of the time instead of again every interval
+                        // (a 1M-prompt snapshot takes about 2.3 s, docs/benchmarks.md).
+                        let wait = job.started.elapsed().mul_f64(self.cfg.snapshot_backoff);
+                        self.next_timed_snapshot = Some(Instant::now() + wait);
                         return true;
                     }
                     Ok(()) if blocking => {}

@@ -211,6 +211,12 @@ const KNOBS: &[(&str, &str, Kind, &str)] = &[
         "Prefix-index snapshot period, seconds",
     ),
     (
+        "snapshot-backoff",
+        "snapshot_backoff",
+        Kind::Float,
+        "The next timed snapshot waits this many times the last one's duration (0: off)",
+    ),
+    (
         "load-monitor-timeout",
         "poller.timeout_secs",
         Kind::Float,

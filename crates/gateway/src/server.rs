@@ -159,7 +159,10 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
     let (selector_tx, selector_rx) = actix::dev::channel::channel::<SelectorActor>(MAILBOX);
     let index = Addr::new(index_tx);
     let selector = Addr::new(selector_tx);
-    let index_cfg = IndexConfig::from_policy(&cfg.policy, cfg.snapshot_interval);
+    let index_cfg = IndexConfig {
+        snapshot_backoff: cfg.snapshot_backoff,
+        ..IndexConfig::from_policy(&cfg.policy, cfg.snapshot_interval)
+    };
     let mut index_actor = IndexActor::new(index_cfg, epoch, persister.clone());
     if let Some(img) = image {
         // Restored before the server is built: no request is routed on an empty index.

@@ -86,6 +86,7 @@ fn bad_config_names_the_key() {
     assert!(load_err("", &[("KVGATE_PORT", "99999")]).contains("port"));
     assert!(load_err("", &[("KVGATE_BOGUS", "1")]).contains("bogus"));
     assert!(load_err("prefill_hold_secs = 1e19\n", &[]).contains("prefill_hold_secs"));
+    assert!(load_err("snapshot_backoff = -1\n", &[]).contains("snapshot_backoff"));
     assert!(load_err("request_timeout_secs = 2592001\n", &[]).contains("request_timeout_secs"));
     // Every key of the README's table has its variable.
     let e = env(&[
