@@ -695,14 +695,18 @@ mod tests {
         }
     }
 
-    #[test]
-    fn health_has_hysteresis() {
-        let cfg = RegistryConfig {
+    fn check_cfg() -> RegistryConfig {
+        RegistryConfig {
             health_check_interval: Duration::from_secs(1),
             health_check_timeout: Duration::from_secs(1),
             failure_threshold: 3,
             success_threshold: 2,
-        };
+        }
+    }
+
+    #[test]
+    fn health_has_hysteresis() {
+        let cfg = check_cfg();
         let mut r = rec();
         let fail = || Err("down".to_string());
         assert!(!settle(&mut r, fail(), &cfg));
@@ -722,12 +726,7 @@ mod tests {
 
     #[test]
     fn a_server_info_that_fails_once_leaves_what_was_learned() {
-        let cfg = RegistryConfig {
-            health_check_interval: Duration::from_secs(1),
-            health_check_timeout: Duration::from_secs(1),
-            failure_threshold: 3,
-            success_threshold: 2,
-        };
+        let cfg = check_cfg();
         let mut r = rec();
         let seen = |startup: f64, info: bool| Detected {
             models: vec!["m".into()],

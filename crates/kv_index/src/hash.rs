@@ -233,15 +233,7 @@ impl<T: TenantId> HashIndex<T> {
         let mut cur = self.head;
         while cur != NIL {
             let s = &self.slots[cur as usize];
-            records.push(HashRecord {
-                boundary: s.key.0,
-                hash: s.key.1,
-                holders: s
-                    .holders
-                    .iter()
-                    .map(|&(t, touch)| (t, self.clock.saturating_sub(touch)))
-                    .collect(),
-            });
+            records.push(self.to_record(s));
             cur = s.next;
         }
         HashSnapshot {
@@ -263,15 +255,7 @@ impl<T: TenantId> HashIndex<T> {
             let s = &self.slots[i];
             // A freed slot is not in the map under its old key.
             if self.map.get(&s.key) == Some(&(i as u32)) {
-                records.push(HashRecord {
-                    boundary: s.key.0,
-                    hash: s.key.1,
-                    holders: s
-                        .holders
-                        .iter()
-                        .map(|&(t, touch)| (t, self.clock.saturating_sub(touch)))
-                        .collect(),
-                });
+                records.push(self.to_record(s));
             }
             i += 1;
         }
@@ -329,6 +313,19 @@ impl<T: TenantId> HashIndex<T> {
     }
 
     // ---- internals ----
+
+    /// A slot as a snapshot record, with ages relative to the clock.
+    fn to_record(&self, s: &Slot<T>) -> HashRecord<T> {
+        HashRecord {
+            boundary: s.key.0,
+            hash: s.key.1,
+            holders: s
+                .holders
+                .iter()
+                .map(|&(t, touch)| (t, self.clock.saturating_sub(touch)))
+                .collect(),
+        }
+    }
 
     fn take_keys(&mut self, tokens: &[u32], namespace: u64) -> Vec<Key> {
         let mut keys = mem::take(&mut self.keys);
