@@ -125,8 +125,16 @@ async fn call(method: &str, url: &str, body: Option<Value>) -> anyhow::Result<(u
         .body()
         .await
         .with_context(|| format!("{method} {url}: reading the body"))?;
-    let v = serde_json::from_slice(&bytes)
-        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+    let v = match serde_json::from_slice::<Value>(&bytes) {
+        Ok(v @ Value::Object(_)) => v,
+        // A 2xx that is not a JSON object is not a kvgate answer: `--url` points elsewhere.
+        _ if (200..300).contains(&status) => {
+            let head = String::from_utf8_lossy(&bytes[..bytes.len().min(200)]).into_owned();
+            anyhow::bail!("{method} {url}: not a kvgate answer (status {status}): {head:?}");
+        }
+        Ok(v) => v,
+        Err(_) => Value::String(String::from_utf8_lossy(&bytes).into_owned()),
+    };
     Ok((status, v))
 }
 

@@ -124,3 +124,40 @@ fn snapshot_inspect_reads_a_stopped_gateways_store() {
     assert!(!ok);
     assert!(err.contains("reading the store"), "{err}");
 }
+
+#[test]
+fn an_unreachable_gateway_or_another_service_is_a_clear_error() {
+    // A port nothing listens on (bound, then released).
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let (ok, out, err) = run(&["--url", &format!("http://{dead}"), "workers"]);
+    assert!(!ok && out.is_empty(), "{out}");
+    assert!(err.contains(&format!("http://{dead}/workers")), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+
+    // Some other web service, answering 200 with a page.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let mut buf = [0u8; 4096];
+            let _ = conn.read(&mut buf);
+            let body = "<html>hello</html>";
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    let (ok, out, err) = run(&["--url", &url, "workers"]);
+    assert!(!ok && out.is_empty(), "{out}");
+    assert!(
+        err.contains("not a kvgate answer") && err.contains("<html>hello"),
+        "{err}"
+    );
+}

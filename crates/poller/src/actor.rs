@@ -8,7 +8,6 @@ use actix::{
     Actor, ActorFutureExt, AsyncContext, Context, Handler, Message, Recipient, WrapFuture,
 };
 use awc::Client;
-use futures_util::future::join_all;
 use kvgate_policies::{WorkerId, WorkerLoad};
 
 use crate::config::PollerConfig;
@@ -34,12 +33,12 @@ pub struct SetTargets(pub Vec<PollTarget>);
 #[rtype(result = "()")]
 pub struct PollNow;
 
-/// One tick's outcome, sent to the sink once the tick's polls are all done.
+/// The outcome of polls, sent to the sink as each worker's poll ends (today one entry per
+/// message), so a worker that hangs until the timeout delays no one else's report.
 ///
-/// It holds one entry per target polled in that tick; `None` means the load is unknown
-/// (the poll failed, timed out or did not parse) and must not be replaced by an older
-/// report. A target whose previous poll was still running is left out: that poll reports
-/// it when it ends.
+/// `None` means the load is unknown (the poll failed, timed out or did not parse) and must
+/// not be replaced by an older report. A target whose previous poll is still running is
+/// not polled again by a tick: that poll reports it when it ends.
 #[derive(Debug, Clone, PartialEq, Message)]
 #[rtype(result = "()")]
 pub struct LoadsPolled {
@@ -56,10 +55,17 @@ pub struct LoadPoller {
     targets: BTreeMap<WorkerId, Target>,
 }
 
+/// A worker remembered without `/v1/loads` is asked again every this many polls (about a
+/// minute at the default 2 s interval): an engine upgraded in place, or one whose
+/// `/v1/loads` answered a proxy's error page during a restart, gets its richer report back.
+const LOADS_RECHECK_EVERY: u32 = 30;
+
 struct Target {
     url: String,
     /// The worker answered `/v1/loads` with "absent": go straight to `/metrics`.
     no_loads: bool,
+    /// Polls since `/v1/loads` was last tried, while `no_loads`.
+    since_loads_tried: u32,
     /// A poll of this worker is running; the next tick leaves it alone.
     polling: bool,
     counters: CounterState,
@@ -70,6 +76,7 @@ impl Target {
         Target {
             url,
             no_loads: false,
+            since_loads_tried: 0,
             polling: false,
             counters: CounterState::new(),
         }
@@ -103,74 +110,79 @@ impl LoadPoller {
             return;
         };
         let timeout = self.cfg.timeout;
-        let mut polls = Vec::new();
+        let mut jobs = Vec::new();
         for (&worker, target) in &mut self.targets {
             if target.polling {
                 continue;
             }
             target.polling = true;
+            let recheck = target.no_loads && target.since_loads_tried >= LOADS_RECHECK_EVERY;
+            target.since_loads_tried = if recheck || !target.no_loads {
+                0
+            } else {
+                target.since_loads_tried + 1
+            };
             let job = Fetch {
                 client: client.clone(),
                 url: target.url.clone(),
                 api_key: self.cfg.api_key.clone(),
                 timeout,
                 epoch: self.epoch,
-                try_loads: !target.no_loads,
+                try_loads: !target.no_loads || recheck,
             };
-            let url = target.url.clone();
-            polls.push(async move {
+            jobs.push((worker, target.url.clone(), job));
+        }
+        // One task per worker, each reported as it ends: a worker that hangs until the
+        // timeout delays nobody else's report. Spawned on the actor's context, so the polls
+        // stop with the actor.
+        for (worker, url, job) in jobs {
+            let poll = async move {
                 // Bounds the whole poll, fallback and body reads included.
                 let out = actix::clock::timeout(timeout, fetch(job)).await.ok();
                 (worker, url, out)
-            });
+            };
+            ctx.spawn(
+                poll.into_actor(self)
+                    .map(|(worker, url, out), act, _| act.finish(worker, url, out)),
+            );
         }
-        if polls.is_empty() {
-            return;
-        }
-        // Spawned on the actor's context, so the polls stop with the actor.
-        ctx.spawn(
-            join_all(polls)
-                .into_actor(self)
-                .map(|results, act, _| act.finish(results)),
-        );
     }
 
-    fn finish(&mut self, results: Vec<(WorkerId, String, Option<Fetched>)>) {
-        let mut reports = Vec::with_capacity(results.len());
-        for (worker, url, out) in results {
-            // Removed or moved while the poll ran: the result describes nothing tracked.
-            let Some(target) = self.targets.get_mut(&worker).filter(|t| t.url == url) else {
-                continue;
-            };
-            target.polling = false;
-            let load = match out {
-                None => {
-                    tracing::debug!(%worker, url, "load poll timed out");
-                    None
+    fn finish(&mut self, worker: WorkerId, url: String, out: Option<Fetched>) {
+        // Removed or moved while the poll ran: the result describes nothing tracked.
+        let Some(target) = self.targets.get_mut(&worker).filter(|t| t.url == url) else {
+            return;
+        };
+        target.polling = false;
+        let load = match out {
+            None => {
+                tracing::debug!(%worker, url, "load poll timed out");
+                None
+            }
+            Some(fetched) => {
+                if fetched.no_loads && !target.no_loads {
+                    tracing::debug!(%worker, url, "worker has no /v1/loads; polling /metrics");
+                    target.no_loads = true;
+                } else if target.no_loads && matches!(fetched.result, Ok((Source::Loads(_), _))) {
+                    tracing::debug!(%worker, url, "worker has /v1/loads again");
+                    target.no_loads = false;
                 }
-                Some(fetched) => {
-                    if fetched.no_loads && !target.no_loads {
-                        tracing::debug!(%worker, url, "worker has no /v1/loads; polling /metrics");
-                        target.no_loads = true;
-                    }
-                    match fetched
-                        .result
-                        .and_then(|(source, sent)| to_load(source, sent, &mut target.counters))
-                    {
-                        Ok(load) => Some(load),
-                        Err(e) => {
-                            tracing::debug!(%worker, url, error = %e, "load poll failed");
-                            None
-                        }
+                match fetched
+                    .result
+                    .and_then(|(source, sent)| to_load(source, sent, &mut target.counters))
+                {
+                    Ok(load) => Some(load),
+                    Err(e) => {
+                        tracing::debug!(%worker, url, error = %e, "load poll failed");
+                        None
                     }
                 }
-            };
-            reports.push((worker, load));
-        }
-        if !reports.is_empty() {
-            // do_send: one message per tick, and the poll loop must never wait on the sink.
-            self.sink.do_send(LoadsPolled { reports });
-        }
+            }
+        };
+        // do_send: the poll loop must never wait on the sink.
+        self.sink.do_send(LoadsPolled {
+            reports: vec![(worker, load)],
+        });
     }
 }
 

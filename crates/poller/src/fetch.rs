@@ -10,7 +10,7 @@ use thiserror::Error;
 
 use crate::error::ParseError;
 use crate::loads::parse_v1_loads;
-use crate::prometheus::{Sample, parse_prometheus};
+use crate::prometheus::{Sample, parse_prometheus_where};
 
 /// Large enough for a vLLM `/metrics` with many histograms; bounds a misbehaving peer.
 const BODY_LIMIT: usize = 8 * 1024 * 1024;
@@ -87,7 +87,7 @@ pub(crate) async fn fetch(f: Fetch) -> Fetched {
     let result = match get(&f, format!("{base}/metrics"), "/metrics").await {
         Ok((StatusCode::OK, body, sent)) => std::str::from_utf8(&body)
             .map_err(|_| PollError::NotUtf8)
-            .and_then(|text| Ok(parse_prometheus(text)?))
+            .and_then(|text| Ok(parse_prometheus_where(text, crate::ranks::is_load_metric)?))
             .map(|samples| (Source::Metrics(samples), sent)),
         Ok((status, _, _)) => Err(PollError::Status {
             route: "/metrics",

@@ -2,10 +2,10 @@
 //! answer into [`WorkerLoad`](kvgate_policies::WorkerLoad) reports for the policies.
 //!
 //! It owns the worker protocols for load: SGLang's `GET /v1/loads` and, where an engine
-//! lacks it, Prometheus `GET /metrics` from SGLang (`sglang:` and `sglang_` names) or
+//! lacks it (asked again every 30 polls), Prometheus `GET /metrics` from SGLang (`sglang:` and `sglang_` names) or
 //! vLLM (`vllm:` names, with throughput derived from counters between two scrapes). The
-//! [`LoadPoller`] actor polls every target each tick and sends one [`LoadsPolled`] to its
-//! sink. It never knows the gateway, its HTTP API or its policies' decisions, and it
+//! [`LoadPoller`] actor polls every target each tick and sends each worker's
+//! [`LoadsPolled`] to its sink as that poll ends. It never knows the gateway, its HTTP API or its policies' decisions, and it
 //! never keeps an old report in place of a failed poll: that worker's load is `None`.
 //!
 //! The parsers are pure and can be used on their own:
@@ -38,5 +38,5 @@ pub use config::PollerConfig;
 pub use counters::CounterState;
 pub use error::{ConfigError, ParseError};
 pub use loads::parse_v1_loads;
-pub use prometheus::{Sample, parse_prometheus};
+pub use prometheus::{Sample, parse_prometheus, parse_prometheus_where};
 pub use ranks::metrics_to_ranks;

@@ -6,9 +6,40 @@ use serde_json::Number;
 
 use crate::error::ParseError;
 
+/// More data-parallel ranks than any engine runs: a longer list is refused while it is
+/// read, so a small body of `{}`s cannot become millions of stored ranks.
+pub const MAX_RANKS: usize = 1024;
+
 #[derive(Deserialize)]
 struct Body {
+    #[serde(deserialize_with = "at_most_max_ranks")]
     loads: Vec<Rank>,
+}
+
+fn at_most_max_ranks<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Rank>, D::Error> {
+    struct Ranks;
+    impl<'de> serde::de::Visitor<'de> for Ranks {
+        type Value = Vec<Rank>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "a list of at most {MAX_RANKS} ranks")
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> Result<Vec<Rank>, A::Error> {
+            let mut out = Vec::new();
+            while let Some(r) = seq.next_element::<Rank>()? {
+                if out.len() == MAX_RANKS {
+                    return Err(serde::de::Error::custom(format!(
+                        "more than {MAX_RANKS} ranks"
+                    )));
+                }
+                out.push(r);
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_seq(Ranks)
 }
 
 /// Per-rank fields; missing or null ones mean 0, unknown ones are ignored.

@@ -1,8 +1,9 @@
 //! A small parser for the Prometheus text exposition format (version 0.0.4).
 //!
 //! It keeps what load polling needs: each sample's name, labels, value and optional
-//! timestamp. Comments (`# HELP`, `# TYPE`, anything after `#`) are skipped; a malformed
-//! sample line fails the whole body, since a half-read scrape would under-report load.
+//! timestamp. Comment lines (`# HELP`, `# TYPE`, any line starting with `#`) are skipped;
+//! a malformed sample line fails the whole body, since a half-read scrape would
+//! under-report load.
 
 use crate::error::ParseError;
 
@@ -28,10 +29,24 @@ impl Sample {
 
 /// Parses a whole `/metrics` body.
 pub fn parse_prometheus(text: &str) -> Result<Vec<Sample>, ParseError> {
+    parse_prometheus_where(text, |_| true)
+}
+
+/// Parses the sample lines whose metric name `keep` accepts; the others are skipped
+/// before anything is stored for them (an engine's scrape is mostly metrics load polling
+/// does not read). Every kept line must be well formed.
+pub fn parse_prometheus_where(
+    text: &str,
+    keep: impl Fn(&str) -> bool,
+) -> Result<Vec<Sample>, ParseError> {
     let mut out = Vec::new();
     for (i, raw) in text.lines().enumerate() {
         let line = raw.trim_matches([' ', '\t']);
         if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let name_end = line.find(['{', ' ', '\t']).unwrap_or(line.len());
+        if !keep(&line[..name_end]) {
             continue;
         }
         let sample = Cursor { rest: line }

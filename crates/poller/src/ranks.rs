@@ -72,6 +72,13 @@ fn vllm_metric(name: &str) -> Option<Metric> {
     })
 }
 
+/// Whether a sample named `name` is one [`metrics_to_ranks`] reads: the filter for
+/// [`parse_prometheus_where`](crate::parse_prometheus_where), so the rest of a scrape is
+/// never stored.
+pub fn is_load_metric(name: &str) -> bool {
+    sglang_gauge(name).is_some() || vllm_metric(name).is_some()
+}
+
 /// Turns one scrape of a worker's `/metrics` into its ranks, sorted by rank.
 ///
 /// `at` is when the scrape was taken and `counters` the worker's previous scrape, from

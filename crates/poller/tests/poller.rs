@@ -321,6 +321,36 @@ async fn unparseable_200_and_405_also_mean_no_v1_loads() {
 }
 
 #[actix_rt::test]
+async fn v1_loads_is_asked_again_after_thirty_polls_on_metrics() {
+    // An error page where /v1/loads should be, as a proxy might answer during a restart.
+    let engine = Engine::start(
+        Reply::Ok("<html>starting</html>".into()),
+        Reply::Ok(SGLANG_LEGACY.into()),
+    );
+    let mut h = Harness::manual();
+    h.targets(&[(1, &engine)]).await;
+    for _ in 0..31 {
+        assert!(h.poll_one().await.is_some());
+    }
+    assert_eq!(
+        engine.hits(),
+        (1, 31),
+        "remembered: 30 polls on /metrics alone"
+    );
+    engine.set(Reply::Ok(fixture()), Reply::Status(500));
+    let load = h.poll_one().await.unwrap();
+    assert_eq!(
+        load.ranks.len(),
+        2,
+        "the fixture's two ranks, from /v1/loads"
+    );
+    assert_eq!(engine.hits(), (2, 31));
+    // And /v1/loads is used from then on.
+    assert!(h.poll_one().await.is_some());
+    assert_eq!(engine.hits(), (3, 31));
+}
+
+#[actix_rt::test]
 async fn server_errors_are_unknown_and_not_remembered() {
     let engine = Engine::start(Reply::Ok(fixture()), Reply::Ok(SGLANG_LEGACY.into()));
     let mut h = Harness::manual();
@@ -375,6 +405,31 @@ async fn a_hung_worker_times_out_to_unknown() {
     });
     h.targets(&[(1, &engine)]).await;
     assert_eq!(h.poll_one().await, None);
+}
+
+#[actix_rt::test]
+async fn a_hung_worker_does_not_hold_back_the_others() {
+    let hung = Engine::start(Reply::Hang, Reply::Hang);
+    let fast = Engine::start(Reply::Ok(fixture()), Reply::Status(500));
+    // The hung poll only ends at its timeout, long after the fast one's report is due.
+    let mut h = Harness::start(PollerConfig {
+        interval: Duration::from_secs(3600),
+        timeout: Duration::from_secs(600),
+        api_key: None,
+    });
+    h.targets(&[(1, &hung), (2, &fast)]).await;
+    h.poller.send(PollNow).await.unwrap();
+    let first = h.next().await;
+    assert_eq!(first.reports.len(), 1, "{first:?}");
+    assert_eq!(first.reports[0].0, WorkerId(2));
+    assert!(first.reports[0].1.is_some());
+    // And the hung worker was polled in that same tick (its request may land a moment
+    // after the fast answer).
+    let polled = Instant::now();
+    while hung.hits().0 == 0 && polled.elapsed() < Duration::from_secs(30) {
+        actix_rt::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(hung.hits().0, 1);
 }
 
 #[actix_rt::test]

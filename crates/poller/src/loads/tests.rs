@@ -91,3 +91,43 @@ proptest! {
         let _ = parse_v1_loads(&body);
     }
 }
+
+#[test]
+fn more_ranks_than_any_engine_runs_are_refused_while_read() {
+    let body = |n: usize| format!("{{\"loads\":[{}]}}", vec!["{}"; n].join(","));
+    assert_eq!(
+        parse_v1_loads(body(super::MAX_RANKS).as_bytes())
+            .unwrap()
+            .len(),
+        1024
+    );
+    let e = parse_v1_loads(body(super::MAX_RANKS + 1).as_bytes()).unwrap_err();
+    assert!(e.to_string().contains("more than 1024 ranks"), "{e}");
+}
+
+proptest! {
+    /// Load bodies with any number in any field: never a panic, never a negative count.
+    #[test]
+    fn any_numbers_in_load_fields_are_read_without_panic(
+        field in prop::sample::select(vec![
+            "dp_rank", "num_running_reqs", "num_waiting_reqs", "num_waiting_uncached_tokens",
+            "num_used_tokens", "max_total_num_tokens", "max_running_requests", "token_usage",
+            "gen_throughput", "cache_hit_rate", "total_prefill_uncached_tokens",
+            "total_prefill_busy_us",
+        ]),
+        value in prop_oneof![
+            any::<i64>().prop_map(|v| v.to_string()),
+            any::<u64>().prop_map(|v| v.to_string()),
+            any::<f64>().prop_filter("JSON has no NaN or infinity", |v| v.is_finite()).prop_map(|v| format!("{v:e}")),
+            Just("1e400".to_string()),
+            Just("-1e400".to_string()),
+        ],
+    ) {
+        let body = format!("{{\"loads\":[{{\"{field}\":{value}}}]}}");
+        if let Ok(ranks) = parse_v1_loads(body.as_bytes()) {
+            let r = &ranks[0];
+            prop_assert!(r.token_usage.is_finite() && r.gen_throughput.is_finite());
+            prop_assert!(r.token_usage >= 0.0 && r.cache_hit_rate >= 0.0);
+        }
+    }
+}

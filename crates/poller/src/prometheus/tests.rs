@@ -151,3 +151,22 @@ proptest! {
         prop_assert_eq!(got, want);
     }
 }
+
+#[test]
+fn a_filtered_parse_stores_and_checks_only_the_kept_names() {
+    let text = "other_metric{a=\"1\"} 5\nbroken line without a value\nsglang:num_running_reqs{dp_rank=\"0\"} 3\n";
+    let kept = super::parse_prometheus_where(text, |n| n.starts_with("sglang:")).unwrap();
+    assert_eq!(
+        kept,
+        vec![sample(
+            "sglang:num_running_reqs",
+            &[("dp_rank", "0")],
+            3.0,
+            None
+        )]
+    );
+    // Unfiltered, the broken line fails the scrape.
+    assert!(parse_prometheus(text).is_err());
+    // A kept line must still be well formed.
+    assert!(super::parse_prometheus_where("sglang:x{", |_| true).is_err());
+}
