@@ -53,6 +53,8 @@ pub struct LoadPoller {
     /// Made in `started`, on the actor's own thread (the client is not `Send`).
     client: Option<Client>,
     targets: BTreeMap<WorkerId, Target>,
+    /// The last `Target::serial` handed out.
+    serial: u64,
 }
 
 /// A worker remembered without `/v1/loads` is asked again every this many polls (about a
@@ -62,6 +64,9 @@ const LOADS_RECHECK_EVERY: u32 = 30;
 
 struct Target {
     url: String,
+    /// Tells this target from an earlier one of the same worker and URL (removed and added
+    /// again while its poll ran): that poll's result is not this target's.
+    serial: u64,
     /// The worker answered `/v1/loads` with "absent": go straight to `/metrics`.
     no_loads: bool,
     /// Polls since `/v1/loads` was last tried, while `no_loads`.
@@ -72,9 +77,10 @@ struct Target {
 }
 
 impl Target {
-    fn new(url: String) -> Target {
+    fn new(url: String, serial: u64) -> Target {
         Target {
             url,
+            serial,
             no_loads: false,
             since_loads_tried: 0,
             polling: false,
@@ -102,6 +108,7 @@ impl LoadPoller {
             sink,
             client: None,
             targets: BTreeMap::new(),
+            serial: 0,
         }
     }
 
@@ -130,29 +137,31 @@ impl LoadPoller {
                 epoch: self.epoch,
                 try_loads: !target.no_loads || recheck,
             };
-            jobs.push((worker, target.url.clone(), job));
+            jobs.push((worker, target.serial, job));
         }
         // One task per worker, each reported as it ends: a worker that hangs until the
         // timeout delays nobody else's report. Spawned on the actor's context, so the polls
         // stop with the actor.
-        for (worker, url, job) in jobs {
+        for (worker, serial, job) in jobs {
             let poll = async move {
                 // Bounds the whole poll, fallback and body reads included.
                 let out = actix::clock::timeout(timeout, fetch(job)).await.ok();
-                (worker, url, out)
+                (worker, serial, out)
             };
             ctx.spawn(
                 poll.into_actor(self)
-                    .map(|(worker, url, out), act, _| act.finish(worker, url, out)),
+                    .map(|(worker, serial, out), act, _| act.finish(worker, serial, out)),
             );
         }
     }
 
-    fn finish(&mut self, worker: WorkerId, url: String, out: Option<Fetched>) {
-        // Removed or moved while the poll ran: the result describes nothing tracked.
-        let Some(target) = self.targets.get_mut(&worker).filter(|t| t.url == url) else {
+    fn finish(&mut self, worker: WorkerId, serial: u64, out: Option<Fetched>) {
+        // Removed, moved or added again while the poll ran: the result describes nothing
+        // tracked now.
+        let Some(target) = self.targets.get_mut(&worker).filter(|t| t.serial == serial) else {
             return;
         };
+        let url = target.url.as_str();
         target.polling = false;
         let load = match out {
             None => {
@@ -212,11 +221,20 @@ impl Handler<SetTargets> for LoadPoller {
     type Result = ();
 
     fn handle(&mut self, msg: SetTargets, _: &mut Context<Self>) {
+        self.set_targets(msg.0);
+    }
+}
+
+impl LoadPoller {
+    fn set_targets(&mut self, targets: Vec<PollTarget>) {
         let mut old = std::mem::take(&mut self.targets);
-        for PollTarget { worker, url } in msg.0 {
+        for PollTarget { worker, url } in targets {
             let target = match old.remove(&worker) {
                 Some(t) if t.url == url => t,
-                _ => Target::new(url),
+                _ => {
+                    self.serial += 1;
+                    Target::new(url, self.serial)
+                }
             };
             self.targets.insert(worker, target);
         }
@@ -229,5 +247,81 @@ impl Handler<PollNow> for LoadPoller {
 
     fn handle(&mut self, _: PollNow, ctx: &mut Context<Self>) {
         self.tick(ctx);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    /// Keeps every report it gets.
+    struct Sink(Arc<Mutex<Vec<LoadsPolled>>>);
+
+    impl Actor for Sink {
+        type Context = Context<Self>;
+    }
+
+    impl Handler<LoadsPolled> for Sink {
+        type Result = ();
+        fn handle(&mut self, msg: LoadsPolled, _: &mut Context<Self>) {
+            if let Ok(mut got) = self.0.lock() {
+                got.push(msg);
+            }
+        }
+    }
+
+    #[actix_rt::test]
+    async fn a_poll_of_an_earlier_target_of_the_same_worker_is_not_reported() {
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let sink = Sink(got.clone()).start();
+        let mut p = LoadPoller::new(
+            PollerConfig::default(),
+            Instant::now(),
+            sink.clone().recipient(),
+        );
+        let w = WorkerId(1);
+        let target = || PollTarget {
+            worker: w,
+            url: "http://w:1".into(),
+        };
+        let polling = |p: &mut LoadPoller| {
+            if let Some(t) = p.targets.get_mut(&w) {
+                t.polling = true;
+            }
+        };
+        // Polled as serial 1, then removed and added again (serial 2) while that poll ran.
+        p.set_targets(vec![target()]);
+        polling(&mut p);
+        p.set_targets(Vec::new());
+        p.set_targets(vec![target()]);
+        polling(&mut p);
+        p.finish(w, 1, None);
+        assert!(
+            p.targets[&w].polling,
+            "the old poll does not end the new one's"
+        );
+        p.finish(w, 2, None);
+        assert!(!p.targets[&w].polling);
+        // Delivered in order: only the new poll's report reaches the sink.
+        sink.send(Flush).await.ok();
+        let got = got.lock().map(|g| g.clone()).unwrap_or_default();
+        assert_eq!(
+            got,
+            vec![LoadsPolled {
+                reports: vec![(w, None)]
+            }]
+        );
+    }
+
+    /// A message after the reports, to know they were handled.
+    #[derive(Message)]
+    #[rtype(result = "()")]
+    struct Flush;
+
+    impl Handler<Flush> for Sink {
+        type Result = ();
+        fn handle(&mut self, _: Flush, _: &mut Context<Self>) {}
     }
 }
