@@ -363,3 +363,39 @@ async fn each_worker_counts_the_new_prefixes_it_started() {
     send(format!("{second} Question three?")).await;
     assert!(near(&recent().await, &[1.0, 1.0]), "{:?}", recent().await);
 }
+
+#[actix_rt::test]
+async fn an_engine_whose_load_routes_hang_delays_no_other_engines_report() {
+    let h = Harness::start(2, sim(), |c| {
+        c.poller.interval = Duration::from_secs(3600);
+        // The hung poll ends only at this timeout, long after the test.
+        c.poller.timeout = Duration::from_secs(600);
+    });
+    h.fleet
+        .engine(0)
+        .set_fault(kvgate_engine_sim::Fault::LoadsHang);
+    let sel = h.gw.actors().selector.clone();
+    let before = sel.send(GetViews).await.unwrap();
+    let url1 = &h.fleet.urls()[1];
+    let load_of = |views: &[WorkerView], url: &str| {
+        views
+            .iter()
+            .find(|v| v.url.as_ref() == url)
+            .and_then(|v| v.load.clone())
+    };
+    let was = load_of(&before, url1);
+    h.gw.actors().poller.do_send(PollNow);
+    wait_for_async(
+        10,
+        "engine 1's new report while engine 0's poll hangs",
+        || {
+            let (sel, was) = (sel.clone(), was.clone());
+            async move {
+                sel.send(GetViews)
+                    .await
+                    .is_ok_and(|v| load_of(&v, url1).is_some_and(|l| Some(&l) != was.as_ref()))
+            }
+        },
+    )
+    .await;
+}

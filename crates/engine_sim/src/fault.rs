@@ -5,13 +5,14 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 /// How an engine misbehaves. Inference routes obey every fault but [`Fault::HealthDown`],
-/// which only the health routes obey.
+/// which only the health routes obey, and [`Fault::LoadsHang`], which only the load routes
+/// (`/v1/loads`, `/metrics`) obey.
 ///
 /// On the wire (`POST /sim/fault`) a fault is tagged by `kind`:
 /// `{"kind":"none"}`, `{"kind":"latency","ms":200}`,
 /// `{"kind":"error_status","status":503,"body":"overloaded"}`, `{"kind":"hang"}`,
 /// `{"kind":"crash_mid_stream","after_chunks":3}`, `{"kind":"malformed_body"}`,
-/// `{"kind":"health_down"}`.
+/// `{"kind":"health_down"}`, `{"kind":"loads_hang"}`.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 #[serde(from = "FaultWire", into = "FaultWire")]
 pub enum Fault {
@@ -31,6 +32,8 @@ pub enum Fault {
     MalformedBody,
     /// `/health`, `/health_generate` and `/ready` answer 503.
     HealthDown,
+    /// `/v1/loads` and `/metrics` accept the request and never answer.
+    LoadsHang,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -51,6 +54,7 @@ enum FaultWire {
     },
     MalformedBody,
     HealthDown,
+    LoadsHang,
 }
 
 impl From<FaultWire> for Fault {
@@ -63,6 +67,7 @@ impl From<FaultWire> for Fault {
             FaultWire::CrashMidStream { after_chunks } => Fault::CrashMidStream { after_chunks },
             FaultWire::MalformedBody => Fault::MalformedBody,
             FaultWire::HealthDown => Fault::HealthDown,
+            FaultWire::LoadsHang => Fault::LoadsHang,
         }
     }
 }
@@ -79,6 +84,7 @@ impl From<Fault> for FaultWire {
             Fault::CrashMidStream { after_chunks } => FaultWire::CrashMidStream { after_chunks },
             Fault::MalformedBody => FaultWire::MalformedBody,
             Fault::HealthDown => FaultWire::HealthDown,
+            Fault::LoadsHang => FaultWire::LoadsHang,
         }
     }
 }
@@ -104,6 +110,7 @@ fn wire_form_round_trips() {
             Fault::CrashMidStream { after_chunks: 3 },
         ),
         (r#"{"kind":"health_down"}"#, Fault::HealthDown),
+        (r#"{"kind":"loads_hang"}"#, Fault::LoadsHang),
     ];
     for (text, fault) in cases {
         let parsed: Fault = serde_json::from_str(text).unwrap();

@@ -184,6 +184,7 @@ struct LoadsQuery {
 }
 
 async fn loads(e: Data<Engine>, q: Result<web::Query<LoadsQuery>, actix_web::Error>) -> Answer {
+    hang_if_loads_hang(&e).await;
     let q = q.map_err(|err| ApiError::BadRequest(err.to_string()))?;
     if let Some(r) = q.dp_rank.filter(|r| *r >= e.ranks.len()) {
         return Err(ApiError::BadRequest(format!(
@@ -200,7 +201,15 @@ async fn loads(e: Data<Engine>, q: Result<web::Query<LoadsQuery>, actix_web::Err
     })
 }
 
+/// Dropped with the connection when the poller gives up.
+async fn hang_if_loads_hang(e: &Engine) {
+    if e.fault() == Fault::LoadsHang {
+        std::future::pending::<()>().await;
+    }
+}
+
 async fn metrics(e: Data<Engine>) -> HttpResponse {
+    hang_if_loads_hang(&e).await;
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4")
         .body(load::metrics(&e))
