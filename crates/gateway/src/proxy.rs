@@ -16,8 +16,7 @@ use crate::error::ApiError;
 use crate::selector::Booking;
 use crate::upstream::{Body, Pool, UpstreamError};
 
-/// Request headers passed to workers; everything else stays at the gateway. Typed names:
-/// a lookup by `&str` parses the name first, nine times per request.
+/// The policies' routing-key headers, as typed names (see `FORWARDED`).
 pub(crate) static ROUTING_KEY_NAMES: [HeaderName; 2] = [
     HeaderName::from_static(kvgate_policies::ROUTING_KEY_HEADERS[0]),
     HeaderName::from_static(kvgate_policies::ROUTING_KEY_HEADERS[1]),
@@ -25,6 +24,8 @@ pub(crate) static ROUTING_KEY_NAMES: [HeaderName; 2] = [
 // A header added to the policies' list must be added above too.
 const _: () = assert!(kvgate_policies::ROUTING_KEY_HEADERS.len() == ROUTING_KEY_NAMES.len());
 
+/// Request headers passed to workers; everything else stays at the gateway. Typed names:
+/// a lookup by `&str` parses the name first, nine times per request.
 static FORWARDED: [HeaderName; 9] = [
     header::CONTENT_TYPE,
     header::ACCEPT,
