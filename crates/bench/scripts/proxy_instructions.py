@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Instructions per proxied request, counted by callgrind: repeatable where timings are not.
 
-    python3 crates/bench/scripts/proxy_instructions.py [--requests N] [--nginx] [--top K] BIN [BIN ...]
+    python3 crates/bench/scripts/proxy_instructions.py [--requests N] [--nginx] [--top K]
+        [--inclusive PATTERN ...] BIN [BIN ...]
 
 Starts one fixed-response simulated engine (target/release/kvgate-sim), then, one at a
 time, each `kvgate` binary BIN (and with --nginx, nginx as a reverse proxy) under
@@ -11,7 +12,10 @@ are dumped. Printed per target: instructions (Ir) per request; the same without 
 (actix-http's request parser zeroes a 3 KB header table on each of its six decode
 attempts per request, done with `rep stosb`, which callgrind counts once per byte: 18k
 "instructions" that take a fraction of a microsecond); malloc calls per request; and the
-K functions with the most instructions of their own. Loopback only; needs valgrind (and
+K functions with the most instructions of their own; with --inclusive, the instructions
+per request of each function whose name contains PATTERN, callees included (the splits
+in docs/benchmarks.md come from `--inclusive proxy_request --inclusive ContextFut
+--inclusive new_request_id --inclusive parse_head ...`). Loopback only; needs valgrind (and
 nginx for --nginx). Used in docs/benchmarks.md.
 """
 import argparse
@@ -66,8 +70,9 @@ def control(flag, pid):
 
 
 def summarise(path, n, top):
-    """Self cost per function and malloc calls, from an uncompressed callgrind dump."""
+    """Self and inclusive cost per function and malloc calls, from an uncompressed dump."""
     own = collections.Counter()
+    incl = collections.Counter()
     mallocs = 0
     fn = cfn = None
     call_line = False
@@ -84,17 +89,18 @@ def summarise(path, n, top):
                     mallocs += int(line[6:].split()[0])
             elif line[:1].isdigit() or line[:1] in "+-*":
                 # The cost line after `calls=` is the callee's inclusive cost.
-                if not call_line and fn is not None:
-                    parts = line.split()
-                    if len(parts) >= 2:
+                parts = line.split()
+                if fn is not None and len(parts) >= 2:
+                    incl[fn] += int(parts[1])
+                    if not call_line:
                         own[fn] += int(parts[1])
                 call_line = False
     total = sum(own.values())
     memset = sum(c for f, c in own.items() if "memset" in f)
-    return total / n, (total - memset) / n, mallocs / n, own.most_common(top)
+    return total / n, (total - memset) / n, mallocs / n, own.most_common(top), incl
 
 
-def profile(name, label, argv, port, ready_path, n, top, workdir):
+def profile(name, label, argv, port, ready_path, n, top, workdir, inclusive=()):
     out = os.path.join(workdir, f"{name}.out")
     cmd = ["valgrind", "--tool=callgrind", "--compress-strings=no", "--compress-pos=no",
            f"--callgrind-out-file={out}"] + argv
@@ -114,11 +120,16 @@ def profile(name, label, argv, port, ready_path, n, top, workdir):
     dumps = [f for f in os.listdir(workdir) if f.startswith(f"{name}.out.")]
     if len(dumps) != 1:
         sys.exit(f"{name}: expected one callgrind dump, found {dumps}")
-    ir, ir_no_memset, mallocs, hot = summarise(os.path.join(workdir, dumps[0]), n, top)
+    ir, ir_no_memset, mallocs, hot, incl = summarise(os.path.join(workdir, dumps[0]), n, top)
     print(f"{label}: {ir:,.0f} Ir/request, {ir_no_memset:,.0f} without memset, "
           f"{mallocs:.1f} malloc calls/request")
     for f, c in hot:
         print(f"  {c / n:>8,.0f}  {f[:110]}")
+    for pattern in inclusive:
+        matches = [(f, c) for f, c in incl.items() if pattern in f]
+        matches.sort(key=lambda fc: -fc[1])
+        for f, c in matches[:3]:
+            print(f"  inclusive {c / n:>8,.0f}  {f[:100]}")
 
 
 def main():
@@ -127,6 +138,8 @@ def main():
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--nginx", action="store_true", help="count nginx as a proxy too")
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--inclusive", action="append", default=[], metavar="PATTERN",
+                    help="also print the inclusive cost of functions whose name contains it")
     ap.add_argument("--sim", default="target/release/kvgate-sim")
     a = ap.parse_args()
     for tool in ["valgrind", "callgrind_control"] + (["nginx"] if a.nginx else []):
@@ -146,7 +159,8 @@ def main():
             port = free_port()
             argv = [b, "--port", str(port), "--worker-urls", upstream, "--policy", "round_robin",
                     "--log-level", "warn", "--data-dir", os.path.join(work, f"data{i}")]
-            profile(f"kvgate{i}", b, argv, port, "/readiness", a.requests, a.top, work)
+            profile(f"kvgate{i}", b, argv, port, "/readiness", a.requests, a.top, work,
+                    a.inclusive)
         if a.nginx:
             port = free_port()
             conf = os.path.join(work, "nginx.conf")

@@ -150,37 +150,25 @@ struct ModelCard {
     owned_by: Option<String>,
 }
 
-/// The fields kept from `/server_info`. Read one by one, so a field of an unexpected type
-/// (a newer engine, say) costs only that field.
-#[derive(Default)]
-struct ServerInfo {
-    max_running_requests: Option<u64>,
-    dp_size: Option<u64>,
-    page_size: Option<u64>,
-    startup_time: Option<f64>,
-    kv_events: Option<serde_json::Value>,
-}
-
-impl ServerInfo {
-    fn from_json(url: &str, v: &serde_json::Value) -> ServerInfo {
-        let field = |key: &str, read: fn(&serde_json::Value) -> bool| {
-            let x = v.get(key).filter(|x| !x.is_null())?;
-            if read(x) {
-                Some(x.clone())
-            } else {
-                warn!(worker = url, field = key, value = %x, "server_info field of an unexpected type, ignored");
-                None
-            }
-        };
-        let count = |key| field(key, |x| x.is_u64()).and_then(|x| x.as_u64());
-        ServerInfo {
-            max_running_requests: count("max_running_requests"),
-            dp_size: count("dp_size"),
-            page_size: count("page_size"),
-            startup_time: field("startup_time", |x| x.is_number()).and_then(|x| x.as_f64()),
-            kv_events: field("kv_events", |_| true),
+/// Takes the fields kept from a `/server_info` answer into `d`. Read one by one, so a
+/// field of an unexpected type (a newer engine, say) costs only that field.
+fn read_server_info(d: &mut Detected, url: &str, v: &serde_json::Value) {
+    let field = |key: &str, read: fn(&serde_json::Value) -> bool| {
+        let x = v.get(key).filter(|x| !x.is_null())?;
+        if read(x) {
+            Some(x.clone())
+        } else {
+            warn!(worker = url, field = key, value = %x, "server_info field of an unexpected type, ignored");
+            None
         }
-    }
+    };
+    let count = |key| field(key, |x| x.is_u64()).and_then(|x| x.as_u64());
+    d.server_info = true;
+    d.max_running_requests = count("max_running_requests");
+    d.dp_size = count("dp_size");
+    d.page_size = count("page_size");
+    d.startup_time = field("startup_time", |x| x.is_number()).and_then(|x| x.as_f64());
+    d.kv_events = field("kv_events", |_| true);
 }
 
 async fn get_json<T: serde::de::DeserializeOwned>(
@@ -235,13 +223,7 @@ pub async fn detect(
             .ok(),
     };
     if let Some(v) = info {
-        d.server_info = true;
-        let i = ServerInfo::from_json(url, &v);
-        d.max_running_requests = i.max_running_requests;
-        d.dp_size = i.dp_size;
-        d.page_size = i.page_size;
-        d.startup_time = i.startup_time;
-        d.kv_events = i.kv_events;
+        read_server_info(&mut d, url, &v);
     }
     Ok(d)
 }
@@ -644,12 +626,15 @@ mod tests {
             "kv_events": {"publisher": "zmq", "endpoint_port_base": 5557},
             "other": [1, 2],
         });
-        let i = ServerInfo::from_json("http://w:1", &v);
+        let mut i = Detected::default();
+        read_server_info(&mut i, "http://w:1", &v);
         assert_eq!(i.max_running_requests, None);
         assert_eq!((i.dp_size, i.page_size), (Some(2), Some(16)));
         assert_eq!(i.startup_time, Some(1764000000.5));
         assert_eq!(i.kv_events.unwrap()["endpoint_port_base"], 5557);
-        let off = ServerInfo::from_json(
+        let mut off = Detected::default();
+        read_server_info(
+            &mut off,
             "http://w:1",
             &serde_json::json!({"kv_events": null, "dp_size": -1}),
         );
