@@ -213,7 +213,7 @@ impl Harness {
 
 fn fixture() -> String {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/fixtures/sglang-0.5.23/v1_loads_two_ranks.json");
+        .join("../../tests/fixtures/sglang-0.5.23/v1_loads_two_ranks.json");
     std::fs::read_to_string(path).unwrap()
 }
 

@@ -9,7 +9,7 @@ use crate::support::{fast, get, get_json, one, post, post_json, sse_data};
 
 const FIXTURE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../../../shared/fixtures/sglang-0.5.23/v1_loads_two_ranks.json"
+    "/../../tests/fixtures/sglang-0.5.23/v1_loads_two_ranks.json"
 );
 
 fn kind(v: &Value) -> &'static str {

@@ -8,7 +8,7 @@ use crate::error::ParseError;
 
 fn fixture(name: &str) -> Vec<u8> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/fixtures/sglang-0.5.23")
+        .join("../../tests/fixtures/sglang-0.5.23")
         .join(name);
     std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
