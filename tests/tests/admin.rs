@@ -181,7 +181,7 @@ async fn vllm_and_older_sglang_workers_are_detected_and_polled() {
     kvgate_tests::wait_for_async(10, "a load report from both", || {
         let sel = sel.clone();
         async move {
-            sel.send(kvgate_gateway::GetViews)
+            sel.send(kvgate_gateway::testing::GetViews)
                 .await
                 .map(|v| v.len() == 2 && v.iter().all(|w| w.load.is_some()))
                 .unwrap_or(false)

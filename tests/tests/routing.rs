@@ -2,7 +2,7 @@
 
 use futures_util::StreamExt;
 use kvgate_engine_sim::SimConfig;
-use kvgate_gateway::GetViews;
+use kvgate_gateway::testing::GetViews;
 use kvgate_policies::{PolicyKind, WorkerView};
 use kvgate_poller::PollNow;
 use std::time::Duration;
@@ -132,7 +132,7 @@ async fn a_shared_prefix_stays_with_the_engine_that_holds_it() {
 
 #[actix_rt::test]
 async fn explain_is_a_dry_run_with_reasons() {
-    use kvgate_gateway::Explain;
+    use kvgate_gateway::testing::Explain;
     use kvgate_policies::{DecisionPath, RequestFacts, RoutingText};
     let h = with_loads(2, PolicyKind::CacheAware).await;
     let text = "<|user|>\nexplain me\n".to_owned();
@@ -253,13 +253,15 @@ async fn shared_prefix_pair(hold: Duration) -> (u64, f64) {
     let s = h.fleet.engine(0).stats();
     assert_eq!(s.requests, 3);
     let body = json!({"messages": [{"role": "system", "content": system}, {"role": "user", "content": "question 2"}]});
-    let facts =
-        kvgate_gateway::request_facts(kvgate_gateway::Endpoint::Chat, body.to_string().as_bytes())
-            .expect("a valid chat body");
+    let facts = kvgate_gateway::testing::request_facts(
+        kvgate_gateway::testing::Endpoint::Chat,
+        body.to_string().as_bytes(),
+    )
+    .expect("a valid chat body");
     let d =
         h.gw.actors()
             .selector
-            .send(kvgate_gateway::Explain { facts })
+            .send(kvgate_gateway::testing::Explain { facts })
             .await
             .expect("the selector answers")
             .expect("a decision");

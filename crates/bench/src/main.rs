@@ -135,7 +135,7 @@ struct ProxyArgs {
 
 fn main() -> anyhow::Result<()> {
     // The in-process gateways log only when asked, e.g.
-    // KVGATE_BENCH_LOG=kvgate_gateway::selector=debug for every routing decision.
+    // KVGATE_BENCH_LOG=kvgate_gateway::actors::selector=debug for every routing decision.
     if let Ok(filter) = std::env::var("KVGATE_BENCH_LOG") {
         tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::new(filter))

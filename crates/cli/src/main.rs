@@ -54,14 +54,14 @@ enum SnapshotCmd {
     },
 }
 
-fn inspect_text(s: &kvgate_gateway::store::StoreSummary) -> String {
+fn inspect_text(s: &kvgate_store::StoreSummary) -> String {
     let mut out = format!(
         "store:           {}\nformat version:  {}\n",
         s.path, s.format_version
     );
     match (s.written_at, s.generation) {
         (Some(at), Some(g)) => {
-            let age = kvgate_gateway::store::unix_now() - at;
+            let age = kvgate_store::unix_now() - at;
             out.push_str(&format!(
                 "written:         {at:.0} (unix), {age:.0}s ago, generation {g}\n"
             ));
@@ -228,7 +228,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         cmd: SnapshotCmd::Inspect { data_dir },
     } = &cli.cmd
     {
-        let s = kvgate_gateway::store::inspect(data_dir)
+        let s = kvgate_store::inspect(data_dir)
             .with_context(|| format!("reading the store under {}", data_dir.display()))?;
         if cli.json {
             println!("{}", serde_json::to_string_pretty(&s)?);

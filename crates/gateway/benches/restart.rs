@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, anyhow, bail};
 use kvgate_engine_sim::{EngineStats, SimConfig, SimFleet};
-use kvgate_gateway::{Gateway, GatewayConfig, GetViews};
+use kvgate_gateway::testing::GetViews;
+use kvgate_gateway::{Gateway, GatewayConfig};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;

@@ -6,8 +6,7 @@
 //! with no write, and the same lookups while the gateway's snapshot timer writes the index;
 //! the store is then reopened, loaded and restored into a fresh actor, each step timed.
 //!
-//! The crate root exports neither `SnapshotNow` nor the writer's `spawn`, so the write is
-//! the periodic one: every `PERIOD` the actor snapshots if the index changed. Lookups never
+//! The write is the periodic one, as in a running gateway: every `PERIOD` the actor snapshots if the index changed. Lookups never
 //! record, so nothing is written unless the bench dirties the index with one `RecordPrefix`;
 //! the write then starts at the next tick, whose time is known from when the actor started.
 //! The workers are simulated engines, since the index records only registered workers.
@@ -26,12 +25,13 @@ use std::time::{Duration, Instant};
 use actix::Addr;
 use anyhow::{Context as _, bail};
 use kvgate_engine_sim::{SimConfig, SimFleet};
-use kvgate_gateway::store::{Chunk, Store};
-use kvgate_gateway::{
-    Gateway, GatewayConfig, GetIndexStats, GetViews, IndexActor, IndexConfig, MatchPrefix,
-    RecordPrefix, normalize_url,
+use kvgate_gateway::testing::{
+    GetIndexStats, GetViews, IndexActor, IndexConfig, MatchPrefix, RecordPrefix,
 };
+use kvgate_gateway::{Gateway, GatewayConfig};
 use kvgate_policies::{PolicyConfig, PolicyKind, RequestFacts, RoutingText, WorkerId};
+use kvgate_poller::WorkerUrl;
+use kvgate_store::{Chunk, Store};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -532,7 +532,7 @@ fn main() -> anyhow::Result<()> {
         fleet
             .urls()
             .iter()
-            .map(|u| normalize_url(u).map(|n| WorkerId::from_url(&n)))
+            .map(|u| WorkerUrl::parse(u).map(|n| WorkerId::from_url(n.as_str())))
             .collect::<Result<_, _>>()?,
     );
     let dir = tempfile::tempdir().context("temp dir")?;
@@ -672,7 +672,7 @@ fn main() -> anyhow::Result<()> {
     let rss_loaded = rss();
     let t = Instant::now();
     let mut restored = IndexActor::new(
-        IndexConfig::from_policy(&policy, PERIOD),
+        IndexConfig::from_policy(&policy, PERIOD, 0.0),
         Instant::now(),
         None,
     );

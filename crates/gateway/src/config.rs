@@ -35,30 +35,42 @@ pub struct GatewayConfig {
     /// Largest request body accepted, in bytes (413 above it).
     pub max_payload_size: usize,
     /// Total time allowed for one upstream request, streams included.
-    #[serde(rename = "request_timeout_secs", with = "secs")]
+    #[serde(rename = "request_timeout_secs", with = "kvgate_policies::serde_secs")]
     pub request_timeout: Duration,
-    #[serde(rename = "connect_timeout_secs", with = "secs")]
+    #[serde(rename = "connect_timeout_secs", with = "kvgate_policies::serde_secs")]
     pub connect_timeout: Duration,
     /// Time a client has to send its request head; stalled connections are closed.
-    #[serde(rename = "header_read_timeout_secs", with = "secs")]
+    #[serde(
+        rename = "header_read_timeout_secs",
+        with = "kvgate_policies::serde_secs"
+    )]
     pub header_read_timeout: Duration,
-    #[serde(rename = "health_check_interval_secs", with = "secs")]
+    #[serde(
+        rename = "health_check_interval_secs",
+        with = "kvgate_policies::serde_secs"
+    )]
     pub health_check_interval: Duration,
-    #[serde(rename = "health_check_timeout_secs", with = "secs")]
+    #[serde(
+        rename = "health_check_timeout_secs",
+        with = "kvgate_policies::serde_secs"
+    )]
     pub health_check_timeout: Duration,
     /// Consecutive failed checks before a worker is marked unhealthy.
     pub health_failure_threshold: u32,
     /// Consecutive passing checks before an unhealthy worker is healthy again.
     pub health_success_threshold: u32,
     /// How often a changed prefix index is written to the store under `data_dir`.
-    #[serde(rename = "snapshot_interval_secs", with = "secs")]
+    #[serde(
+        rename = "snapshot_interval_secs",
+        with = "kvgate_policies::serde_secs"
+    )]
     pub snapshot_interval: Duration,
     /// After a snapshot that took `t`, the timer's next one waits until `t × this` after
     /// it, so a large index that stays dirty is not rewritten back to back; 0 turns it off.
     pub snapshot_backoff: f64,
     /// Longest wait of a request held behind a streamed request that is still prefilling
     /// the prefix both share on the worker they go to; 0 turns holds off.
-    #[serde(rename = "prefill_hold_secs", with = "secs")]
+    #[serde(rename = "prefill_hold_secs", with = "kvgate_policies::serde_secs")]
     pub prefill_hold: Duration,
     /// HTTP worker threads (`None`, from code only: one per core). The default is one: the routing
     /// actors run on the first, and a request on any other reaches them with a wake-up of
@@ -164,7 +176,7 @@ impl GatewayConfig {
             return invalid("host", "must not be empty");
         }
         for u in &self.worker_urls {
-            if let Err(e) = crate::registry::normalize_url(u) {
+            if let Err(e) = kvgate_poller::WorkerUrl::parse(u) {
                 return Err(ConfigError::Invalid {
                     key: "worker_urls",
                     reason: e.to_string(),
@@ -226,22 +238,6 @@ impl GatewayConfig {
             reason: e.to_string(),
         })?;
         Ok(())
-    }
-}
-
-/// `Duration` as a number of seconds (fractions allowed), for `*_secs` keys.
-pub(crate) mod secs {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_f64(d.as_secs_f64())
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let v = f64::deserialize(d)?;
-        Duration::try_from_secs_f64(v).map_err(serde::de::Error::custom)
     }
 }
 

@@ -1,10 +1,12 @@
-//! kvgate's gateway: the HTTP API, the actors that own the worker registry and the policy
-//! selector, and the proxy that relays requests (and SSE streams) to the chosen worker.
+//! kvgate's gateway: the HTTP API, the actors that own the worker registry, the prefix
+//! index and the policy selector, and the proxy that relays requests (and SSE streams) to
+//! the chosen worker.
 //!
 //! The gateway parses only what routing needs from a request (model, stream flag, the
 //! prompt as text or tokens), asks the selector actor for a worker, forwards the body
 //! unchanged and reports completion back so in-flight counts stay right. It never blocks
-//! the request path on disk or on another worker.
+//! the request path on disk or on another worker: snapshots go to the `kvgate-store`
+//! writer thread, load reports come from the `kvgate-poller` actor.
 //!
 //! Embedding it: build a [`GatewayConfig`] and start a [`Gateway`] on its own thread.
 //!
@@ -18,32 +20,30 @@
 //! println!("listening on {}", gw.url());
 //! gw.stop();
 //! ```
+//!
+//! The `demo` feature (on by default, for the `kvgate` binary's `--demo`) links the
+//! simulated engines of `kvgate-engine-sim`; embedders turn it off with
+//! `default-features = false`.
 
+mod actors;
 mod config;
-mod error;
-mod index;
-mod parse;
-mod persist;
-mod proxy;
-mod registry;
-mod routes;
-mod selector;
+mod http;
 mod server;
-pub mod store;
 mod upstream;
 
-pub use config::{ConfigError, GatewayConfig, Overrides};
-pub use error::ApiError;
-pub use index::{
-    ClearWorker, GetIndexStats, IndexActor, IndexConfig, IndexStats, MatchPrefix, RecordPrefix,
-};
-pub use parse::{Endpoint, request_facts};
-pub use registry::{
-    AddWorker, Fleet, FleetChanged, ListWorkers, RegistryActor, RegistryError, RemoveWorker,
-    Runtime, WorkerRecord, WorkerSource, WorkerStatus, normalize_url,
-};
-pub use selector::{
-    Booking, Dispatch, Explain, GetViews, Hold, Release, Select, SelectError, Selected,
-    SelectorActor, Warmed, select,
-};
-pub use server::{Actors, Gateway, StartError};
+pub use config::{ConfigError, GatewayConfig, NOT_CONFIG_VARS, Overrides};
+pub use http::error::ApiError;
+pub use server::{Gateway, StartError};
+
+/// The actors and request parsing, for the workspace's own end-to-end tests and
+/// benchmarks. Not a stable API.
+#[doc(hidden)]
+pub mod testing {
+    pub use crate::actors::index::{
+        GetIndexStats, IndexActor, IndexConfig, IndexStats, MatchPrefix, RecordPrefix,
+    };
+    pub use crate::actors::registry::{Fleet, FleetChanged, WorkerRecord, WorkerStatus};
+    pub use crate::actors::selector::{Explain, GetViews, SelectorActor};
+    pub use crate::http::parse::{Endpoint, request_facts};
+    pub use crate::server::Actors;
+}

@@ -379,17 +379,7 @@ fn main() -> anyhow::Result<()> {
     let mut cfg = GatewayConfig::load(cli.config.as_deref(), &env, overrides)?;
     init_logging(&cfg);
 
-    let fleet = if cfg.demo {
-        let fleet = kvgate_engine_sim::SimFleet::start(
-            cfg.demo_engines,
-            kvgate_engine_sim::SimConfig::default(),
-        )
-        .context("starting the simulated engines")?;
-        cfg.worker_urls.extend(fleet.urls());
-        Some(fleet)
-    } else {
-        None
-    };
+    let fleet = demo_fleet(&mut cfg)?;
 
     let gw = Gateway::start(cfg.clone())?;
     if fleet.is_some() {
@@ -402,6 +392,38 @@ fn main() -> anyhow::Result<()> {
         f.stop();
     }
     Ok(())
+}
+
+/// The simulated engines of `--demo`, added to the configured workers.
+#[cfg(feature = "demo")]
+fn demo_fleet(cfg: &mut GatewayConfig) -> anyhow::Result<Option<kvgate_engine_sim::SimFleet>> {
+    if !cfg.demo {
+        return Ok(None);
+    }
+    let fleet = kvgate_engine_sim::SimFleet::start(
+        cfg.demo_engines,
+        kvgate_engine_sim::SimConfig::default(),
+    )
+    .context("starting the simulated engines")?;
+    cfg.worker_urls.extend(fleet.urls());
+    Ok(Some(fleet))
+}
+
+/// Without the `demo` feature there is no simulator to start.
+#[cfg(not(feature = "demo"))]
+fn demo_fleet(cfg: &mut GatewayConfig) -> anyhow::Result<Option<NoFleet>> {
+    if cfg.demo {
+        anyhow::bail!("--demo needs a kvgate built with the `demo` feature (on by default)");
+    }
+    Ok(None)
+}
+
+#[cfg(not(feature = "demo"))]
+struct NoFleet;
+
+#[cfg(not(feature = "demo"))]
+impl NoFleet {
+    fn stop(self) {}
 }
 
 fn print_demo(gw: &Gateway, cfg: &GatewayConfig) {

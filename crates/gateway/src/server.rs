@@ -1,7 +1,7 @@
-//! Wiring: starts the actors (selector and index on the first HTTP thread, registry and
-//! poller on a control arbiter), registers the configured workers and serves the HTTP API.
-//! `Gateway::start` runs all of it on a dedicated thread, which is what the binary's
-//! `--demo`, embedders and the end-to-end tests use.
+//! Wiring: opens the store, starts the actors (selector and index on the first HTTP
+//! thread, registry and poller on a control arbiter), registers the configured workers and
+//! serves the HTTP API. `Gateway::start` runs all of it on a dedicated thread, which is
+//! what the binary, embedders and the end-to-end tests use.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -16,17 +16,20 @@ use rand::Rng;
 use thiserror::Error;
 use tracing::{error, info, warn};
 
+use kvgate_policies::CacheIndex;
+use kvgate_poller::{LoadPoller, WorkerUrl};
+use kvgate_store::{Image, Persister, RegistryImage};
+
+use crate::actors::index::{FleetSettled, IndexActor, IndexConfig};
+use crate::actors::registry::{
+    AddWorker, RegistryActor, RegistryConfig, RegistryError, WorkerSource,
+};
+use crate::actors::selector::SelectorActor;
 use crate::config::GatewayConfig;
-use crate::error::ApiError;
-use crate::index::{FleetSettled, IndexActor, IndexConfig};
-use crate::parse::Endpoint;
-use crate::registry::normalize_url;
-use crate::registry::{AddWorker, RegistryActor, RegistryConfig, RegistryError, WorkerSource};
-use crate::routes::{self, AppState, RequestId};
-use crate::selector::SelectorActor;
+use crate::http::error::ApiError;
+use crate::http::parse::Endpoint;
+use crate::http::routes::{self, AppState, RequestId};
 use crate::upstream::Pool;
-use crate::{persist, store};
-use kvgate_poller::LoadPoller;
 
 #[derive(Debug, Error)]
 pub enum StartError {
@@ -41,7 +44,7 @@ pub enum StartError {
     Startup,
 }
 
-/// Addresses of the running actors, for embedders and tests.
+/// Addresses of the running actors, for the workspace's tests and benchmarks.
 #[derive(Debug, Clone)]
 pub struct Actors {
     pub registry: Addr<RegistryActor>,
@@ -118,102 +121,125 @@ impl RoutingStart {
     }
 }
 
-/// Starts the actors and the HTTP server inside the current actix System.
-async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threads), StartError> {
-    // Bound first: a taken port fails the start before any thread or store is opened.
-    let bind = format!("{}:{}", cfg.host, cfg.port);
-    let listener = std::net::TcpListener::bind(&bind).map_err(|source| StartError::Bind {
-        addr: bind.clone(),
-        source,
-    })?;
-    let addr = listener
-        .local_addr()
-        .map_err(|source| StartError::Bind { addr: bind, source })?;
-    let epoch = Instant::now();
-    // A store that cannot be used is reported once and never stops the gateway.
-    let store::Opened {
+/// The store, read once at startup, and the writer thread that owns it afterwards.
+struct Persistence {
+    persister: Option<Persister>,
+    writer: Option<std::thread::JoinHandle<()>>,
+    image: Option<Image>,
+    registry: RegistryImage,
+}
+
+/// Opens the store under `data_dir`. A store that cannot be used is reported once and
+/// never stops the gateway: it then runs without persistence.
+fn open_store(cfg: &GatewayConfig) -> Persistence {
+    let kvgate_store::Opened {
         store,
         image,
-        registry: reg_image,
+        registry,
         problems,
-    } = store::open_or_reset(&cfg.data_dir);
+    } = kvgate_store::open_or_reset(&cfg.data_dir);
     for p in problems {
         error!("{p}");
     }
-    let mut writer = None;
-    let persister = match store.map(persist::spawn) {
-        Some(Ok((p, w))) => {
-            writer = Some(w);
-            Some(p)
-        }
+    let (persister, writer) = match store.map(kvgate_store::spawn) {
+        Some(Ok((p, w))) => (Some(p), Some(w)),
         Some(Err(e)) => {
             error!(error = %e, "cannot start the store writer; running without persistence");
-            None
+            (None, None)
         }
-        None => None,
+        None => (None, None),
     };
-    let control = Arbiter::new();
-    // The index and the selector run on the first HTTP worker's thread (see `RoutingStart`);
-    // their addresses exist now so the registry and the routes can hold them.
+    Persistence {
+        persister,
+        writer,
+        image,
+        registry,
+    }
+}
+
+/// Builds the routing actors, restored from the stored snapshot before any request can
+/// reach them. They start on the first HTTP thread; their addresses exist already.
+fn routing_actors(
+    cfg: &GatewayConfig,
+    epoch: Instant,
+    persister: Option<Persister>,
+    image: Option<Image>,
+) -> (RoutingStart, Addr<IndexActor>, Addr<SelectorActor>) {
     let (index_tx, index_rx) = actix::dev::channel::channel::<IndexActor>(MAILBOX);
     let (selector_tx, selector_rx) = actix::dev::channel::channel::<SelectorActor>(MAILBOX);
     let index = Addr::new(index_tx);
     let selector = Addr::new(selector_tx);
-    let index_cfg = IndexConfig {
-        snapshot_backoff: cfg.snapshot_backoff,
-        ..IndexConfig::from_policy(&cfg.policy, cfg.snapshot_interval)
-    };
-    let mut index_actor = IndexActor::new(index_cfg, epoch, persister.clone());
+    let index_cfg =
+        IndexConfig::from_policy(&cfg.policy, cfg.snapshot_interval, cfg.snapshot_backoff);
+    let mut index_actor = IndexActor::new(index_cfg, epoch, persister);
     if let Some(img) = image {
-        // Restored before the server is built: no request is routed on an empty index.
         index_actor.restore(img);
     }
-    let routing_start = Arc::new(Mutex::new(Some(RoutingStart {
+    let selector_actor =
+        SelectorActor::new(cfg.policy.clone(), cfg.seed, epoch, Some(index.clone()))
+            .with_prefill_hold(cfg.prefill_hold);
+    let start = RoutingStart {
         index: (index_actor, index_rx),
-        selector: (
-            SelectorActor::new(cfg.policy.clone(), cfg.seed, epoch, Some(index.clone()))
-                .with_prefill_hold(cfg.prefill_hold),
-            selector_rx,
-        ),
-    })));
+        selector: (selector_actor, selector_rx),
+    };
+    (start, index, selector)
+}
+
+/// Starts the load poller and the registry on the control arbiter.
+fn control_actors(
+    cfg: &GatewayConfig,
+    epoch: Instant,
+    control: &Arbiter,
+    routing: (&Addr<IndexActor>, &Addr<SelectorActor>),
+    persister: Option<Persister>,
+    image: RegistryImage,
+) -> (Addr<RegistryActor>, Addr<LoadPoller>) {
+    let (index, selector) = routing;
+    let sink = selector.clone().recipient();
+    let poller_cfg = cfg.poller.clone();
+    let poller = LoadPoller::start_in_arbiter(&control.handle(), move |_| {
+        LoadPoller::new(poller_cfg, epoch, sink)
+    });
     let reg_cfg = RegistryConfig {
         health_check_interval: cfg.health_check_interval,
         health_check_timeout: cfg.health_check_timeout,
         failure_threshold: cfg.health_failure_threshold,
         success_threshold: cfg.health_success_threshold,
     };
-    let sink = selector.clone().recipient();
-    let poller_cfg = cfg.poller.clone();
-    let poller = LoadPoller::start_in_arbiter(&control.handle(), move |_| {
-        LoadPoller::new(poller_cfg, epoch, sink)
-    });
     let subscribers = vec![selector.clone().recipient(), index.clone().recipient()];
     let poller_rx = poller.clone().recipient();
-    // Flags and config, less what the API removed, plus what the API added.
-    let mut startup: Vec<(String, WorkerSource)> = Vec::new();
+    let registry = RegistryActor::start_in_arbiter(&control.handle(), move |_| {
+        RegistryActor::new(reg_cfg, subscribers, Some(poller_rx), persister, image)
+    });
+    (registry, poller)
+}
+
+/// The workers to register at start: the configured ones less those the admin API
+/// removed, plus those it added.
+fn startup_workers(cfg: &GatewayConfig, image: &RegistryImage) -> Vec<(String, WorkerSource)> {
+    let mut startup = Vec::new();
     for u in &cfg.worker_urls {
-        let norm = normalize_url(u).unwrap_or_else(|_| u.clone());
-        if reg_image.removed.contains(&norm) {
+        let norm = WorkerUrl::parse(u).map_or_else(|_| u.clone(), |w| w.to_string());
+        if image.removed.contains(&norm) {
             info!(worker = %norm, "not registered: it was removed through the admin API");
         } else {
             startup.push((u.clone(), WorkerSource::Config));
         }
     }
-    for u in &reg_image.added {
+    for u in &image.added {
         startup.push((u.clone(), WorkerSource::Api));
     }
-    let reg_persist = persister.clone();
-    let registry = RegistryActor::start_in_arbiter(&control.handle(), move |_| {
-        RegistryActor::new(
-            reg_cfg,
-            subscribers,
-            Some(poller_rx),
-            reg_persist,
-            reg_image,
-        )
-    });
+    startup
+}
 
-    let adds = startup.into_iter().map(|(url, source)| {
+/// Registers the startup workers (each probed before its answer), then tells the index
+/// that restored entries of workers that did not come back can go.
+async fn register(
+    registry: &Addr<RegistryActor>,
+    index: &Addr<IndexActor>,
+    workers: Vec<(String, WorkerSource)>,
+) {
+    let adds = workers.into_iter().map(|(url, source)| {
         let registry = registry.clone();
         async move {
             let r = registry
@@ -231,14 +257,28 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
     });
     futures_util::future::join_all(adds).await;
     index.do_send(FleetSettled);
+}
 
-    let state = web::Data::new(AppState {
-        selector: selector.clone(),
-        registry: registry.clone(),
-        index: index.clone(),
-        max_payload_size: cfg.max_payload_size,
-        request_timeout: cfg.request_timeout,
-    });
+/// Says at start what the configuration leaves unrouted by prefix, rather than let it
+/// pass silently.
+fn warn_about_blind_spots(cfg: &GatewayConfig) {
+    if cfg.policy.kind.needs_prefix_matches() && cfg.policy.cache_index == CacheIndex::Hash {
+        warn!(
+            "--cache-index hash matches token prompts only: /v1/chat/completions, and text \
+             prompts on /v1/completions and /generate, are routed by load with no prefix \
+             affinity (use --cache-index tree for them)"
+        );
+    }
+}
+
+/// The HTTP server over `listener`, with the routing actors started by its first thread.
+fn http_server(
+    cfg: &GatewayConfig,
+    listener: std::net::TcpListener,
+    state: web::Data<AppState>,
+    routing: RoutingStart,
+) -> Result<Server, StartError> {
+    let routing_start = Arc::new(Mutex::new(Some(routing)));
     let connect_timeout = cfg.connect_timeout;
     let server = HttpServer::new(move || {
         // The first worker to build its app hosts the routing actors; later calls (other
@@ -253,53 +293,7 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         // One upstream pool per HTTP thread.
         let pool = Pool::new(connect_timeout, UPSTREAM_KEEP_ALIVE);
         pool.spawn_sweeper();
-        App::new()
-            .app_data(state.clone())
-            .app_data(web::Data::new(pool))
-            .app_data(web::QueryConfig::default().error_handler(|e, _| {
-                ApiError::BadRequest(format!("invalid query string: {e}")).into()
-            }))
-            .wrap_fn(|req, srv| {
-                let id: Arc<str> = req
-                    .headers()
-                    .get(&X_REQUEST_ID)
-                    .and_then(valid_request_id)
-                    .map_or_else(|| Arc::from(new_request_id()), Arc::from);
-                req.extensions_mut().insert(RequestId(id.clone()));
-                let fut = srv.call(req);
-                async move {
-                    let mut res = fut.await?;
-                    if let Ok(v) = HeaderValue::from_str(&id) {
-                        res.headers_mut().insert(X_REQUEST_ID.clone(), v);
-                    }
-                    Ok(res)
-                }
-            })
-            .service(proxied(Endpoint::Chat))
-            .service(proxied(Endpoint::Completions))
-            .service(proxied(Endpoint::Generate))
-            .service(get("/health", routes::health))
-            .service(get("/liveness", routes::health))
-            .service(get("/readiness", routes::readiness))
-            .service(get("/v1/models", routes::models))
-            .service(
-                web::resource("/workers")
-                    .route(web::get().to(routes::list_workers))
-                    .route(web::post().to(routes::post_worker))
-                    .default_service(web::to(routes::method_not_allowed)),
-            )
-            .service(
-                web::resource("/workers/{key:.*}")
-                    .route(web::get().to(routes::get_worker))
-                    .route(web::delete().to(routes::delete_worker))
-                    .default_service(web::to(routes::method_not_allowed)),
-            )
-            .service(post("/flush_cache", routes::flush_cache))
-            .service(get("/admin/index", routes::index_stats))
-            .service(post("/add_worker", routes::legacy_add))
-            .service(post("/remove_worker", routes::legacy_remove))
-            .service(get("/list_workers", routes::legacy_list))
-            .default_service(web::to(routes::not_found))
+        app(state.clone(), pool)
     })
     // Streamed tokens are small writes: with Nagle's algorithm each waited for the
     // client's delayed ACK of the one before (+28 ms TTFT measured at two streams).
@@ -315,26 +309,124 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         Some(n) => server.workers(n),
         None => server,
     };
-    let server = server.listen(listener).map_err(|source| StartError::Bind {
-        addr: addr.to_string(),
+    let addr = listener
+        .local_addr()
+        .map_or_else(|_| format!("{}:{}", cfg.host, cfg.port), |a| a.to_string());
+    let server = server
+        .listen(listener)
+        .map_err(|source| StartError::Bind { addr, source })?;
+    Ok(server.run())
+}
+
+/// Every route, and the request-id middleware.
+fn app(
+    state: web::Data<AppState>,
+    pool: Pool,
+) -> App<
+    impl actix_web::dev::ServiceFactory<
+        actix_web::dev::ServiceRequest,
+        Config = (),
+        Response = actix_web::dev::ServiceResponse<actix_web::body::BoxBody>,
+        Error = actix_web::Error,
+        InitError = (),
+    >,
+> {
+    App::new()
+        .app_data(state)
+        .app_data(web::Data::new(pool))
+        .app_data(web::QueryConfig::default().error_handler(|e, _| {
+            ApiError::BadRequest(format!("invalid query string: {e}")).into()
+        }))
+        .wrap_fn(|req, srv| {
+            let id: Arc<str> = req
+                .headers()
+                .get(&X_REQUEST_ID)
+                .and_then(valid_request_id)
+                .map_or_else(|| Arc::from(new_request_id()), Arc::from);
+            req.extensions_mut().insert(RequestId(id.clone()));
+            let fut = srv.call(req);
+            async move {
+                let mut res = fut.await?;
+                if let Ok(v) = HeaderValue::from_str(&id) {
+                    res.headers_mut().insert(X_REQUEST_ID.clone(), v);
+                }
+                Ok(res)
+            }
+        })
+        .service(proxied(Endpoint::Chat))
+        .service(proxied(Endpoint::Completions))
+        .service(proxied(Endpoint::Generate))
+        .service(get("/health", routes::health))
+        .service(get("/liveness", routes::health))
+        .service(get("/readiness", routes::readiness))
+        .service(get("/v1/models", routes::models))
+        .service(
+            web::resource("/workers")
+                .route(web::get().to(routes::list_workers))
+                .route(web::post().to(routes::post_worker))
+                .default_service(web::to(routes::method_not_allowed)),
+        )
+        .service(
+            web::resource("/workers/{key:.*}")
+                .route(web::get().to(routes::get_worker))
+                .route(web::delete().to(routes::delete_worker))
+                .default_service(web::to(routes::method_not_allowed)),
+        )
+        .service(post("/flush_cache", routes::flush_cache))
+        .service(get("/admin/index", routes::index_stats))
+        .service(post("/add_worker", routes::legacy_add))
+        .service(post("/remove_worker", routes::legacy_remove))
+        .service(get("/list_workers", routes::legacy_list))
+        .default_service(web::to(routes::not_found))
+}
+
+/// Starts the actors and the HTTP server inside the current actix System.
+async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threads), StartError> {
+    // Bound first: a taken port fails the start before any thread or store is opened.
+    let bind = format!("{}:{}", cfg.host, cfg.port);
+    let listener = std::net::TcpListener::bind(&bind).map_err(|source| StartError::Bind {
+        addr: bind.clone(),
         source,
     })?;
-    let server = server.run();
+    let addr = listener
+        .local_addr()
+        .map_err(|source| StartError::Bind { addr: bind, source })?;
+    warn_about_blind_spots(cfg);
+    let epoch = Instant::now();
+    let store = open_store(cfg);
+    let (routing, index, selector) =
+        routing_actors(cfg, epoch, store.persister.clone(), store.image);
+    let control = Arbiter::new();
+    let workers = startup_workers(cfg, &store.registry);
+    let (registry, poller) = control_actors(
+        cfg,
+        epoch,
+        &control,
+        (&index, &selector),
+        store.persister,
+        store.registry,
+    );
+    register(&registry, &index, workers).await;
+    let state = web::Data::new(AppState {
+        selector: selector.clone(),
+        registry: registry.clone(),
+        index: index.clone(),
+        max_payload_size: cfg.max_payload_size,
+        request_timeout: cfg.request_timeout,
+    });
+    let server = http_server(cfg, listener, state, routing)?;
     info!(%addr, policy = %cfg.policy.kind, workers = cfg.worker_urls.len(), "kvgate listening");
-    Ok((
-        server,
-        addr,
-        Actors {
-            registry,
-            selector,
-            poller,
-            index,
-        },
-        Threads {
-            arbiters: vec![control],
-            writer,
-        },
-    ))
+    let actors = Actors {
+        registry,
+        selector,
+        poller,
+        index,
+    };
+    let threads = Threads {
+        arbiters: vec![control],
+        writer: store.writer,
+    };
+    Ok((server, addr, actors, threads))
 }
 
 /// An inference route, proxied.
@@ -425,6 +517,7 @@ impl Gateway {
         format!("http://{}", self.addr)
     }
 
+    #[doc(hidden)]
     pub fn actors(&self) -> &Actors {
         &self.actors
     }

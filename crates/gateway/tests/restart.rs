@@ -325,14 +325,7 @@ fn damaged_or_unusable_stores_are_reported_and_the_gateway_serves() {
 
     // A store of another format version.
     let dir = tempfile::tempdir().expect("dir");
-    {
-        let db = sled::open(dir.path().join("store")).unwrap();
-        db.open_tree("meta")
-            .unwrap()
-            .insert("format_version", &99u32.to_be_bytes())
-            .unwrap();
-        db.flush().unwrap();
-    }
+    kvgate_store::testing::store_of_format(dir.path(), 99).unwrap();
     let gw = Kvgate::start(dir.path(), &fleet.urls(), &[]);
     let line = gw.wait_line("format version 99");
     assert!(line.contains("moved it to"), "{line}");

@@ -179,7 +179,7 @@ pub struct PolicyConfig {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub overload_token_usage_threshold: Option<f64>,
     /// Prefix-index eviction period (the index actor's timer). `None`: never.
-    #[serde(rename = "eviction_interval_secs", with = "secs_or_off")]
+    #[serde(rename = "eviction_interval_secs", with = "crate::serde_secs::or_off")]
     pub eviction_interval: Option<Duration>,
     /// Prefix-tree budget per model, in units (text bytes or tokens) summed over tenants.
     pub max_tree_size: usize,
@@ -188,7 +188,7 @@ pub struct PolicyConfig {
     /// Which index cache_aware consults.
     pub cache_index: CacheIndex,
     /// Hash mode: how long a recorded holder stays live.
-    #[serde(rename = "cache_ttl_secs", with = "secs")]
+    #[serde(rename = "cache_ttl_secs", with = "crate::serde_secs")]
     pub cache_ttl: Duration,
     /// Hash mode and prefix_hash: strictly ascending token positions to hash the head at.
     pub cache_boundaries: Vec<usize>,
@@ -357,39 +357,6 @@ impl PolicyConfig {
     pub fn applicable_boundaries(&self, token_count: usize) -> &[usize] {
         let n = self.cache_boundaries.partition_point(|&b| b <= token_count);
         &self.cache_boundaries[..n]
-    }
-}
-
-/// `Duration` as a number of seconds (fractions allowed).
-mod secs {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_f64(d.as_secs_f64())
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let v = f64::deserialize(d)?;
-        Duration::try_from_secs_f64(v).map_err(serde::de::Error::custom)
-    }
-}
-
-/// `Option<Duration>` as seconds, where 0 (the reference's spelling) means `None`.
-mod secs_or_off {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_f64(d.map_or(0.0, |d| d.as_secs_f64()))
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-        let v = f64::deserialize(d)?;
-        let d = Duration::try_from_secs_f64(v).map_err(serde::de::Error::custom)?;
-        Ok((!d.is_zero()).then_some(d))
     }
 }
 

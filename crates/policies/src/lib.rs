@@ -70,6 +70,7 @@ mod ledger;
 mod power_of_two;
 mod prefix_hash;
 mod ring;
+pub mod serde_secs;
 mod snapshot;
 mod wait;
 

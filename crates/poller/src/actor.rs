@@ -1,4 +1,5 @@
-//! The load-poller actor: polls every target each tick and reports all of them at once.
+//! The load-poller actor: polls every target each tick and reports each one as its poll
+//! ends.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -14,12 +15,13 @@ use crate::config::PollerConfig;
 use crate::counters::CounterState;
 use crate::fetch::{Fetch, Fetched, PollError, Source, fetch};
 use crate::ranks::metrics_to_ranks;
+use crate::url::WorkerUrl;
 
-/// A worker to poll and the base URL it serves on (`http://host:port`).
+/// A worker to poll and the base URL it serves on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PollTarget {
     pub worker: WorkerId,
-    pub url: String,
+    pub url: WorkerUrl,
 }
 
 /// Replaces the whole target set; the registry sends it on every change. State learned
@@ -33,8 +35,8 @@ pub struct SetTargets(pub Vec<PollTarget>);
 #[rtype(result = "()")]
 pub struct PollNow;
 
-/// The outcome of polls, sent to the sink as each worker's poll ends (today one entry per
-/// message), so a worker that hangs until the timeout delays no one else's report.
+/// The outcome of one worker's poll, sent to the sink as that poll ends, so a worker that
+/// hangs until the timeout delays no one else's report.
 ///
 /// `None` means the load is unknown (the poll failed, timed out or did not parse) and must
 /// not be replaced by an older report. A target whose previous poll is still running is
@@ -42,7 +44,8 @@ pub struct PollNow;
 #[derive(Debug, Clone, PartialEq, Message)]
 #[rtype(result = "()")]
 pub struct LoadsPolled {
-    pub reports: Vec<(WorkerId, Option<WorkerLoad>)>,
+    pub worker: WorkerId,
+    pub load: Option<WorkerLoad>,
 }
 
 /// Owns the periodic load poll of every worker it is given.
@@ -63,7 +66,7 @@ pub struct LoadPoller {
 const LOADS_RECHECK_EVERY: u32 = 30;
 
 struct Target {
-    url: String,
+    url: WorkerUrl,
     /// Tells this target from an earlier one of the same worker and URL (removed and added
     /// again while its poll ran): that poll's result is not this target's.
     serial: u64,
@@ -77,7 +80,7 @@ struct Target {
 }
 
 impl Target {
-    fn new(url: String, serial: u64) -> Target {
+    fn new(url: WorkerUrl, serial: u64) -> Target {
         Target {
             url,
             serial,
@@ -189,9 +192,7 @@ impl LoadPoller {
             }
         };
         // do_send: the poll loop must never wait on the sink.
-        self.sink.do_send(LoadsPolled {
-            reports: vec![(worker, load)],
-        });
+        self.sink.do_send(LoadsPolled { worker, load });
     }
 }
 
@@ -284,7 +285,7 @@ mod tests {
         let w = WorkerId(1);
         let target = || PollTarget {
             worker: w,
-            url: "http://w:1".into(),
+            url: WorkerUrl::parse("http://w:1").unwrap(),
         };
         let polling = |p: &mut LoadPoller| {
             if let Some(t) = p.targets.get_mut(&w) {
@@ -310,7 +311,8 @@ mod tests {
         assert_eq!(
             got,
             vec![LoadsPolled {
-                reports: vec![(w, None)]
+                worker: w,
+                load: None
             }]
         );
     }

@@ -14,10 +14,10 @@ use crate::error::ConfigError;
 #[serde(default, deny_unknown_fields)]
 pub struct PollerConfig {
     /// Time between two ticks.
-    #[serde(rename = "interval_secs", with = "secs")]
+    #[serde(rename = "interval_secs", with = "kvgate_policies::serde_secs")]
     pub interval: Duration,
     /// Upper bound on one worker's poll (fallback included); past it the report is unknown.
-    #[serde(rename = "timeout_secs", with = "secs")]
+    #[serde(rename = "timeout_secs", with = "kvgate_policies::serde_secs")]
     pub timeout: Duration,
     /// Sent as `Authorization: Bearer <key>` when set.
     pub api_key: Option<String>,
@@ -66,22 +66,6 @@ impl PollerConfig {
             });
         }
         Ok(())
-    }
-}
-
-/// `Duration` as a number of seconds (fractions allowed).
-mod secs {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_f64(d.as_secs_f64())
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let v = f64::deserialize(d)?;
-        Duration::try_from_secs_f64(v).map_err(serde::de::Error::custom)
     }
 }
 

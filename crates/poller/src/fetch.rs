@@ -11,6 +11,7 @@ use thiserror::Error;
 use crate::error::ParseError;
 use crate::loads::parse_v1_loads;
 use crate::prometheus::{Sample, parse_prometheus_where};
+use crate::url::WorkerUrl;
 
 /// Large enough for a vLLM `/metrics` with many histograms; bounds a misbehaving peer.
 const BODY_LIMIT: usize = 8 * 1024 * 1024;
@@ -18,7 +19,7 @@ const BODY_LIMIT: usize = 8 * 1024 * 1024;
 /// What one poll needs; owned so the future can outlive the actor's borrow.
 pub(crate) struct Fetch {
     pub client: Client,
-    pub url: String,
+    pub url: WorkerUrl,
     pub api_key: Option<String>,
     pub timeout: Duration,
     pub epoch: Instant,
@@ -58,10 +59,9 @@ pub(crate) struct Fetched {
 }
 
 pub(crate) async fn fetch(f: Fetch) -> Fetched {
-    let base = f.url.trim_end_matches('/');
     let mut no_loads = false;
     if f.try_loads {
-        match get(&f, format!("{base}/v1/loads?include=core"), "/v1/loads").await {
+        match get(&f, f.url.join("/v1/loads?include=core"), "/v1/loads").await {
             Ok((StatusCode::OK, body, sent)) => match parse_v1_loads(&body) {
                 Ok(ranks) => return done(false, Ok((Source::Loads(ranks), sent))),
                 // An engine with /v1/loads that has no ranks yet: try again next tick.
@@ -84,7 +84,7 @@ pub(crate) async fn fetch(f: Fetch) -> Fetched {
             Err(e) => return done(false, Err(e)),
         }
     }
-    let result = match get(&f, format!("{base}/metrics"), "/metrics").await {
+    let result = match get(&f, f.url.join("/metrics"), "/metrics").await {
         Ok((StatusCode::OK, body, sent)) => std::str::from_utf8(&body)
             .map_err(|_| PollError::NotUtf8)
             .and_then(|text| Ok(parse_prometheus_where(text, crate::ranks::is_load_metric)?))

@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 use actix::{Actor, Addr, Context, Handler};
 use actix_web::{App, HttpResponse, HttpServer, web};
 use kvgate_policies::{RankLoad, WorkerId, WorkerLoad};
-use kvgate_poller::{LoadPoller, LoadsPolled, PollNow, PollTarget, PollerConfig, SetTargets};
+use kvgate_poller::{
+    LoadPoller, LoadsPolled, PollNow, PollTarget, PollerConfig, SetTargets, WorkerUrl,
+};
 use tokio::sync::mpsc;
 
 /// How a route answers.
@@ -182,7 +184,7 @@ impl Harness {
             .iter()
             .map(|(id, e)| PollTarget {
                 worker: WorkerId(*id),
-                url: e.url.clone(),
+                url: WorkerUrl::parse(&e.url).unwrap(),
             })
             .collect();
         self.poller.send(SetTargets(targets)).await.unwrap();
@@ -201,8 +203,7 @@ impl Harness {
         self.poller.send(PollNow).await.unwrap();
         let mut msg = self.next().await;
         let after = self.epoch.elapsed();
-        assert_eq!(msg.reports.len(), 1);
-        let (_, load) = msg.reports.remove(0);
+        let load = msg.load.take();
         if let Some(l) = &load {
             // Stamped with the send time of this tick's request, on the shared epoch.
             assert!(before <= l.sampled_at && l.sampled_at <= after);
@@ -247,10 +248,8 @@ async fn v1_loads_fixture_is_reported_per_rank() {
     h.targets(&[(7, &engine)]).await;
     h.poller.send(PollNow).await.unwrap();
     let msg = h.next().await;
-    assert_eq!(msg.reports.len(), 1);
-    let (worker, load) = &msg.reports[0];
-    assert_eq!(*worker, WorkerId(7));
-    let load = load.as_ref().unwrap();
+    assert_eq!(msg.worker, WorkerId(7));
+    let load = msg.load.as_ref().unwrap();
     assert_eq!(load.ranks.len(), 2);
     assert_eq!(
         (
@@ -420,9 +419,8 @@ async fn a_hung_worker_does_not_hold_back_the_others() {
     h.targets(&[(1, &hung), (2, &fast)]).await;
     h.poller.send(PollNow).await.unwrap();
     let first = h.next().await;
-    assert_eq!(first.reports.len(), 1, "{first:?}");
-    assert_eq!(first.reports[0].0, WorkerId(2));
-    assert!(first.reports[0].1.is_some());
+    assert_eq!(first.worker, WorkerId(2), "{first:?}");
+    assert!(first.load.is_some());
     // And the hung worker was polled in that same tick (its request may land a moment
     // after the fast answer).
     let polled = Instant::now();
@@ -447,13 +445,11 @@ async fn a_running_poll_is_not_started_again() {
     h.targets(&[(1, &hung), (2, &fast)]).await;
     h.poller.send(PollNow).await.unwrap();
     let mut got = [h.next().await, h.next().await];
-    got.sort_by_key(|m| m.reports.first().map(|(w, _)| *w));
-    assert_eq!(got[0].reports.len(), 1);
-    assert_eq!(got[0].reports[0].0, WorkerId(1));
-    assert_eq!(got[0].reports[0].1, None);
-    assert_eq!(got[1].reports.len(), 1);
-    assert_eq!(got[1].reports[0].0, WorkerId(2));
-    assert!(got[1].reports[0].1.is_some());
+    got.sort_by_key(|m| m.worker);
+    assert_eq!(got[0].worker, WorkerId(1));
+    assert_eq!(got[0].load, None);
+    assert_eq!(got[1].worker, WorkerId(2));
+    assert!(got[1].load.is_some());
     assert!(hung.hits().0 <= 1);
 }
 
@@ -470,8 +466,7 @@ async fn removed_workers_are_not_reported() {
     h.poller.send(PollNow).await.unwrap();
     h.targets(&[(2, &fast)]).await;
     let msg = h.next().await;
-    assert_eq!(msg.reports.len(), 1);
-    assert_eq!(msg.reports[0].0, WorkerId(2));
+    assert_eq!(msg.worker, WorkerId(2));
 }
 
 #[actix_rt::test]
@@ -486,7 +481,6 @@ async fn the_interval_polls_without_being_asked() {
     let a = h.next().await;
     let b = h.next().await;
     for msg in [a, b] {
-        assert_eq!(msg.reports.len(), 1);
-        assert!(msg.reports[0].1.is_some());
+        assert!(msg.load.is_some());
     }
 }

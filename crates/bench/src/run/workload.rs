@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use kvgate_bench::{Plan, RunReport, Summary, Tokens, ideal};
 use kvgate_engine_sim::{SimConfig, SimFleet};
-use kvgate_gateway::{Gateway, GatewayConfig, GetViews};
+use kvgate_gateway::testing::GetViews;
+use kvgate_gateway::{Gateway, GatewayConfig};
 use kvgate_policies::{CacheMode, PolicyConfig, PolicyKind};
 use kvgate_poller::PollNow;
 

@@ -3,8 +3,15 @@ use std::net::{Shutdown, TcpListener};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 
+use std::time::Duration;
+
+use actix_web::http::StatusCode;
+use bytes::{Bytes, BytesMut};
+use kvgate_poller::WorkerUrl;
 use proptest::prelude::*;
 
+use super::chunked::{Chunked, MAX_LINE, MAX_TRAILER, Step, encode_chunked};
+use super::head::{Framing, parse_head};
 use super::*;
 
 /// What the test server does for one request.
@@ -30,7 +37,7 @@ impl Reply {
 /// A loopback HTTP/1.1 server on its own threads: it reads each request (head and
 /// `content-length` body), records its bytes and answers what `respond` gives for it.
 struct Server {
-    url: String,
+    url: WorkerUrl,
     connections: Arc<AtomicUsize>,
     requests: Arc<Mutex<Vec<Vec<u8>>>>,
     /// One message per connection the client closed (the server read EOF).
@@ -63,7 +70,8 @@ fn read_request(s: &mut std::net::TcpStream) -> Option<Vec<u8>> {
 /// `respond(n, k)`: `n` counts requests overall, `k` on their connection, from 0.
 fn serve(respond: impl Fn(usize, usize) -> Reply + Send + Sync + 'static) -> Server {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let url =
+        WorkerUrl::parse(&format!("http://{}", listener.local_addr().expect("addr"))).expect("url");
     let connections = Arc::new(AtomicUsize::new(0));
     let requests = Arc::new(Mutex::new(Vec::new()));
     let (closed_tx, closed) = mpsc::channel();
@@ -123,43 +131,13 @@ fn pool() -> Pool {
     Pool::new(Duration::from_secs(2), Duration::from_secs(30))
 }
 
-async fn post_ok(pool: &Pool, url: &str) -> Bytes {
+async fn post_ok(pool: &Pool, url: &WorkerUrl) -> Bytes {
     let resp = pool
         .post(url, "/v1/x", &[], Bytes::from_static(b"{}"))
         .await
         .expect("post");
     assert_eq!(resp.status, StatusCode::OK);
     resp.body.collect(1024).await.expect("body")
-}
-
-#[test]
-fn origin_splits_host_port_and_prefix() {
-    let o = origin("http://127.0.0.1:8000").expect("plain");
-    assert_eq!(
-        (o.authority, o.host, o.port, o.prefix),
-        ("127.0.0.1:8000", "127.0.0.1", 8000, "")
-    );
-    let o = origin("http://gpu-3:30000/sglang/").expect("prefix");
-    assert_eq!(
-        (o.authority, o.host, o.port, o.prefix),
-        ("gpu-3:30000", "gpu-3", 30000, "/sglang")
-    );
-    let o = origin("http://[::1]:9000").expect("v6");
-    assert_eq!((o.host, o.port), ("::1", 9000));
-    assert_eq!(origin("http://engine").expect("no port").port, 80);
-    for bad in [
-        "https://a:1",
-        "a:1",
-        "http://:80",
-        "http://a:port",
-        "http://a:1/x y",
-        "http://a:1/x\r\nx-evil: 1",
-    ] {
-        assert!(
-            matches!(origin(bad), Err(UpstreamError::BadUrl(_))),
-            "{bad}"
-        );
-    }
 }
 
 #[test]
@@ -240,16 +218,18 @@ fn chunk_extensions_and_trailers_are_skipped() {
         decode_all(wire, &[]).expect("decodes"),
         (b"hello ".to_vec(), true)
     );
-    let lf_only = b"3\nabc\n0\n\n";
-    assert_eq!(
-        decode_all(lf_only, &[]).expect("decodes"),
-        (b"abc".to_vec(), true)
-    );
     for bad in [
         &b"zz\r\n"[..],
         b"10000000000000000\r\n",
         b"2\r\nabc\r\n",
         b"\r\n",
+        // A bare LF anywhere in the framing: a line a lenient peer would end elsewhere.
+        b"3\nabc\r\n0\r\n\r\n",
+        b"3\r\nabc\n0\r\n\r\n",
+        b"3;ext\nabc\r\n0\r\n\r\n",
+        b"3\r\nabc\r\n0\r\nx-t: 1\n\r\n",
+        b"3\r\nabc\r\n0\r\n\n",
+        b"3\r\nabc\r\r0\r\n\r\n",
     ] {
         assert!(
             matches!(decode_all(bad, &[]), Err(UpstreamError::Malformed(_))),
@@ -260,6 +240,31 @@ fn chunk_extensions_and_trailers_are_skipped() {
         decode_all(&[b'1'; MAX_LINE + 2], &[]),
         Err(UpstreamError::Malformed(_))
     ));
+    // Trailer lines each within the line limit, but without end: refused once past the
+    // section's bound, whatever the split.
+    let mut endless = b"0\r\n".to_vec();
+    while endless.len() < MAX_TRAILER + 200 {
+        endless.extend_from_slice(b"x-trailer: 0123456789\r\n");
+    }
+    for cuts in [&[][..], &[7, 100, 5000]] {
+        assert!(
+            matches!(decode_all(&endless, cuts), Err(UpstreamError::Malformed(_))),
+            "{cuts:?}"
+        );
+    }
+    let mut bounded = b"1\r\nx\r\n0\r\n".to_vec();
+    bounded.extend_from_slice(&endless[3..MAX_TRAILER / 2]);
+    bounded.truncate(
+        bounded
+            .iter()
+            .rposition(|b| *b == b'\n')
+            .map_or(0, |i| i + 1),
+    );
+    bounded.extend_from_slice(b"\r\n");
+    assert_eq!(
+        decode_all(&bounded, &[]).expect("a trailer within the bound"),
+        (b"x".to_vec(), true)
+    );
 }
 
 proptest! {
@@ -292,7 +297,7 @@ proptest! {
 async fn a_request_goes_out_whole_and_its_connection_is_reused() {
     let server = serve(|_, _| Reply::once(OK));
     let pool = pool();
-    let url = format!("{}/prefix", server.url);
+    let url = WorkerUrl::parse(&format!("{}/prefix", server.url)).expect("url");
     for _ in 0..3 {
         let resp = pool
             .post(
@@ -316,7 +321,7 @@ async fn a_request_goes_out_whole_and_its_connection_is_reused() {
         );
     }
     assert_eq!(server.connections.load(Ordering::SeqCst), 1);
-    let authority = server.url.trim_start_matches("http://");
+    let authority = server.url.authority();
     let want = format!(
         "POST /prefix/v1/x HTTP/1.1\r\nhost: {authority}\r\ncontent-length: 5\r\nx-a: b\r\n\r\nhello"
     );
@@ -380,7 +385,8 @@ async fn a_worker_that_closes_before_answering_is_an_error() {
         "a new connection is not tried again"
     );
     let free = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let url = format!("http://{}", free.local_addr().expect("addr"));
+    let url =
+        WorkerUrl::parse(&format!("http://{}", free.local_addr().expect("addr"))).expect("url");
     drop(free);
     let err = pool()
         .post(&url, "/v1/x", &[], Bytes::new())
@@ -500,9 +506,9 @@ async fn interim_answers_are_skipped_and_limits_hold() {
 }
 
 #[actix_rt::test]
-async fn a_pooled_connection_closed_under_a_request_is_retried_once_on_a_new_one() {
-    // Each connection answers its first request, then closes on the second unanswered:
-    // what a worker's keep-alive running out as a request goes out looks like.
+async fn a_request_written_whole_on_a_pooled_connection_is_not_sent_again() {
+    // Each connection answers its first request and closes on the second unanswered: the
+    // worker may have acted on that second request, so this layer does not send it twice.
     let server = serve(|_, k| {
         if k == 0 {
             Reply::once(OK)
@@ -516,9 +522,69 @@ async fn a_pooled_connection_closed_under_a_request_is_retried_once_on_a_new_one
     });
     let p = pool();
     post_ok(&p, &server.url).await;
-    assert_eq!(post_ok(&p, &server.url).await, &b"{}"[..]);
-    assert_eq!(server.connections.load(Ordering::SeqCst), 2);
-    assert_eq!(server.requests.lock().expect("lock").len(), 3);
+    let err = p
+        .post(&server.url, "/v1/x", &[], Bytes::from_static(b"{}"))
+        .await
+        .expect_err("closed without an answer");
+    assert!(matches!(err, UpstreamError::ClosedBeforeHead), "{err}");
+    assert_eq!(server.connections.load(Ordering::SeqCst), 1);
+    assert_eq!(server.requests.lock().expect("lock").len(), 2);
+}
+
+#[actix_rt::test]
+async fn a_pooled_connection_that_fails_while_the_request_is_written_is_tried_on_a_new_one() {
+    // The second request on a connection gets its head read, then the connection is
+    // reset: the 32 MiB body cannot all be written (more than loopback buffers hold), so
+    // the worker never had the whole request and the pool sends it again.
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url =
+        WorkerUrl::parse(&format!("http://{}", listener.local_addr().expect("addr"))).expect("url");
+    let bodies = Arc::new(Mutex::new(Vec::new()));
+    let seen = bodies.clone();
+    std::thread::spawn(move || {
+        for (c, stream) in listener.incoming().enumerate() {
+            let Ok(mut s) = stream else { return };
+            let seen = seen.clone();
+            std::thread::spawn(move || {
+                for k in 0.. {
+                    if c == 0 && k == 1 {
+                        // Head only, then a close with the body unread, which Linux sends
+                        // as a reset.
+                        let mut head = Vec::new();
+                        let mut byte = [0u8; 1];
+                        while !head.ends_with(b"\r\n\r\n")
+                            && s.read(&mut byte).is_ok_and(|n| n == 1)
+                        {
+                            head.push(byte[0]);
+                        }
+                        drop(s);
+                        return;
+                    }
+                    let Some(req) = read_request(&mut s) else {
+                        return;
+                    };
+                    if let Ok(mut b) = seen.lock() {
+                        b.push(req.len());
+                    }
+                    if s.write_all(OK).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let p = pool();
+    post_ok(&p, &url).await;
+    let big = Bytes::from(vec![b'x'; 32 << 20]);
+    let resp = p.post(&url, "/v1/x", &[], big).await.expect("sent again");
+    assert_eq!(resp.status, StatusCode::OK);
+    let sizes = bodies.lock().expect("lock").clone();
+    assert_eq!(
+        sizes.len(),
+        2,
+        "the first request and the big one, once, whole"
+    );
+    assert!(sizes[1] > 32 << 20);
 }
 
 #[actix_rt::test]
@@ -577,7 +643,7 @@ async fn idle_connections_past_the_keep_alive_are_closed_without_traffic() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(p.idle_count(&server.url), 0);
     assert!(
-        p.0.idle.borrow().is_empty(),
+        p.workers_held() == 0,
         "a worker with no connections is forgotten"
     );
     server

@@ -1,9 +1,14 @@
 //! The one place where gateway errors become HTTP responses.
 
+use actix::MailboxError;
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, ResponseError};
 use serde_json::json;
 use thiserror::Error;
+
+use crate::actors::registry::RegistryError;
+use crate::actors::selector::SelectError;
+use crate::upstream::UpstreamError;
 
 /// Every error the gateway itself answers with. Upstream error bodies never pass through
 /// here: they are relayed unchanged.
@@ -25,16 +30,20 @@ pub enum ApiError {
     WorkerNotFound(String),
     #[error("worker already registered: {0}")]
     WorkerExists(String),
-    #[error("no healthy worker is available{0}")]
-    NoWorker(String),
+    #[error("no healthy worker is available{}", if *.registered { "" } else { " (no worker is registered)" })]
+    NoWorker { registered: bool },
     #[error("every worker is at its waiting-request cap; retry shortly")]
     Saturated,
-    #[error("upstream worker {worker} failed: {reason}")]
-    Upstream { worker: String, reason: String },
+    #[error("upstream worker {worker} failed: {source}")]
+    Upstream {
+        worker: String,
+        #[source]
+        source: UpstreamError,
+    },
     #[error("upstream worker {worker} did not answer within {secs:.1}s")]
     UpstreamTimeout { worker: String, secs: f64 },
-    #[error("internal error: {0}")]
-    Internal(String),
+    #[error("internal error: a gateway actor is unavailable: {0}")]
+    ActorGone(#[from] MailboxError),
 }
 
 impl ApiError {
@@ -49,11 +58,11 @@ impl ApiError {
             ApiError::MethodNotAllowed { .. } => ("invalid_request_error", "method_not_allowed"),
             ApiError::WorkerNotFound(_) => ("invalid_request_error", "worker_not_found"),
             ApiError::WorkerExists(_) => ("invalid_request_error", "worker_already_exists"),
-            ApiError::NoWorker(_) => ("service_unavailable", "no_available_workers"),
+            ApiError::NoWorker { .. } => ("service_unavailable", "no_available_workers"),
             ApiError::Saturated => ("rate_limit_error", "workers_saturated"),
             ApiError::Upstream { .. } => ("upstream_error", "upstream_failed"),
             ApiError::UpstreamTimeout { .. } => ("upstream_error", "upstream_timeout"),
-            ApiError::Internal(_) => ("internal_error", "internal_error"),
+            ApiError::ActorGone(_) => ("internal_error", "internal_error"),
         }
     }
 
@@ -74,11 +83,11 @@ impl ResponseError for ApiError {
             | ApiError::WorkerNotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::WorkerExists(_) => StatusCode::CONFLICT,
-            ApiError::NoWorker(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::NoWorker { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Saturated => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Upstream { .. } => StatusCode::BAD_GATEWAY,
             ApiError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
-            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::ActorGone(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -89,5 +98,26 @@ impl ResponseError for ApiError {
             b.insert_header(("retry-after", "1"));
         }
         b.json(self.body())
+    }
+}
+
+impl From<SelectError> for ApiError {
+    fn from(e: SelectError) -> Self {
+        match e {
+            SelectError::UnknownModel(m) => ApiError::ModelNotFound(m),
+            SelectError::NoWorkers => ApiError::NoWorker { registered: false },
+            SelectError::NoHealthy => ApiError::NoWorker { registered: true },
+            SelectError::Saturated => ApiError::Saturated,
+        }
+    }
+}
+
+impl From<RegistryError> for ApiError {
+    fn from(e: RegistryError) -> Self {
+        match e {
+            RegistryError::InvalidUrl(_) => ApiError::BadRequest(e.to_string()),
+            RegistryError::Exists(u) => ApiError::WorkerExists(u),
+            RegistryError::NotFound(u) => ApiError::WorkerNotFound(u),
+        }
     }
 }

@@ -1,33 +1,9 @@
-use kvgate_kv_index::{RadixTree, TreeConfig};
+use kvgate_policies::WorkerId;
 
 use super::*;
-
-pub(crate) fn text_chunk(prompts: &[(&str, u64)]) -> Chunk {
-    let mut t: RadixTree<u8, WorkerId> = RadixTree::new(TreeConfig::default());
-    for (p, w) in prompts {
-        t.insert(p.as_bytes(), WorkerId(*w), 10);
-    }
-    Chunk::Text {
-        model: 0,
-        page_size: 1,
-        records: t.snapshot().records,
-    }
-}
-
-pub(crate) fn header(generation: u64, chunks: u32) -> ImageHeader {
-    ImageHeader {
-        format_version: FORMAT_VERSION,
-        generation,
-        written_at: 1.0,
-        models: vec!["m".into()],
-        workers: vec![WorkerStamp {
-            worker: WorkerId(1),
-            url: "http://a:1".into(),
-            startup_time: Some(5.0),
-        }],
-        chunks,
-    }
-}
+use crate::inspect::inspect;
+use crate::open::open_or_reset;
+use crate::testing::{header, text_chunk};
 
 fn write(store: &Store, generation: u64, chunks: &[Chunk]) {
     for (i, c) in chunks.iter().enumerate() {

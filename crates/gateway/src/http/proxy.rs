@@ -12,8 +12,10 @@ use bytes::{Bytes, BytesMut};
 use futures_util::Stream;
 use tracing::warn;
 
-use crate::error::ApiError;
-use crate::selector::Booking;
+use kvgate_poller::WorkerUrl;
+
+use crate::actors::selector::Booking;
+use crate::http::error::ApiError;
 use crate::upstream::{Body, Pool, UpstreamError};
 
 /// The policies' routing-key headers, as typed names (see `FORWARDED`).
@@ -38,13 +40,16 @@ static FORWARDED: [HeaderName; 9] = [
     header::USER_AGENT,
 ];
 
-fn hop_by_hop(name: &HeaderName) -> bool {
+/// Response headers the gateway does not relay: the hop-by-hop ones (RFC 9110 §7.6.1),
+/// and the framing and identity headers the gateway's own server writes for its answer.
+fn set_by_this_hop(name: &HeaderName) -> bool {
     matches!(
         name.as_str(),
         "connection"
             | "keep-alive"
             | "proxy-authenticate"
             | "proxy-authorization"
+            | "proxy-connection"
             | "te"
             | "trailer"
             | "trailers"
@@ -56,9 +61,19 @@ fn hop_by_hop(name: &HeaderName) -> bool {
     )
 }
 
+/// Copies the worker's response headers, less those set by this hop and those the
+/// worker's `Connection` header names as hop-by-hop for its connection.
 fn copy_response_headers(from: Vec<(HeaderName, HeaderValue)>, to: &mut HttpResponseBuilder) {
+    // Header names are lowercase; the tokens are made so to compare.
+    let named: Vec<String> = from
+        .iter()
+        .filter(|(n, _)| n == header::CONNECTION)
+        .flat_map(|(_, v)| v.as_bytes().split(|b| *b == b','))
+        .map(|t| String::from_utf8_lossy(t.trim_ascii()).to_ascii_lowercase())
+        .collect();
     for (name, value) in from {
-        if !hop_by_hop(&name) {
+        let listed = named.iter().any(|t| t == name.as_str());
+        if !set_by_this_hop(&name) && !listed {
             to.append_header((name, value));
         }
     }
@@ -67,7 +82,7 @@ fn copy_response_headers(from: Vec<(HeaderName, HeaderValue)>, to: &mut HttpResp
 /// What one upstream call needs besides the body.
 pub struct Upstream<'a> {
     pub pool: &'a Pool,
-    pub worker_url: &'a str,
+    pub worker: &'a WorkerUrl,
     pub path: &'static str,
     pub request_id: &'a str,
     pub timeout: Duration,
@@ -75,10 +90,10 @@ pub struct Upstream<'a> {
     pub stream: bool,
 }
 
-fn upstream_error(worker: &str, e: UpstreamError) -> ApiError {
+fn upstream_error(worker: &WorkerUrl, source: UpstreamError) -> ApiError {
     ApiError::Upstream {
-        worker: worker.to_owned(),
-        reason: e.to_string(),
+        worker: worker.to_string(),
+        source,
     }
 }
 
@@ -92,7 +107,7 @@ pub async fn forward(
 ) -> Result<HttpResponse, ApiError> {
     let started = Instant::now();
     let timed_out = || ApiError::UpstreamTimeout {
-        worker: up.worker_url.to_owned(),
+        worker: up.worker.to_string(),
         secs: up.timeout.as_secs_f64(),
     };
     let mut headers: Vec<(&str, &[u8])> = Vec::with_capacity(FORWARDED.len() + 1);
@@ -102,10 +117,10 @@ pub async fn forward(
         }
     }
     headers.push(("x-request-id", up.request_id.as_bytes()));
-    let sent = up.pool.post(up.worker_url, up.path, &headers, body);
+    let sent = up.pool.post(up.worker, up.path, &headers, body);
     let resp = match actix_rt::time::timeout(up.timeout, sent).await {
         Err(_) => return Err(timed_out()),
-        Ok(r) => r.map_err(|e| upstream_error(up.worker_url, e))?,
+        Ok(r) => r.map_err(|e| upstream_error(up.worker, e))?,
     };
     let is_sse = resp
         .header(&header::CONTENT_TYPE)
@@ -119,7 +134,7 @@ pub async fn forward(
             inner: resp.body,
             guard: Some(guard),
             deadline: Box::pin(actix_rt::time::sleep(deadline)),
-            worker: up.worker_url.to_owned(),
+            worker: up.worker.clone(),
             request_id: up.request_id.to_owned(),
             timeout: up.timeout,
             done: false,
@@ -132,7 +147,7 @@ pub async fn forward(
     let read = resp.body.collect(up.max_response);
     let body = match actix_rt::time::timeout(remaining, read).await {
         Err(_) => return Err(timed_out()),
-        Ok(Err(e)) => return Err(upstream_error(up.worker_url, e)),
+        Ok(Err(e)) => return Err(upstream_error(up.worker, e)),
         Ok(Ok(b)) => b,
     };
     drop(guard);
@@ -177,7 +192,7 @@ struct Relay {
     inner: Body,
     guard: Option<Booking>,
     deadline: Pin<Box<actix_rt::time::Sleep>>,
-    worker: String,
+    worker: WorkerUrl,
     request_id: String,
     timeout: Duration,
     done: bool,
@@ -239,18 +254,15 @@ impl Stream for Relay {
                     }
                 }
                 Poll::Ready(Some(Err(e))) => {
-                    let worker = self.worker.clone();
-                    return self.fail(ApiError::Upstream {
-                        worker,
-                        reason: format!("the stream broke: {e}"),
-                    });
+                    let err = upstream_error(&self.worker, e);
+                    return self.fail(err);
                 }
                 Poll::Ready(None) => return self.end(),
                 Poll::Pending => break,
             }
         }
         if self.deadline.as_mut().poll(cx).is_ready() {
-            let worker = self.worker.clone();
+            let worker = self.worker.to_string();
             let secs = self.timeout.as_secs_f64();
             return self.fail(ApiError::UpstreamTimeout { worker, secs });
         }
@@ -291,11 +303,8 @@ impl Relay {
     /// The upstream body ended cleanly.
     fn end(&mut self) -> Poll<Option<Result<Bytes, actix_web::Error>>> {
         if self.sse && !self.tail.is_done() {
-            let worker = self.worker.clone();
-            return self.fail(ApiError::Upstream {
-                worker,
-                reason: "the stream ended before data: [DONE]".into(),
-            });
+            let err = upstream_error(&self.worker, UpstreamError::StreamUnfinished);
+            return self.fail(err);
         }
         self.done = true;
         self.guard = None;

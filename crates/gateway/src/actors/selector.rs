@@ -1,8 +1,8 @@
 //! The selector actor: owns the policy, the current view of the fleet (registry state,
-//! loads, in-flight counts, credit) and turns each request's facts into a decision.
+//! loads, in-flight counts, credit) and turns each request's facts into a decision. The
+//! prefill hold, a second small state machine beside the decision, is in `hold`.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
@@ -10,14 +10,19 @@ use kvgate_policies::{
     CreditLedger, Decision, DecisionPath, HashRing, PolicyConfig, PrefixMatches, RECENT_HALF_LIFE,
     RequestFacts, RoutingText, SelectInput, WorkerId, WorkerView,
 };
-use kvgate_poller::LoadsPolled;
+use kvgate_poller::{LoadsPolled, WorkerUrl};
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use thiserror::Error;
-use tracing::{Instrument, Span, debug, trace};
+use tracing::{Span, debug, trace};
 
-use crate::index::{IndexActor, MatchPrefix, RecordPrefix};
-use crate::registry::{Fleet, FleetChanged, WorkerStatus};
+use super::index::{IndexActor, MatchPrefix, RecordPrefix};
+use super::registry::{Fleet, FleetChanged, WorkerStatus};
+
+mod hold;
+
+use hold::Holds;
+pub use hold::{Hold, select};
 
 /// Why no worker could be chosen.
 #[derive(Debug, Error, Clone, PartialEq)]
@@ -36,7 +41,7 @@ pub enum SelectError {
 #[derive(Debug)]
 pub struct Dispatch {
     pub worker: WorkerId,
-    pub url: Arc<str>,
+    pub url: WorkerUrl,
     pub decision: Decision,
     /// The slot on the worker: dropping it (the response ended, or this reply was never
     /// delivered) releases the in-flight count and the credit.
@@ -100,19 +105,6 @@ pub enum Selected {
     Hold(Hold),
 }
 
-/// Wait, then ask again (holding again only within the same `max` in all). The chosen
-/// worker is still computing the prefix this request would reuse, for a streamed request
-/// sent just before it; sent now, both would prefill it side by side (an engine caches a
-/// prompt only once its prefill ends). The wait ends at that request's first token, its
-/// end, or `max`.
-#[derive(Debug)]
-pub struct Hold {
-    pub facts: RequestFacts,
-    pub exclude: Vec<WorkerId>,
-    pub ready: tokio::sync::oneshot::Receiver<()>,
-    pub max: Duration,
-}
-
 /// A streamed dispatch produced its first byte (see [`Booking::first_byte`]): requests
 /// holding on it may go, and its credit goes (what a worker has left of a request after
 /// its prefill is decode, which the credit does not price). It carries the dispatch's
@@ -154,6 +146,8 @@ pub struct SelectorActor {
     views: Vec<WorkerView>,
     /// The registration of each view (same order).
     incarnations: Vec<u64>,
+    /// The parsed URL of each view (same order), handed to the upstream client.
+    urls: Vec<WorkerUrl>,
     /// Which views serve each model, rebuilt on every fleet change.
     by_model: HashMap<String, Vec<usize>>,
     /// Work dispatched since each worker's load sample.
@@ -168,23 +162,11 @@ pub struct SelectorActor {
     index: Option<Addr<IndexActor>>,
     /// Some worker is not detected yet, so an unknown model may still arrive with it.
     pending: bool,
-    /// Longest wait of a [`Hold`]; zero turns holds off.
-    hold: Duration,
-    /// Streamed dispatches whose prefill has not ended, with the requests holding on them.
-    warming: Vec<Warming>,
+    /// Requests held behind a streamed request still prefilling their prefix.
+    holds: Holds,
     next_booking: u64,
     /// What `WorkerView::recent` keeps per dispatch: half of it every `RECENT_HALF_LIFE`.
     recent_keep: f64,
-}
-
-/// A streamed dispatch still in prefill on `worker`: it computes `key` past the `known`
-/// units the worker already held for it.
-struct Warming {
-    booking: u64,
-    worker: WorkerId,
-    key: RoutingText,
-    known: usize,
-    waiters: Vec<tokio::sync::oneshot::Sender<()>>,
 }
 
 /// What `dispatch` did.
@@ -192,28 +174,6 @@ enum Outcome {
     Go(Dispatch),
     /// The caller builds the [`Hold`] around this.
     Hold(tokio::sync::oneshot::Receiver<()>),
-}
-
-/// Whether two routing keys share at least their first `n` units. Slice equality stops at
-/// the first difference, so an unrelated long prompt costs little.
-fn shares_at_least(a: &RoutingText, b: &RoutingText, n: usize) -> bool {
-    fn head<T: PartialEq>(a: &[T], b: &[T], n: usize) -> bool {
-        a.len() >= n && b.len() >= n && a[..n] == b[..n]
-    }
-    match (a, b) {
-        (RoutingText::Text(a), RoutingText::Text(b)) => head(a.as_bytes(), b.as_bytes(), n),
-        (RoutingText::Tokens(a), RoutingText::Tokens(b)) => head(a, b, n),
-        _ => false,
-    }
-}
-
-fn key_units(k: &RoutingText) -> usize {
-    // Units as the index counts them: bytes of text, tokens.
-    match k {
-        RoutingText::Text(t) => t.len(),
-        RoutingText::Tokens(t) => t.len(),
-        RoutingText::Empty => 0,
-    }
 }
 
 impl std::fmt::Debug for SelectorActor {
@@ -233,9 +193,11 @@ impl SelectorActor {
         index: Option<Addr<IndexActor>>,
     ) -> Self {
         SelectorActor {
+            holds: Holds::new(Duration::ZERO, &policy),
             policy,
             views: Vec::new(),
             incarnations: Vec::new(),
+            urls: Vec::new(),
             by_model: HashMap::new(),
             ledger: CreditLedger::new(),
             ring: None,
@@ -245,8 +207,6 @@ impl SelectorActor {
             scratch: Vec::new(),
             index,
             pending: false,
-            hold: Duration::ZERO,
-            warming: Vec::new(),
             next_booking: 0,
             recent_keep: 0.5f64.powf(1.0 / RECENT_HALF_LIFE),
         }
@@ -255,26 +215,8 @@ impl SelectorActor {
     /// Holds requests behind a streamed request still prefilling their prefix on the
     /// worker they would go to, for at most `max` (zero: never).
     pub fn with_prefill_hold(mut self, max: Duration) -> Self {
-        self.hold = max;
+        self.holds = Holds::new(max, &self.policy);
         self
-    }
-
-    /// Units of new prefix worth waiting for: the cost mode's floor on a useful match.
-    fn hold_gain(&self, key: &RoutingText) -> usize {
-        let tokens = self.policy.min_match_tokens.max(1);
-        match key {
-            RoutingText::Text(_) => (tokens as f64 * self.policy.bytes_per_token).ceil() as usize,
-            _ => tokens,
-        }
-    }
-
-    /// Lets every request holding on `booking` go.
-    fn warmed(&mut self, booking: u64) {
-        if let Some(i) = self.warming.iter().position(|w| w.booking == booking) {
-            for tx in self.warming.swap_remove(i).waiters {
-                let _ = tx.send(());
-            }
-        }
     }
 
     fn now(&self) -> Duration {
@@ -288,6 +230,7 @@ impl SelectorActor {
             .zip(self.incarnations.drain(..))
             .map(|(v, inc)| (v.id, (v, inc)))
             .collect();
+        self.urls.clear();
         let before: Vec<WorkerId> = old.keys().copied().collect();
         self.by_model.clear();
         self.pending = fleet.iter().any(|w| w.status == WorkerStatus::Pending);
@@ -307,6 +250,7 @@ impl SelectorActor {
             }
             self.views.push(view);
             self.incarnations.push(rec.incarnation);
+            self.urls.push(rec.url.clone());
             for model in &rec.models {
                 self.by_model.entry(model.clone()).or_default().push(i);
             }
@@ -434,40 +378,19 @@ impl SelectorActor {
         let (idx, decision) = self.decide(facts, matches, exclude, self.seq)?;
         let idx = idx.ok_or(SelectError::NoHealthy)?;
         let worker = self.views[idx].id;
-        let gain = self.hold_gain(&facts.key);
-        if may_hold && !self.hold.is_zero() {
-            let pending = self.warming.iter_mut().find(|w| {
-                w.worker == worker && shares_at_least(&facts.key, &w.key, w.known + gain)
-            });
-            if let Some(w) = pending {
-                let (tx, rx) = tokio::sync::oneshot::channel();
-                w.waiters.push(tx);
-                debug!(worker = %self.views[idx].url, "held behind a prefill in progress");
-                return Ok(Outcome::Hold(rx));
-            }
+        if may_hold && let Some(rx) = self.holds.join(worker, &facts.key) {
+            debug!(worker = %self.views[idx].url, "held behind a prefill in progress");
+            return Ok(Outcome::Hold(rx));
         }
         let booked_at = self.epoch.elapsed();
         self.ledger.apply(&decision, booked_at);
         self.next_booking = self.next_booking.wrapping_add(1);
         let booking = self.next_booking;
-        // Only a streamed answer says when its prefill ends (its first chunk); only a
-        // recorded prefix can draw followers.
         let known = matches
             .and_then(|m| m.per_worker.iter().find(|(w, _)| *w == worker))
             .map_or(0, |(_, n)| *n);
-        let warming = !self.hold.is_zero()
-            && facts.stream
-            && decision.record_prefix
-            && key_units(&facts.key) >= known + gain;
-        if warming {
-            self.warming.push(Warming {
-                booking,
-                worker,
-                key: facts.key.clone(),
-                known,
-                waiters: Vec::new(),
-            });
-        }
+        self.holds
+            .track(booking, worker, facts, known, decision.record_prefix);
         if self.policy.kind.needs_prefix_matches() {
             // Only cache_aware reads `recent`; the others skip the pass over the fleet.
             for v in &mut self.views {
@@ -494,7 +417,7 @@ impl SelectorActor {
         };
         Ok(Outcome::Go(Dispatch {
             worker: v.id,
-            url: v.url.clone(),
+            url: self.urls[idx].clone(),
             decision,
             booking,
         }))
@@ -560,7 +483,7 @@ impl Handler<Select> for SelectorActor {
                         facts,
                         exclude,
                         ready,
-                        max: act.hold,
+                        max: act.holds.max,
                     }));
                 }
             };
@@ -603,7 +526,7 @@ impl Handler<Release> for SelectorActor {
 
     fn handle(&mut self, msg: Release, _: &mut Context<Self>) {
         // Ended before its first byte (failed, or its client left): nobody waits longer.
-        self.warmed(msg.booking);
+        self.holds.warmed(msg.booking);
         let Some(i) = self.views.iter().position(|v| v.id == msg.worker) else {
             return;
         };
@@ -623,7 +546,7 @@ impl Handler<Warmed> for SelectorActor {
     type Result = ();
 
     fn handle(&mut self, Warmed(msg): Warmed, _: &mut Context<Self>) {
-        self.warmed(msg.booking);
+        self.holds.warmed(msg.booking);
         if let Some(i) = self.views.iter().position(|v| v.id == msg.worker)
             && self.incarnations[i] == msg.incarnation
         {
@@ -640,16 +563,8 @@ impl Handler<FleetChanged> for SelectorActor {
 
     fn handle(&mut self, msg: FleetChanged, _: &mut Context<Self>) {
         self.apply_fleet(&msg.0);
-        // A worker that left will not warm anything: its followers choose again.
-        let gone: Vec<u64> = self
-            .warming
-            .iter()
-            .filter(|w| !self.views.iter().any(|v| v.id == w.worker))
-            .map(|w| w.booking)
-            .collect();
-        for b in gone {
-            self.warmed(b);
-        }
+        let views = &self.views;
+        self.holds.forget_gone(|w| views.iter().any(|v| v.id == w));
     }
 }
 
@@ -657,18 +572,17 @@ impl Handler<LoadsPolled> for SelectorActor {
     type Result = ();
 
     fn handle(&mut self, msg: LoadsPolled, _: &mut Context<Self>) {
-        for (id, load) in msg.reports {
-            let Some(v) = self.views.iter_mut().find(|v| v.id == id) else {
-                continue;
-            };
-            // An unknown report is scored as unknown, never as the last good one; the
-            // credit stays until a report that covers it arrives.
-            if let Some(l) = &load {
-                self.ledger.on_report(id, Some(l.sampled_at));
-            }
-            v.load = load;
-            v.credit = self.ledger.credit(id);
+        let LoadsPolled { worker: id, load } = msg;
+        let Some(v) = self.views.iter_mut().find(|v| v.id == id) else {
+            return;
+        };
+        // An unknown report is scored as unknown, never as the last good one; the credit
+        // stays until a report that covers it arrives.
+        if let Some(l) = &load {
+            self.ledger.on_report(id, Some(l.sampled_at));
         }
+        v.load = load;
+        v.credit = self.ledger.credit(id);
     }
 }
 
@@ -677,71 +591,5 @@ impl Handler<GetViews> for SelectorActor {
 
     fn handle(&mut self, _: GetViews, _: &mut Context<Self>) -> Self::Result {
         MessageResult(self.views.clone())
-    }
-}
-
-/// Asks the selector for a worker, waiting out a [`Hold`] once; keeps the selector's span
-/// joined to the caller's across the mailbox.
-pub async fn select(
-    selector: &Addr<SelectorActor>,
-    facts: RequestFacts,
-    exclude: Vec<WorkerId>,
-) -> Result<Result<Dispatch, SelectError>, MailboxError> {
-    let span = Span::current();
-    let (mut facts, mut exclude, mut may_hold) = (facts, exclude, true);
-    // One budget for all holds of a request: its choice may move to another engine that
-    // is itself still computing the prefix (a group spreading over several engines).
-    let mut until: Option<actix_rt::time::Instant> = None;
-    loop {
-        let answer = selector
-            .send(Select {
-                facts,
-                exclude,
-                span: span.clone(),
-                enqueued_at: Instant::now(),
-                may_hold,
-                first: until.is_none(),
-            })
-            .instrument(span.clone())
-            .await?;
-        match answer {
-            Ok(Selected::Go(d)) => return Ok(Ok(d)),
-            Err(e) => return Ok(Err(e)),
-            Ok(Selected::Hold(h)) => {
-                let end = *until.get_or_insert_with(|| actix_rt::time::Instant::now() + h.max);
-                // Whether it warmed, ended or timed out, the next ask goes ahead; once the
-                // budget is spent it may not hold again.
-                let left = end.saturating_duration_since(actix_rt::time::Instant::now());
-                let _ = actix_rt::time::timeout(left, h.ready).await;
-                may_hold = actix_rt::time::Instant::now() < end;
-                (facts, exclude) = (h.facts, h.exclude);
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn shared_heads_are_compared_by_unit() {
-        let t = |s: &str| RoutingText::Text(s.into());
-        assert!(shares_at_least(
-            &t("system prompt, question 1"),
-            &t("system prompt, question 2"),
-            23
-        ));
-        assert!(!shares_at_least(
-            &t("system prompt, question 1"),
-            &t("system prompt, question 2"),
-            25
-        ));
-        assert!(!shares_at_least(&t("short"), &t("short"), 6));
-        let k = |v: &[u32]| RoutingText::Tokens(v.to_vec());
-        assert!(shares_at_least(&k(&[1, 2, 3]), &k(&[1, 2, 4]), 2));
-        assert!(!shares_at_least(&k(&[1, 2, 3]), &k(&[1, 2, 4]), 3));
-        // Text never matches tokens.
-        assert!(!shares_at_least(&t("ab"), &k(&[97, 98]), 1));
     }
 }

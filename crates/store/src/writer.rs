@@ -8,7 +8,8 @@ use std::thread::JoinHandle;
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use tracing::{error, info};
 
-use crate::store::{Chunk, ImageHeader, RegistryImage, Store};
+use crate::db::Store;
+use crate::image::{Chunk, ImageHeader, RegistryImage};
 
 /// Work for the writer.
 #[derive(Debug)]
@@ -32,7 +33,6 @@ pub struct PersistStats {
     pub write_failures: AtomicU64,
     /// Times a chunk waited because the writer was behind (the snapshot pauses).
     pub deferred: AtomicU64,
-    pub bytes_on_disk: AtomicU64,
     /// The newest generation on disk.
     pub committed_generation: AtomicU64,
 }
@@ -180,9 +180,6 @@ fn run(store: Store, rx: Receiver<Persist>, reg_rx: Receiver<RegistryImage>, sta
                         stats
                             .committed_generation
                             .store(header.generation, Ordering::Release);
-                        stats
-                            .bytes_on_disk
-                            .store(store.size_on_disk(), Ordering::Relaxed);
                         info!(
                             generation = header.generation,
                             chunks = header.chunks,
@@ -219,7 +216,7 @@ mod tests {
     use std::sync::atomic::Ordering::Relaxed;
 
     use super::*;
-    use crate::store::tests::{header, text_chunk};
+    use crate::testing::{header, text_chunk};
 
     fn snapshot(p: &Persister, generation: u64, prompt: &str) {
         let chunk = Box::new(text_chunk(&[(prompt, 1)]));

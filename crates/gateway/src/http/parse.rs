@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use kvgate_policies::{RequestFacts, RoutingText};
 use serde::Deserialize;
 
-use crate::error::ApiError;
+use crate::http::error::ApiError;
 
 /// The inference routes kvgate proxies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,5 +1,6 @@
-//! The registry actor: owns the worker records, detects what each worker is, and settles
-//! health with hysteresis. Every change is pushed whole to the subscribers.
+//! The registry actor: owns the worker records and their lifecycle, and settles health
+//! with hysteresis. Every change is pushed whole to the subscribers. What a worker is
+//! (its models, engine kind and `/server_info`) is asked in `detect`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -7,13 +8,16 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use actix::prelude::*;
 use kvgate_policies::WorkerId;
-use kvgate_poller::{PollTarget, SetTargets};
-
-use crate::persist::Persister;
-use crate::store::RegistryImage;
+use kvgate_poller::{PollTarget, SetTargets, UrlError, WorkerUrl};
+use kvgate_store::{Persister, RegistryImage};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tracing::{info, warn};
+
+mod detect;
+
+pub use detect::ProbeError;
+use detect::{Detected, detect};
 
 /// What kind of engine answered at registration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -47,7 +51,7 @@ pub enum WorkerSource {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WorkerRecord {
     pub id: WorkerId,
-    pub url: String,
+    pub url: WorkerUrl,
     pub models: Vec<String>,
     pub status: WorkerStatus,
     pub runtime: Runtime,
@@ -79,153 +83,12 @@ pub type Fleet = Arc<Vec<WorkerRecord>>;
 
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum RegistryError {
-    #[error("invalid worker url '{url}': {reason}")]
-    InvalidUrl { url: String, reason: String },
+    #[error(transparent)]
+    InvalidUrl(#[from] UrlError),
     #[error("worker already registered: {0}")]
     Exists(String),
     #[error("worker not found: {0}")]
     NotFound(String),
-}
-
-/// Canonical form of a worker URL: scheme and host lowercased, no trailing slash.
-pub fn normalize_url(url: &str) -> Result<String, RegistryError> {
-    let bad = |reason: &str| RegistryError::InvalidUrl {
-        url: url.to_owned(),
-        reason: reason.to_owned(),
-    };
-    let trimmed = url.trim().trim_end_matches('/');
-    let (scheme, rest) = trimmed
-        .split_once("://")
-        .ok_or_else(|| bad("expected http://host:port"))?;
-    let scheme = scheme.to_ascii_lowercase();
-    if scheme != "http" {
-        return Err(bad("only http:// workers are supported"));
-    }
-    let (authority, path) = match rest.find('/') {
-        Some(i) => rest.split_at(i),
-        None => (rest, ""),
-    };
-    if authority.is_empty() || authority.contains(['@', '?', '#', ' ']) {
-        return Err(bad("missing or malformed host"));
-    }
-    if let Some((_, port)) = authority.rsplit_once(':')
-        && !authority.ends_with(']')
-        && port.parse::<u16>().is_err()
-    {
-        return Err(bad("port must be a number from 0 to 65535"));
-    }
-    if path.contains(['?', '#']) {
-        return Err(bad("must not carry a query or fragment"));
-    }
-    Ok(format!(
-        "{scheme}://{}{path}",
-        authority.to_ascii_lowercase()
-    ))
-}
-
-/// What registration learned from the worker's own routes.
-#[derive(Debug, Clone, Default)]
-pub struct Detected {
-    pub models: Vec<String>,
-    pub runtime: Option<Runtime>,
-    pub max_running_requests: Option<u64>,
-    pub dp_size: Option<u64>,
-    pub page_size: Option<u64>,
-    pub startup_time: Option<f64>,
-    pub kv_events: Option<serde_json::Value>,
-    /// Whether `/server_info` (or `/get_server_info`) answered; when it did not, the
-    /// fields above from it are unknown, not absent.
-    pub server_info: bool,
-}
-
-#[derive(Deserialize)]
-struct ModelList {
-    data: Vec<ModelCard>,
-}
-
-#[derive(Deserialize)]
-struct ModelCard {
-    id: String,
-    #[serde(default)]
-    owned_by: Option<String>,
-}
-
-/// Takes the fields kept from a `/server_info` answer into `d`. Read one by one, so a
-/// field of an unexpected type (a newer engine, say) costs only that field.
-fn read_server_info(d: &mut Detected, url: &str, v: &serde_json::Value) {
-    let field = |key: &str, read: fn(&serde_json::Value) -> bool| {
-        let x = v.get(key).filter(|x| !x.is_null())?;
-        if read(x) {
-            Some(x.clone())
-        } else {
-            warn!(worker = url, field = key, value = %x, "server_info field of an unexpected type, ignored");
-            None
-        }
-    };
-    let count = |key| field(key, |x| x.is_u64()).and_then(|x| x.as_u64());
-    d.server_info = true;
-    d.max_running_requests = count("max_running_requests");
-    d.dp_size = count("dp_size");
-    d.page_size = count("page_size");
-    d.startup_time = field("startup_time", |x| x.is_number()).and_then(|x| x.as_f64());
-    d.kv_events = field("kv_events", |_| true);
-}
-
-async fn get_json<T: serde::de::DeserializeOwned>(
-    client: &awc::Client,
-    url: &str,
-    timeout: Duration,
-) -> Result<T, String> {
-    let mut resp = client
-        .get(url)
-        .timeout(timeout)
-        .send()
-        .await
-        .map_err(|e| format!("GET {url}: {e}"))?;
-    if !resp.status().is_success() {
-        return Err(format!("GET {url}: status {}", resp.status().as_u16()));
-    }
-    let body = resp
-        .body()
-        .limit(4 * 1024 * 1024)
-        .await
-        .map_err(|e| format!("GET {url}: {e}"))?;
-    serde_json::from_slice(&body).map_err(|e| format!("GET {url}: {e}"))
-}
-
-/// Probes `/v1/models`, then `/server_info` (falling back to `/get_server_info`).
-pub async fn detect(
-    client: &awc::Client,
-    url: &str,
-    timeout: Duration,
-) -> Result<Detected, String> {
-    let models: ModelList = get_json(client, &format!("{url}/v1/models"), timeout).await?;
-    let runtime = models
-        .data
-        .iter()
-        .find_map(|m| match m.owned_by.as_deref() {
-            Some("sglang") | Some("nvidia") => Some(Runtime::Sglang),
-            Some("vllm") => Some(Runtime::Vllm),
-            _ => None,
-        });
-    let mut d = Detected {
-        models: models.data.into_iter().map(|m| m.id).collect(),
-        runtime,
-        ..Detected::default()
-    };
-    // vLLM has no server_info: that is not a failure.
-    let info = match get_json::<serde_json::Value>(client, &format!("{url}/server_info"), timeout)
-        .await
-    {
-        Ok(i) => Some(i),
-        Err(_) => get_json::<serde_json::Value>(client, &format!("{url}/get_server_info"), timeout)
-            .await
-            .ok(),
-    };
-    if let Some(v) = info {
-        read_server_info(&mut d, url, &v);
-    }
-    Ok(d)
 }
 
 /// Settings the registry needs.
@@ -333,8 +196,8 @@ impl RegistryActor {
         {
             return Some(id);
         }
-        let url = normalize_url(key).ok()?;
-        let id = WorkerId::from_url(&url);
+        let url = WorkerUrl::parse(key).ok()?;
+        let id = WorkerId::from_url(url.as_str());
         self.workers.contains_key(&id).then_some(id)
     }
 
@@ -363,7 +226,7 @@ impl RegistryActor {
         let full_round = self.ticks.is_multiple_of(REDETECT_EVERY);
         let client = self.client.clone();
         let timeout = self.cfg.health_check_timeout;
-        let targets: Vec<(WorkerId, u64, String, bool)> = self
+        let targets: Vec<(WorkerId, u64, WorkerUrl, bool)> = self
             .workers
             .values()
             .map(|w| {
@@ -382,18 +245,7 @@ impl RegistryActor {
                     let outcome = if redetect {
                         detect(&client, &url, timeout).await.map(Some)
                     } else {
-                        match client
-                            .get(format!("{url}/health"))
-                            .timeout(timeout)
-                            .send()
-                            .await
-                        {
-                            Ok(r) if r.status().is_success() => Ok(None),
-                            Ok(r) => {
-                                Err(format!("GET {url}/health: status {}", r.status().as_u16()))
-                            }
-                            Err(e) => Err(format!("GET {url}/health: {e}")),
-                        }
+                        detect::health(&client, &url, timeout).await.map(|()| None)
                     };
                     (id, inc, outcome)
                 }
@@ -419,7 +271,7 @@ impl RegistryActor {
 /// Applies one check's outcome with hysteresis; returns whether the status changed.
 fn settle(
     rec: &mut WorkerRecord,
-    outcome: Result<Option<Detected>, String>,
+    outcome: Result<Option<Detected>, ProbeError>,
     cfg: &RegistryConfig,
 ) -> bool {
     let before = rec.status;
@@ -442,7 +294,7 @@ fn settle(
         Err(e) => {
             rec.consecutive_successes = 0;
             rec.consecutive_failures = rec.consecutive_failures.saturating_add(1);
-            rec.last_error = Some(e);
+            rec.last_error = Some(e.to_string());
             if rec.status == WorkerStatus::Ready
                 && rec.consecutive_failures >= cfg.failure_threshold
             {
@@ -486,13 +338,13 @@ impl Handler<AddWorker> for RegistryActor {
     type Result = ResponseActFuture<Self, Result<WorkerRecord, RegistryError>>;
 
     fn handle(&mut self, msg: AddWorker, _: &mut Context<Self>) -> Self::Result {
-        let url = match normalize_url(&msg.url) {
+        let url = match WorkerUrl::parse(&msg.url) {
             Ok(u) => u,
-            Err(e) => return Box::pin(fut::ready(Err(e))),
+            Err(e) => return Box::pin(fut::ready(Err(e.into()))),
         };
-        let id = WorkerId::from_url(&url);
+        let id = WorkerId::from_url(url.as_str());
         if self.workers.contains_key(&id) {
-            return Box::pin(fut::ready(Err(RegistryError::Exists(url))));
+            return Box::pin(fut::ready(Err(RegistryError::Exists(url.to_string()))));
         }
         let added_at = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -523,7 +375,7 @@ impl Handler<AddWorker> for RegistryActor {
             },
         );
         if msg.source == WorkerSource::Api {
-            self.remember(&url, true);
+            self.remember(url.as_str(), true);
         }
         let client = self.client.clone();
         let timeout = self.cfg.health_check_timeout;
@@ -535,14 +387,16 @@ impl Handler<AddWorker> for RegistryActor {
                     let rec = act
                         .workers
                         .get_mut(&id)
-                        .ok_or_else(|| RegistryError::NotFound(url.clone()))?;
+                        .ok_or_else(|| RegistryError::NotFound(url.to_string()))?;
                     match detected {
                         // As in the health loop: ready once it serves a model.
                         Ok(d) if d.models.is_empty() => {
                             RegistryActor::apply_detected(rec, d);
-                            let e = "/v1/models lists no model yet".to_string();
+                            let e = ProbeError::NoModel {
+                                url: rec.url.join("/v1/models"),
+                            };
                             warn!(worker = %rec.url, error = %e, "worker registered but not ready yet");
-                            rec.last_error = Some(e);
+                            rec.last_error = Some(e.to_string());
                         }
                         Ok(d) => {
                             RegistryActor::apply_detected(rec, d);
@@ -551,7 +405,7 @@ impl Handler<AddWorker> for RegistryActor {
                         }
                         Err(e) => {
                             warn!(worker = %rec.url, error = %e, "worker registered but not reachable yet");
-                            rec.last_error = Some(e);
+                            rec.last_error = Some(e.to_string());
                         }
                     }
                     let out = rec.clone();
@@ -581,7 +435,7 @@ impl Handler<RemoveWorker> for RegistryActor {
             .remove(&id)
             .ok_or_else(|| RegistryError::NotFound(msg.key.clone()))?;
         info!(worker = %rec.url, "worker removed");
-        self.remember(&rec.url, false);
+        self.remember(rec.url.as_str(), false);
         self.publish();
         Ok(rec)
     }
@@ -599,145 +453,5 @@ impl Handler<ListWorkers> for RegistryActor {
     }
 }
 
-/// Runs one round of health checks now (tests and operators).
-#[derive(Message, Debug)]
-#[rtype(result = "()")]
-pub struct CheckNow;
-
-impl Handler<CheckNow> for RegistryActor {
-    type Result = ();
-
-    fn handle(&mut self, _: CheckNow, ctx: &mut Context<Self>) {
-        self.health_tick(ctx);
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_server_info_field_of_another_type_costs_only_that_field() {
-        let v = serde_json::json!({
-            "max_running_requests": "48",
-            "dp_size": 2,
-            "page_size": 16,
-            "startup_time": 1764000000.5,
-            "kv_events": {"publisher": "zmq", "endpoint_port_base": 5557},
-            "other": [1, 2],
-        });
-        let mut i = Detected::default();
-        read_server_info(&mut i, "http://w:1", &v);
-        assert_eq!(i.max_running_requests, None);
-        assert_eq!((i.dp_size, i.page_size), (Some(2), Some(16)));
-        assert_eq!(i.startup_time, Some(1764000000.5));
-        assert_eq!(i.kv_events.unwrap()["endpoint_port_base"], 5557);
-        let mut off = Detected::default();
-        read_server_info(
-            &mut off,
-            "http://w:1",
-            &serde_json::json!({"kv_events": null, "dp_size": -1}),
-        );
-        assert!(off.kv_events.is_none() && off.dp_size.is_none());
-    }
-
-    #[test]
-    fn urls_normalize() {
-        assert_eq!(normalize_url("http://A:8000/").unwrap(), "http://a:8000");
-        assert_eq!(normalize_url(" http://h:1/v1 ").unwrap(), "http://h:1/v1");
-        assert_eq!(normalize_url("HTTP://[::1]:80").unwrap(), "http://[::1]:80");
-        for bad in [
-            "",
-            "h:8000",
-            "ftp://h",
-            "http://",
-            "http://h:99999",
-            "http://u@h",
-            "http://h/x?y",
-        ] {
-            assert!(normalize_url(bad).is_err(), "{bad}");
-        }
-    }
-
-    fn rec() -> WorkerRecord {
-        WorkerRecord {
-            id: WorkerId(1),
-            url: "http://x".into(),
-            models: vec![],
-            status: WorkerStatus::Ready,
-            runtime: Runtime::Sglang,
-            source: WorkerSource::Config,
-            max_running_requests: None,
-            dp_size: None,
-            page_size: None,
-            startup_time: None,
-            kv_events: None,
-            added_at: 0.0,
-            consecutive_failures: 0,
-            consecutive_successes: 0,
-            last_error: None,
-            incarnation: 1,
-        }
-    }
-
-    fn check_cfg() -> RegistryConfig {
-        RegistryConfig {
-            health_check_interval: Duration::from_secs(1),
-            health_check_timeout: Duration::from_secs(1),
-            failure_threshold: 3,
-            success_threshold: 2,
-        }
-    }
-
-    #[test]
-    fn health_has_hysteresis() {
-        let cfg = check_cfg();
-        let mut r = rec();
-        let fail = || Err("down".to_string());
-        assert!(!settle(&mut r, fail(), &cfg));
-        assert!(!settle(&mut r, fail(), &cfg));
-        assert!(
-            !settle(&mut r, Ok(None), &cfg),
-            "a success resets the failure count"
-        );
-        assert!(!settle(&mut r, fail(), &cfg));
-        assert!(!settle(&mut r, fail(), &cfg));
-        assert!(settle(&mut r, fail(), &cfg));
-        assert_eq!(r.status, WorkerStatus::Unhealthy);
-        assert!(!settle(&mut r, Ok(None), &cfg));
-        assert!(settle(&mut r, Ok(None), &cfg));
-        assert_eq!(r.status, WorkerStatus::Ready);
-    }
-
-    #[test]
-    fn a_server_info_that_fails_once_leaves_what_was_learned() {
-        let cfg = check_cfg();
-        let mut r = rec();
-        let seen = |startup: f64, info: bool| Detected {
-            models: vec!["m".into()],
-            runtime: Some(Runtime::Sglang),
-            max_running_requests: info.then_some(48),
-            startup_time: info.then_some(startup),
-            server_info: info,
-            ..Detected::default()
-        };
-        assert!(settle(&mut r, Ok(Some(seen(5.0, true))), &cfg));
-        assert_eq!(
-            (r.startup_time, r.max_running_requests),
-            (Some(5.0), Some(48))
-        );
-        assert!(
-            !settle(&mut r, Ok(Some(seen(0.0, false))), &cfg),
-            "nothing changed"
-        );
-        assert_eq!(
-            (r.startup_time, r.max_running_requests),
-            (Some(5.0), Some(48))
-        );
-        assert!(
-            settle(&mut r, Ok(Some(seen(9.0, true))), &cfg),
-            "a restart is a change"
-        );
-        assert_eq!(r.startup_time, Some(9.0));
-    }
-}
+mod tests;

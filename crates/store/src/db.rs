@@ -1,5 +1,4 @@
-//! The one module that touches sled: where kvgate keeps the prefix index and the runtime
-//! worker registry across restarts, under `--data-dir`.
+//! The sled layout: the only module of kvgate that touches sled.
 //!
 //! Layout (sled 0.34, directory `DATA_DIR/store`):
 //! - tree `meta`: `format_version` (u32, big-endian), `current` (the committed
@@ -12,103 +11,20 @@
 //! `current` in one insert and flushes again; older generations are deleted after. A crash
 //! at any point leaves `current` naming a complete generation.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
 
-use kvgate_kv_index::{HashSnapshot, SnapshotRecord};
-use kvgate_policies::WorkerId;
-use serde::{Deserialize, Serialize};
-use thiserror::Error;
-
-/// Bumped whenever the layout or an encoded type changes.
-pub const FORMAT_VERSION: u32 = 2;
-
-#[derive(Debug, Error)]
-pub enum StoreError {
-    #[error("store at {path}: {source}")]
-    Sled { path: String, source: sled::Error },
-    #[error("store at {path} has format version {found}, this kvgate reads {FORMAT_VERSION}")]
-    Version { path: String, found: u32 },
-    #[error("store at {path} is damaged: {reason}")]
-    Corrupt { path: String, reason: String },
-    #[error("store at {path}: {source}")]
-    Io {
-        path: String,
-        source: std::io::Error,
-    },
-}
-
-/// Which engine restart an index entry belongs to.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct WorkerStamp {
-    pub worker: WorkerId,
-    pub url: String,
-    pub startup_time: Option<f64>,
-}
-
-/// The committed description of one snapshot.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ImageHeader {
-    pub format_version: u32,
-    pub generation: u64,
-    /// Seconds since the Unix epoch.
-    pub written_at: f64,
-    pub models: Vec<String>,
-    pub workers: Vec<WorkerStamp>,
-    pub chunks: u32,
-}
-
-/// One piece of a snapshot. `model` indexes `ImageHeader::models`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub enum Chunk {
-    Text {
-        model: u32,
-        page_size: usize,
-        records: Vec<SnapshotRecord<u8, WorkerId>>,
-    },
-    Tokens {
-        model: u32,
-        page_size: usize,
-        records: Vec<SnapshotRecord<u32, WorkerId>>,
-    },
-    Hash {
-        model: u32,
-        snapshot: HashSnapshot<WorkerId>,
-    },
-}
-
-/// Workers that came and went through the admin API.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RegistryImage {
-    /// Added through the API: registered again at start.
-    pub added: Vec<String>,
-    /// Removed through the API: not registered at start even when the flags list them.
-    pub removed: Vec<String>,
-}
-
-/// A loaded snapshot.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Image {
-    pub header: ImageHeader,
-    pub chunks: Vec<Chunk>,
-}
-
-pub fn unix_now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
-}
+use crate::error::StoreError;
+use crate::image::{Chunk, FORMAT_VERSION, Image, ImageHeader, RegistryImage};
 
 #[derive(Debug)]
 pub struct Store {
-    path: PathBuf,
+    pub(crate) path: PathBuf,
     db: sled::Db,
     meta: sled::Tree,
     index: sled::Tree,
     /// The format version found on disk (after any upgrade); `None` in a store that has
     /// none yet and was opened for inspection.
-    on_disk: Option<u32>,
+    pub(crate) on_disk: Option<u32>,
     /// Tests turn this on to make every write fail as a full disk would.
     #[cfg(test)]
     pub(crate) fail_writes: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -163,13 +79,10 @@ impl Store {
 
     /// `stamp`: write the format version into a new store and upgrade a version-1 one;
     /// an inspection reads the store as it is.
-    fn open_here(dir: &Path, stamp: bool) -> Result<Store, StoreError> {
+    pub(crate) fn open_here(dir: &Path, stamp: bool) -> Result<Store, StoreError> {
         let path = dir.join("store");
         let p = path.display().to_string();
-        let sled_err = |source| StoreError::Sled {
-            path: p.clone(),
-            source,
-        };
+        let sled_err = |e| StoreError::backend(&p, e);
         std::fs::create_dir_all(dir).map_err(|source| StoreError::Io {
             path: dir.display().to_string(),
             source,
@@ -227,11 +140,8 @@ impl Store {
         Ok(())
     }
 
-    fn sled_err(&self, source: sled::Error) -> StoreError {
-        StoreError::Sled {
-            path: self.path.display().to_string(),
-            source,
-        }
+    fn sled_err(&self, e: sled::Error) -> StoreError {
+        StoreError::backend(&self.path.display().to_string(), e)
     }
 
     fn corrupt(&self, reason: impl Into<String>) -> StoreError {
@@ -413,212 +323,5 @@ impl Store {
     }
 }
 
-/// What opening the store at startup gave.
-#[derive(Debug, Default)]
-pub struct Opened {
-    /// `None`: kvgate runs without persistence (see `problems`).
-    pub store: Option<Store>,
-    /// The last complete snapshot, read once.
-    pub image: Option<Image>,
-    pub registry: RegistryImage,
-    /// One line each, for the log.
-    pub problems: Vec<String>,
-}
-
-impl StoreError {
-    /// Damage (or a format from another kvgate) that a fresh store fixes; as opposed to
-    /// I/O trouble (permissions, a full disk, another process holding the lock), where
-    /// moving the store aside would lose good state.
-    fn fixed_by_reset(&self) -> bool {
-        match self {
-            StoreError::Version { .. } | StoreError::Corrupt { .. } => true,
-            StoreError::Sled { source, .. } => !matches!(source, sled::Error::Io(_)),
-            StoreError::Io { .. } => false,
-        }
-    }
-}
-
-/// Opens and reads the store. When the snapshot is damaged, the error comes with the
-/// worker registry if that could still be read: it is a separate key, and losing it would
-/// bring back workers removed through the API and forget those added.
-fn open_and_load(
-    dir: &Path,
-) -> Result<(Store, Option<Image>), (StoreError, Option<RegistryImage>)> {
-    let store = Store::open(dir).map_err(|e| (e, None))?;
-    match store.load() {
-        Ok(image) => Ok((store, image)),
-        Err(e) => {
-            let kept = store.registry().ok();
-            Err((e, kept))
-        }
-    }
-}
-
-/// Opens the store and reads it once. A damaged or foreign-format store is moved aside
-/// (`store.bad-<unix time>`) and a fresh one opened, so it never keeps kvgate from
-/// starting; a store that cannot be reached for I/O reasons is left alone and kvgate runs
-/// without persistence.
-pub fn open_or_reset(dir: &Path) -> Opened {
-    let mut out = Opened::default();
-    let (store, image) = match open_and_load(dir) {
-        Ok(x) => x,
-        Err((e, kept)) if e.fixed_by_reset() => {
-            let src = dir.join("store");
-            let aside = dir.join(format!("store.bad-{}", unix_now() as u64));
-            if let Err(mv) = std::fs::rename(&src, &aside) {
-                out.problems.push(format!(
-                    "{e}; could not move it aside ({mv}); running without persistence"
-                ));
-                return out;
-            }
-            match Store::open(dir) {
-                Ok(s) => {
-                    let registry = match kept.filter(|r| *r != RegistryImage::default()) {
-                        None => "",
-                        Some(r) => match s.put_registry(&r) {
-                            Ok(()) => " (the worker registry was kept)",
-                            Err(_) => " (the worker registry could not be carried over)",
-                        },
-                    };
-                    out.problems.push(format!(
-                        "{e}; moved it to {} and started empty{registry}",
-                        aside.display()
-                    ));
-                    (s, None)
-                }
-                Err(e2) => {
-                    out.problems.push(format!(
-                        "{e}; moved it to {}, but a fresh store failed too ({e2}); running without persistence",
-                        aside.display()
-                    ));
-                    return out;
-                }
-            }
-        }
-        Err((e, _)) => {
-            out.problems.push(format!(
-                "{e}; running without persistence (the store was left as it is)"
-            ));
-            return out;
-        }
-    };
-    match store.registry() {
-        Ok(r) => out.registry = r,
-        Err(e) => out.problems.push(format!(
-            "{e}; workers added or removed through the API before the restart are not restored"
-        )),
-    }
-    out.image = image;
-    out.store = Some(store);
-    out
-}
-
-/// What `kvgatectl snapshot inspect` prints.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct StoreSummary {
-    pub path: String,
-    /// As found on disk (a version-1 store is shown as 1, not upgraded); 0 when none is
-    /// recorded.
-    pub format_version: u32,
-    pub written_at: Option<f64>,
-    pub generation: Option<u64>,
-    pub size_on_disk: u64,
-    pub models: Vec<ModelSummary>,
-    pub registry: RegistryImage,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ModelSummary {
-    pub model: String,
-    pub workers: Vec<WorkerSummary>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct WorkerSummary {
-    pub worker: String,
-    pub url: Option<String>,
-    pub startup_time: Option<f64>,
-    /// Index nodes (text and token trees) and hash-mode keys the worker holds.
-    pub entries: u64,
-    /// Bytes of text plus tokens the worker holds.
-    pub units: u64,
-}
-
-/// Reads a store offline. A directory without a store is an error (nothing is created).
-pub fn inspect(dir: &Path) -> Result<StoreSummary, StoreError> {
-    if !dir.join("store").is_dir() {
-        return Err(StoreError::Io {
-            path: dir.join("store").display().to_string(),
-            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no kvgate store here"),
-        });
-    }
-    let store = Store::open_here(dir, false)?;
-    let image = store.load()?;
-    let registry = store.registry()?;
-    let mut models = Vec::new();
-    if let Some(img) = &image {
-        let mut per: BTreeMap<(u32, WorkerId), (u64, u64)> = BTreeMap::new();
-        let mut add = |m: u32, w: WorkerId, units: usize| {
-            let e = per.entry((m, w)).or_default();
-            e.0 += 1;
-            e.1 += units as u64;
-        };
-        for c in &img.chunks {
-            match c {
-                Chunk::Text { model, records, .. } => {
-                    for r in records {
-                        for (w, _) in &r.tenants {
-                            add(*model, *w, r.edge.len());
-                        }
-                    }
-                }
-                Chunk::Tokens { model, records, .. } => {
-                    for r in records {
-                        for (w, _) in &r.tenants {
-                            add(*model, *w, r.edge.len());
-                        }
-                    }
-                }
-                Chunk::Hash { model, snapshot } => {
-                    for r in &snapshot.records {
-                        for (w, _) in &r.holders {
-                            add(*model, *w, 0);
-                        }
-                    }
-                }
-            }
-        }
-        for (i, name) in img.header.models.iter().enumerate() {
-            let workers = per
-                .iter()
-                .filter(|((m, _), _)| *m as usize == i)
-                .map(|((_, w), (entries, units))| {
-                    let stamp = img.header.workers.iter().find(|s| s.worker == *w);
-                    WorkerSummary {
-                        worker: w.to_string(),
-                        url: stamp.map(|s| s.url.clone()),
-                        startup_time: stamp.and_then(|s| s.startup_time),
-                        entries: *entries,
-                        units: *units,
-                    }
-                })
-                .collect();
-            models.push(ModelSummary {
-                model: name.clone(),
-                workers,
-            });
-        }
-    }
-    Ok(StoreSummary {
-        path: store.path.display().to_string(),
-        format_version: store.on_disk.unwrap_or(0),
-        written_at: image.as_ref().map(|i| i.header.written_at),
-        generation: image.as_ref().map(|i| i.header.generation),
-        size_on_disk: store.size_on_disk(),
-        models,
-        registry,
-    })
-}
-
 #[cfg(test)]
-pub(crate) mod tests;
+mod tests;

@@ -4,24 +4,25 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix::{Addr, MailboxError};
+use actix::Addr;
 use actix_web::http::StatusCode;
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use kvgate_policies::WorkerView;
+use kvgate_poller::WorkerUrl;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::error::ApiError;
-use crate::index::{ClearWorker, GetIndexStats, IndexActor};
-use crate::parse::{Endpoint, request_facts};
-use crate::proxy::{self, Upstream};
-use crate::registry::{
-    AddWorker, ListWorkers, RegistryActor, RegistryError, RemoveWorker, WorkerRecord, WorkerSource,
+use crate::actors::index::{ClearWorker, GetIndexStats, IndexActor};
+use crate::actors::registry::{
+    AddWorker, ListWorkers, RegistryActor, RemoveWorker, WorkerRecord, WorkerSource,
 };
-use crate::selector::{self, GetViews, SelectError, SelectorActor};
-use crate::upstream::Pool;
+use crate::actors::selector::{self, Dispatch, GetViews, SelectorActor};
+use crate::http::error::ApiError;
+use crate::http::parse::{Endpoint, request_facts};
+use crate::http::proxy::{self, Upstream};
+use crate::upstream::{Pool, UpstreamError};
 
 /// Shared by every HTTP worker thread.
 #[derive(Debug, Clone)]
@@ -36,31 +37,6 @@ pub struct AppState {
 /// The request id of this request, set by the middleware in `server.rs`.
 #[derive(Debug, Clone)]
 pub struct RequestId(pub Arc<str>);
-
-fn mailbox(e: MailboxError) -> ApiError {
-    ApiError::Internal(format!("actor unavailable: {e}"))
-}
-
-impl From<SelectError> for ApiError {
-    fn from(e: SelectError) -> Self {
-        match e {
-            SelectError::UnknownModel(m) => ApiError::ModelNotFound(m),
-            SelectError::NoWorkers => ApiError::NoWorker(" (no worker is registered)".into()),
-            SelectError::NoHealthy => ApiError::NoWorker(String::new()),
-            SelectError::Saturated => ApiError::Saturated,
-        }
-    }
-}
-
-impl From<RegistryError> for ApiError {
-    fn from(e: RegistryError) -> Self {
-        match e {
-            RegistryError::InvalidUrl { .. } => ApiError::BadRequest(e.to_string()),
-            RegistryError::Exists(u) => ApiError::WorkerExists(u),
-            RegistryError::NotFound(u) => ApiError::WorkerNotFound(u),
-        }
-    }
-}
 
 /// Reads the body up to the limit; a declared length over it is refused before reading.
 async fn read_body(
@@ -130,14 +106,8 @@ async fn proxy_request(
     let mut facts = request_facts(endpoint, &body)?;
     facts.routing_key = routing_key(&req);
     let stream = facts.stream;
-    let dispatch = selector::select(&state.selector, facts, Vec::new())
-        .await
-        .map_err(mailbox)??;
-    let crate::selector::Dispatch {
-        url: worker_url,
-        booking,
-        ..
-    } = dispatch;
+    let Dispatch { url, booking, .. } =
+        selector::select(&state.selector, facts, Vec::new()).await??;
     let request_id = req
         .extensions()
         .get::<RequestId>()
@@ -145,7 +115,7 @@ async fn proxy_request(
         .unwrap_or_else(|| Arc::from(""));
     let up = Upstream {
         pool: &pool,
-        worker_url: &worker_url,
+        worker: &url,
         path: endpoint.path(),
         request_id: &request_id,
         timeout: state.request_timeout,
@@ -160,7 +130,7 @@ pub async fn health() -> HttpResponse {
 }
 
 pub async fn readiness(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    let fleet = state.registry.send(ListWorkers).await.map_err(mailbox)?;
+    let fleet = state.registry.send(ListWorkers).await?;
     let healthy = fleet.iter().filter(|w| w.healthy()).count();
     let body = |status: &str| json!({"status": status, "healthy_workers": healthy, "total_workers": fleet.len()});
     if healthy > 0 {
@@ -173,7 +143,7 @@ pub async fn readiness(state: web::Data<AppState>) -> Result<HttpResponse, ApiEr
 }
 
 pub async fn models(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    let fleet = state.registry.send(ListWorkers).await.map_err(mailbox)?;
+    let fleet = state.registry.send(ListWorkers).await?;
     let mut seen = std::collections::BTreeMap::<&str, &WorkerRecord>::new();
     for w in fleet.iter() {
         for m in &w.models {
@@ -198,8 +168,8 @@ fn worker_json(rec: &WorkerRecord, view: Option<&WorkerView>) -> Value {
 }
 
 async fn worker_list(state: &AppState) -> Result<Vec<Value>, ApiError> {
-    let fleet = state.registry.send(ListWorkers).await.map_err(mailbox)?;
-    let views = state.selector.send(GetViews).await.map_err(mailbox)?;
+    let fleet = state.registry.send(ListWorkers).await?;
+    let views = state.selector.send(GetViews).await?;
     Ok(fleet
         .iter()
         .map(|rec| worker_json(rec, views.iter().find(|v| v.id == rec.id)))
@@ -240,12 +210,14 @@ pub async fn get_worker(
 ) -> Result<HttpResponse, ApiError> {
     let key = percent_decode(req.match_info().get("key").unwrap_or(""));
     let workers = worker_list(&state).await?;
-    let norm = crate::registry::normalize_url(&key).ok();
+    let norm = WorkerUrl::parse(&key).ok();
     workers
         .into_iter()
         .find(|w| {
             w["id"].as_str() == Some(key.as_str())
-                || (norm.is_some() && w["url"].as_str() == norm.as_deref())
+                || norm
+                    .as_ref()
+                    .is_some_and(|n| w["url"].as_str() == Some(n.as_str()))
         })
         .map(|w| HttpResponse::Ok().json(w))
         .ok_or(ApiError::WorkerNotFound(key))
@@ -264,8 +236,7 @@ async fn add(state: &AppState, url: String) -> Result<WorkerRecord, ApiError> {
             url,
             source: WorkerSource::Api,
         })
-        .await
-        .map_err(mailbox)??)
+        .await??)
 }
 
 /// Largest body `POST /workers` reads; a worker URL needs far less.
@@ -296,11 +267,7 @@ pub async fn delete_worker(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let key = percent_decode(req.match_info().get("key").unwrap_or(""));
-    let rec = state
-        .registry
-        .send(RemoveWorker { key })
-        .await
-        .map_err(mailbox)??;
+    let rec = state.registry.send(RemoveWorker { key }).await??;
     Ok(HttpResponse::Ok().json(json!({"status": "removed", "worker": worker_json(&rec, None)})))
 }
 
@@ -332,11 +299,7 @@ pub async fn legacy_remove(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let key = query_url(q.into_inner())?;
-    let rec = state
-        .registry
-        .send(RemoveWorker { key })
-        .await
-        .map_err(mailbox)??;
+    let rec = state.registry.send(RemoveWorker { key }).await??;
     Ok(HttpResponse::Ok().json(json!({
         "status": "success",
         "message": format!("Successfully removed worker: {}", rec.url),
@@ -344,9 +307,41 @@ pub async fn legacy_remove(
 }
 
 pub async fn legacy_list(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    let fleet = state.registry.send(ListWorkers).await.map_err(mailbox)?;
+    let fleet = state.registry.send(ListWorkers).await?;
     let urls: Vec<&str> = fleet.iter().map(|w| w.url.as_str()).collect();
     Ok(HttpResponse::Ok().json(json!({"urls": urls})))
+}
+
+/// Why one worker's `/flush_cache` failed.
+#[derive(Debug, thiserror::Error)]
+enum FlushError {
+    #[error("no answer within {0} s")]
+    Timeout(u64),
+    #[error("status {status}: {body}")]
+    Status { status: u16, body: String },
+    #[error(transparent)]
+    Upstream(#[from] UpstreamError),
+}
+
+/// How long one worker's `/flush_cache` may take.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(30);
+
+async fn flush_one(pool: &Pool, url: &WorkerUrl) -> Result<(), FlushError> {
+    let call = async {
+        let resp = pool.post(url, "/flush_cache", &[], Bytes::new()).await?;
+        let status = resp.status;
+        let body = resp.body.collect(4096).await.unwrap_or_default();
+        Ok::<_, UpstreamError>((status, body))
+    };
+    match actix_rt::time::timeout(FLUSH_TIMEOUT, call).await {
+        Err(_) => Err(FlushError::Timeout(FLUSH_TIMEOUT.as_secs())),
+        Ok(Ok((status, _))) if status.is_success() => Ok(()),
+        Ok(Ok((status, body))) => Err(FlushError::Status {
+            status: status.as_u16(),
+            body: String::from_utf8_lossy(&body).into_owned(),
+        }),
+        Ok(Err(e)) => Err(e.into()),
+    }
 }
 
 /// Fans `/flush_cache` out to every ready worker; the index forgets what a flushed worker
@@ -355,39 +350,22 @@ pub async fn flush_cache(
     state: web::Data<AppState>,
     pool: web::Data<Pool>,
 ) -> Result<HttpResponse, ApiError> {
-    let fleet = state.registry.send(ListWorkers).await.map_err(mailbox)?;
-    let calls = fleet.iter().filter(|w| w.healthy()).map(|w| {
-        let pool = pool.clone();
-        async move {
-            let call = async {
-                let resp = pool.post(&w.url, "/flush_cache", &[], Bytes::new()).await?;
-                let status = resp.status;
-                let body = resp.body.collect(4096).await.unwrap_or_default();
-                Ok::<_, crate::upstream::UpstreamError>((status, body))
-            };
-            let outcome = match actix_rt::time::timeout(Duration::from_secs(30), call).await {
-                Err(_) => Err("no answer within 30 s".to_owned()),
-                Ok(Ok((status, _))) if status.is_success() => Ok(()),
-                Ok(Ok((status, body))) => Err(format!(
-                    "status {}: {}",
-                    status.as_u16(),
-                    String::from_utf8_lossy(&body)
-                )),
-                Ok(Err(e)) => Err(e.to_string()),
-            };
-            (w.id, w.url.clone(), outcome)
-        }
-    });
+    let fleet = state.registry.send(ListWorkers).await?;
+    let pool: &Pool = &pool;
+    let calls = fleet
+        .iter()
+        .filter(|w| w.healthy())
+        .map(|w| async move { (w, flush_one(pool, &w.url).await) });
     let results = futures_util::future::join_all(calls).await;
     let mut flushed = 0;
     let mut failed = Vec::new();
-    for (id, url, outcome) in results {
+    for (w, outcome) in results {
         match outcome {
             Ok(()) => {
                 flushed += 1;
-                state.index.do_send(ClearWorker(id));
+                state.index.do_send(ClearWorker(w.id));
             }
-            Err(e) => failed.push(json!({"worker": url, "error": e})),
+            Err(e) => failed.push(json!({"worker": w.url, "error": e.to_string()})),
         }
     }
     let total = fleet.len();
@@ -406,7 +384,7 @@ pub async fn flush_cache(
 
 /// What the prefix index holds, per model and worker.
 pub async fn index_stats(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    let (stats, persist) = state.index.send(GetIndexStats).await.map_err(mailbox)?;
+    let (stats, persist) = state.index.send(GetIndexStats).await?;
     let models: Vec<Value> = stats
         .iter()
         .map(|m| {

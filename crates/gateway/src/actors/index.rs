@@ -1,0 +1,499 @@
+//! The index actor: owns the prefix indexes (one text tree, one token tree and one hash
+//! index per model) and answers "who holds how much of this prompt". The selector asks
+//! before each cache-aware decision and tells it what to record after. Persistence (the
+//! snapshot job and the restore) is in `snapshot`.
+
+use std::collections::HashMap;
+use std::num::NonZeroUsize;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use kvgate_kv_index::{HashConfig, HashIndex, PrefixMatch, RadixTree, TreeConfig};
+use kvgate_policies::{
+    CacheIndex, MatchSource, PolicyConfig, PrefixMatches, PrefixTraffic, RequestFacts, RoutingText,
+    WorkerId,
+};
+use kvgate_store::Persister;
+use tracing::{debug, info};
+
+use super::registry::FleetChanged;
+
+mod snapshot;
+
+use snapshot::SnapJob;
+
+/// The trees' clock starts here, so ages restored from disk never saturate at zero.
+const CLOCK_BASE: u64 = 1 << 40;
+
+/// What the index needs from the policy configuration.
+#[derive(Debug, Clone)]
+pub struct IndexConfig {
+    pub cache_index: CacheIndex,
+    pub block_size: usize,
+    /// Budget per model and tree, in units summed over workers.
+    pub max_tree_size: usize,
+    pub eviction_interval: Option<Duration>,
+    pub boundaries: Vec<usize>,
+    pub ttl: Duration,
+    /// How often a changed index is written to the store.
+    pub snapshot_interval: Duration,
+    /// The timer's next snapshot waits this many times the last one's duration.
+    pub snapshot_backoff: f64,
+}
+
+impl IndexConfig {
+    pub fn from_policy(
+        p: &PolicyConfig,
+        snapshot_interval: Duration,
+        snapshot_backoff: f64,
+    ) -> IndexConfig {
+        IndexConfig {
+            snapshot_interval,
+            snapshot_backoff,
+            cache_index: p.cache_index,
+            block_size: p.block_size,
+            max_tree_size: p.max_tree_size,
+            eviction_interval: p.eviction_interval,
+            boundaries: p.cache_boundaries.clone(),
+            ttl: p.cache_ttl,
+        }
+    }
+}
+
+/// The indexes of one model.
+#[derive(Debug)]
+struct ModelIndex {
+    text: RadixTree<u8, WorkerId>,
+    tokens: RadixTree<u32, WorkerId>,
+    hash: HashIndex<WorkerId>,
+}
+
+fn tree_config(cfg: &IndexConfig, page: usize) -> TreeConfig {
+    // Evicting on insert keeps memory bounded by the budget between sweeps.
+    TreeConfig {
+        page_size: NonZeroUsize::new(page).unwrap_or(NonZeroUsize::MIN),
+        max_units: Some(cfg.max_tree_size),
+        max_tenant_units: None,
+        evict_on_insert: true,
+        ..TreeConfig::default()
+    }
+}
+
+/// The tree's traffic counts, in the policies' terms.
+fn traffic<T>(pm: &PrefixMatch<T>) -> PrefixTraffic {
+    PrefixTraffic {
+        total: f64::from(pm.traffic_total),
+        by_prefix: pm
+            .traffic
+            .iter()
+            .map(|&(end, c)| (end, f64::from(c)))
+            .collect(),
+    }
+}
+
+fn hash_config(cfg: &IndexConfig) -> HashConfig {
+    HashConfig::new(cfg.boundaries.clone(), cfg.ttl.as_millis() as u64)
+}
+
+impl ModelIndex {
+    fn new(cfg: &IndexConfig) -> ModelIndex {
+        ModelIndex {
+            text: RadixTree::new(tree_config(cfg, 1)),
+            tokens: RadixTree::new(tree_config(cfg, cfg.block_size)),
+            hash: HashIndex::new(hash_config(cfg)),
+        }
+    }
+
+    fn remove(&mut self, w: WorkerId) {
+        self.text.remove_tenant(w);
+        self.tokens.remove_tenant(w);
+        self.hash.remove_tenant(w);
+    }
+
+    /// Keeps only the entries of workers `keep` accepts; returns whether any went.
+    fn retain(&mut self, keep: impl Fn(WorkerId) -> bool) -> bool {
+        let text = self.text.retain_tenants(&keep);
+        let tokens = self.tokens.retain_tenants(&keep);
+        let hash = self.hash.retain_tenants(&keep);
+        text + tokens + hash.holders > 0
+    }
+}
+
+/// What the index knows of a worker whose entries it holds.
+#[derive(Debug, Clone)]
+struct Known {
+    url: String,
+    /// The engine start its entries belong to; a different one means an emptied cache.
+    startup_time: Option<f64>,
+    /// Seen in a fleet update of this process (restored workers start unconfirmed).
+    confirmed: bool,
+}
+
+#[derive(Debug)]
+pub struct IndexActor {
+    cfg: IndexConfig,
+    models: HashMap<String, ModelIndex>,
+    known: HashMap<WorkerId, Known>,
+    epoch: Instant,
+    persist: Option<Persister>,
+    /// Changed since the last committed snapshot.
+    dirty: bool,
+    job: Option<SnapJob>,
+    generation: u64,
+    /// The timer's next snapshot waits until then (see `IndexConfig::snapshot_backoff`).
+    next_timed_snapshot: Option<Instant>,
+}
+
+impl IndexActor {
+    pub fn new(cfg: IndexConfig, epoch: Instant, persist: Option<Persister>) -> IndexActor {
+        IndexActor {
+            cfg,
+            models: HashMap::new(),
+            known: HashMap::new(),
+            epoch,
+            persist,
+            dirty: false,
+            job: None,
+            next_timed_snapshot: None,
+            generation: 0,
+        }
+    }
+
+    /// Milliseconds on the shared monotonic clock (offset by `CLOCK_BASE`): LRU stamps.
+    fn now(&self) -> u64 {
+        CLOCK_BASE + self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn purge(&mut self, w: WorkerId) {
+        for m in self.models.values_mut() {
+            m.remove(w);
+        }
+        self.dirty = true;
+        self.abandon_job();
+    }
+
+    fn model(&mut self, name: &str) -> &mut ModelIndex {
+        // Looked up by &str first so the hot path does not allocate the key.
+        if !self.models.contains_key(name) {
+            self.models
+                .insert(name.to_owned(), ModelIndex::new(&self.cfg));
+        }
+        self.models
+            .get_mut(name)
+            .expect("the model's index was inserted above")
+    }
+
+    /// What the index holds of `key`; with `count`, the lookup also counts as traffic
+    /// through the prefixes it matched (a routing decision, not an explanation).
+    fn lookup(&mut self, model: &str, key: &RoutingText, count: bool) -> PrefixMatches {
+        let now = self.now();
+        let hash_mode = self.cfg.cache_index == CacheIndex::Hash;
+        // Only a record creates a model's index: a lookup never grows memory.
+        let Some(m) = self.models.get_mut(model) else {
+            let (input_len, source) = match key {
+                RoutingText::Tokens(t) if hash_mode => {
+                    (t.len(), MatchSource::Hash { boundary: None })
+                }
+                RoutingText::Tokens(t) => (t.len(), MatchSource::TokenTree),
+                RoutingText::Text(s) if hash_mode => {
+                    (s.len(), MatchSource::Hash { boundary: None })
+                }
+                RoutingText::Text(s) => (s.len(), MatchSource::TextTree),
+                RoutingText::Empty => (0, MatchSource::TextTree),
+            };
+            return PrefixMatches {
+                input_len,
+                per_worker: Vec::new(),
+                source,
+                traffic: None,
+            };
+        };
+        match (key, hash_mode) {
+            (RoutingText::Tokens(t), true) => {
+                let probe = m.hash.probe(t, 0, now);
+                let boundary = probe.boundary;
+                PrefixMatches {
+                    input_len: t.len(),
+                    per_worker: probe
+                        .holders
+                        .into_iter()
+                        .map(|w| (w, boundary.unwrap_or(0)))
+                        .collect(),
+                    source: MatchSource::Hash { boundary },
+                    traffic: None,
+                }
+            }
+            (RoutingText::Text(s), true) => PrefixMatches {
+                input_len: s.len(),
+                per_worker: Vec::new(),
+                source: MatchSource::Hash { boundary: None },
+                traffic: None,
+            },
+            (RoutingText::Tokens(t), false) => {
+                let pm = if count {
+                    m.tokens.observe(t)
+                } else {
+                    m.tokens.peek_prefix(t)
+                };
+                PrefixMatches {
+                    input_len: pm.input_len,
+                    source: MatchSource::TokenTree,
+                    traffic: Some(traffic(&pm)),
+                    per_worker: pm.per_tenant,
+                }
+            }
+            (RoutingText::Text(s), false) => {
+                let pm = if count {
+                    m.text.observe(s.as_bytes())
+                } else {
+                    m.text.peek_prefix(s.as_bytes())
+                };
+                PrefixMatches {
+                    input_len: pm.input_len,
+                    source: MatchSource::TextTree,
+                    traffic: Some(traffic(&pm)),
+                    per_worker: pm.per_tenant,
+                }
+            }
+            (RoutingText::Empty, _) => PrefixMatches::default(),
+        }
+    }
+
+    fn record(&mut self, model: &str, key: &RoutingText, worker: WorkerId) {
+        // A worker removed while this record was in the mailbox must not come back.
+        if !self.known.get(&worker).is_some_and(|k| k.confirmed) {
+            return;
+        }
+        let now = self.now();
+        let hash_mode = self.cfg.cache_index == CacheIndex::Hash;
+        let m = self.model(model);
+        match (key, hash_mode) {
+            (RoutingText::Tokens(t), true) => {
+                m.hash.record(t, 0, worker, now);
+            }
+            (RoutingText::Tokens(t), false) => m.tokens.insert(t, worker, now),
+            (RoutingText::Text(s), false) => m.text.insert(s.as_bytes(), worker, now),
+            (RoutingText::Text(_), true) | (RoutingText::Empty, _) => return,
+        }
+        self.dirty = true;
+    }
+
+    fn sweep(&mut self) {
+        let now = self.now();
+        for (name, m) in &mut self.models {
+            let t = m.text.evict();
+            let k = m.tokens.evict();
+            let h = m.hash.sweep(now);
+            debug!(model = %name, ?t, ?k, ?h, "index sweep");
+        }
+    }
+}
+
+impl Actor for IndexActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.set_mailbox_capacity(65_536);
+        if let Some(every) = self.cfg.eviction_interval {
+            ctx.run_interval(every, |act, _| act.sweep());
+        }
+        if self.persist.is_some() {
+            ctx.run_interval(self.cfg.snapshot_interval, |act, ctx| {
+                if act.next_timed_snapshot.is_none_or(|t| Instant::now() >= t) {
+                    act.start_snapshot(ctx);
+                }
+            });
+        }
+    }
+
+    /// However the actor ends (graceful shutdown, its thread stopping), what it holds goes
+    /// to the writer; the writer thread is joined after this.
+    fn stopped(&mut self, ctx: &mut Self::Context) {
+        if self.dirty || self.job.is_some() {
+            self.final_snapshot(ctx);
+        }
+    }
+}
+
+/// Who holds how much of the request's prompt. The facts travel with the message and come
+/// back with the answer, so the prompt is never copied.
+#[derive(Message, Debug)]
+#[rtype(result = "(RequestFacts, PrefixMatches)")]
+pub struct MatchPrefix {
+    pub model: String,
+    pub facts: RequestFacts,
+    /// Count the lookup as traffic (a dispatch); false for a dry run.
+    pub count: bool,
+}
+
+impl Handler<MatchPrefix> for IndexActor {
+    type Result = MessageResult<MatchPrefix>;
+
+    fn handle(&mut self, msg: MatchPrefix, _: &mut Context<Self>) -> Self::Result {
+        let m = self.lookup(&msg.model, &msg.facts.key, msg.count);
+        MessageResult((msg.facts, m))
+    }
+}
+
+/// Records that `worker` now holds the prompt (it was routed there).
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct RecordPrefix {
+    pub model: String,
+    pub key: RoutingText,
+    pub worker: WorkerId,
+}
+
+impl Handler<RecordPrefix> for IndexActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: RecordPrefix, _: &mut Context<Self>) {
+        self.record(&msg.model, &msg.key, msg.worker);
+    }
+}
+
+/// Forget everything a worker holds (its cache was flushed).
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct ClearWorker(pub WorkerId);
+
+impl Handler<ClearWorker> for IndexActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: ClearWorker, _: &mut Context<Self>) {
+        self.purge(msg.0);
+    }
+}
+
+/// Per-model sizes and the persistence state, for inspection and tests.
+#[derive(Message, Debug)]
+#[rtype(result = "(Vec<IndexStats>, PersistState)")]
+pub struct GetIndexStats;
+
+/// Where persistence stands, for inspection and tests.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct PersistState {
+    pub enabled: bool,
+    /// Changes not yet in a committed snapshot.
+    pub pending: bool,
+    pub snapshots_written: u64,
+    pub write_failures: u64,
+    /// Times the snapshot paused because the writer was behind.
+    pub deferred: u64,
+    pub committed_generation: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct IndexStats {
+    pub model: String,
+    pub text_units: usize,
+    pub token_units: usize,
+    pub hash_keys: usize,
+    /// Units held per worker (text + tokens).
+    pub per_worker: Vec<(WorkerId, usize)>,
+}
+
+impl Handler<GetIndexStats> for IndexActor {
+    type Result = MessageResult<GetIndexStats>;
+
+    fn handle(&mut self, _: GetIndexStats, _: &mut Context<Self>) -> Self::Result {
+        let mut out: Vec<IndexStats> = self
+            .models
+            .iter()
+            .map(|(name, m)| {
+                let mut workers = m.text.tenants();
+                workers.extend(m.tokens.tenants());
+                workers.sort();
+                workers.dedup();
+                IndexStats {
+                    model: name.clone(),
+                    text_units: m.text.total_units(),
+                    token_units: m.tokens.total_units(),
+                    hash_keys: m.hash.key_count(),
+                    per_worker: workers
+                        .into_iter()
+                        .map(|w| (w, m.text.tenant_units(w) + m.tokens.tenant_units(w)))
+                        .collect(),
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| a.model.cmp(&b.model));
+        let persist = self
+            .persist
+            .as_ref()
+            .map_or_else(PersistState::default, |p| {
+                use std::sync::atomic::Ordering::{Acquire, Relaxed};
+                let committed = p.stats.committed_generation.load(Acquire);
+                PersistState {
+                    enabled: true,
+                    pending: self.dirty || self.job.is_some() || committed < self.generation,
+                    snapshots_written: p.stats.snapshots_written.load(Relaxed),
+                    write_failures: p.stats.write_failures.load(Relaxed),
+                    deferred: p.stats.deferred.load(Relaxed),
+                    committed_generation: committed,
+                }
+            });
+        MessageResult((out, persist))
+    }
+}
+
+impl Handler<FleetChanged> for IndexActor {
+    type Result = ();
+
+    /// A removed worker is purged; a worker whose engine restarted (new `startup_time`)
+    /// starts empty, like its cache. Restored workers not yet seen wait for `FleetSettled`.
+    fn handle(&mut self, msg: FleetChanged, _: &mut Context<Self>) {
+        let mut drop = Vec::new();
+        for (w, k) in &self.known {
+            if k.confirmed && !msg.0.iter().any(|r| r.id == *w) {
+                drop.push(*w);
+            }
+        }
+        for rec in msg.0.iter() {
+            let k = self.known.entry(rec.id).or_insert_with(|| Known {
+                url: rec.url.to_string(),
+                startup_time: rec.startup_time,
+                confirmed: true,
+            });
+            k.confirmed = true;
+            let Some(now) = rec.startup_time else {
+                continue;
+            };
+            if k.startup_time.is_some_and(|before| before != now) {
+                info!(worker = %rec.url, "engine restarted (new startup_time): its index entries are dropped");
+                drop.push(rec.id);
+            }
+            k.startup_time = Some(now);
+        }
+        for w in drop {
+            self.purge(w);
+            if !msg.0.iter().any(|r| r.id == w) {
+                self.known.remove(&w);
+            }
+        }
+    }
+}
+
+/// Startup registration is over: restored entries of workers that did not come back go.
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct FleetSettled;
+
+impl Handler<FleetSettled> for IndexActor {
+    type Result = ();
+
+    fn handle(&mut self, _: FleetSettled, _: &mut Context<Self>) {
+        let gone: Vec<WorkerId> = self
+            .known
+            .iter()
+            .filter(|(_, k)| !k.confirmed)
+            .map(|(w, _)| *w)
+            .collect();
+        for w in gone {
+            if let Some(k) = self.known.remove(&w) {
+                info!(worker = %k.url, "worker did not come back: its restored index entries are dropped");
+            }
+            self.purge(w);
+        }
+    }
+}

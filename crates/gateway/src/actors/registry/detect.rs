@@ -1,0 +1,162 @@
+//! What a worker is, asked of the worker itself: its models and engine kind from
+//! `/v1/models`, its limits, data-parallel size, start time and KV-event descriptor from
+//! `/server_info` (or the older `/get_server_info`); and its `/health`.
+
+use std::time::Duration;
+
+use kvgate_poller::WorkerUrl;
+use serde::Deserialize;
+use thiserror::Error;
+use tracing::warn;
+
+use super::Runtime;
+
+/// Largest probe answer read; a model list or server_info is far smaller.
+const PROBE_BODY_LIMIT: usize = 4 * 1024 * 1024;
+
+/// Why a probe of a worker's route failed. Rendered once, into the worker record's
+/// `last_error`.
+#[derive(Debug, Error)]
+pub enum ProbeError {
+    #[error("GET {url}: {source}")]
+    Send {
+        url: String,
+        #[source]
+        source: awc::error::SendRequestError,
+    },
+    #[error("GET {url}: status {status}")]
+    Status { url: String, status: u16 },
+    #[error("GET {url}: {source}")]
+    Body {
+        url: String,
+        #[source]
+        source: awc::error::PayloadError,
+    },
+    #[error("{url} lists no model yet")]
+    NoModel { url: String },
+    #[error("GET {url}: {source}")]
+    Json {
+        url: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// What registration learned from the worker's own routes.
+#[derive(Debug, Clone, Default)]
+pub struct Detected {
+    pub models: Vec<String>,
+    pub runtime: Option<Runtime>,
+    pub max_running_requests: Option<u64>,
+    pub dp_size: Option<u64>,
+    pub page_size: Option<u64>,
+    pub startup_time: Option<f64>,
+    pub kv_events: Option<serde_json::Value>,
+    /// Whether `/server_info` (or `/get_server_info`) answered; when it did not, the
+    /// fields above from it are unknown, not absent.
+    pub server_info: bool,
+}
+
+#[derive(Deserialize)]
+struct ModelList {
+    data: Vec<ModelCard>,
+}
+
+#[derive(Deserialize)]
+struct ModelCard {
+    id: String,
+    #[serde(default)]
+    owned_by: Option<String>,
+}
+
+/// Takes the fields kept from a `/server_info` answer into `d`. Read one by one, so a
+/// field of an unexpected type (a newer engine, say) costs only that field.
+pub(super) fn read_server_info(d: &mut Detected, url: &WorkerUrl, v: &serde_json::Value) {
+    let field = |key: &str, read: fn(&serde_json::Value) -> bool| {
+        let x = v.get(key).filter(|x| !x.is_null())?;
+        if read(x) {
+            Some(x.clone())
+        } else {
+            warn!(worker = %url, field = key, value = %x, "server_info field of an unexpected type, ignored");
+            None
+        }
+    };
+    let count = |key| field(key, |x| x.is_u64()).and_then(|x| x.as_u64());
+    d.server_info = true;
+    d.max_running_requests = count("max_running_requests");
+    d.dp_size = count("dp_size");
+    d.page_size = count("page_size");
+    d.startup_time = field("startup_time", |x| x.is_number()).and_then(|x| x.as_f64());
+    d.kv_events = field("kv_events", |_| true);
+}
+
+async fn get_json<T: serde::de::DeserializeOwned>(
+    client: &awc::Client,
+    url: String,
+    timeout: Duration,
+) -> Result<T, ProbeError> {
+    let mut resp = match client.get(&url).timeout(timeout).send().await {
+        Ok(r) => r,
+        Err(source) => return Err(ProbeError::Send { url, source }),
+    };
+    if !resp.status().is_success() {
+        let status = resp.status().as_u16();
+        return Err(ProbeError::Status { url, status });
+    }
+    let body = match resp.body().limit(PROBE_BODY_LIMIT).await {
+        Ok(b) => b,
+        Err(source) => return Err(ProbeError::Body { url, source }),
+    };
+    serde_json::from_slice(&body).map_err(|source| ProbeError::Json { url, source })
+}
+
+/// Probes `/v1/models`, then `/server_info` (falling back to `/get_server_info`).
+pub async fn detect(
+    client: &awc::Client,
+    url: &WorkerUrl,
+    timeout: Duration,
+) -> Result<Detected, ProbeError> {
+    let models: ModelList = get_json(client, url.join("/v1/models"), timeout).await?;
+    let runtime = models
+        .data
+        .iter()
+        .find_map(|m| match m.owned_by.as_deref() {
+            Some("sglang") | Some("nvidia") => Some(Runtime::Sglang),
+            Some("vllm") => Some(Runtime::Vllm),
+            _ => None,
+        });
+    let mut d = Detected {
+        models: models.data.into_iter().map(|m| m.id).collect(),
+        runtime,
+        ..Detected::default()
+    };
+    // vLLM has no server_info: that is not a failure.
+    let info = match get_json::<serde_json::Value>(client, url.join("/server_info"), timeout).await
+    {
+        Ok(i) => Some(i),
+        Err(_) => get_json::<serde_json::Value>(client, url.join("/get_server_info"), timeout)
+            .await
+            .ok(),
+    };
+    if let Some(v) = info {
+        read_server_info(&mut d, url, &v);
+    }
+    Ok(d)
+}
+
+/// `GET /health`: any 2xx passes.
+pub async fn health(
+    client: &awc::Client,
+    url: &WorkerUrl,
+    timeout: Duration,
+) -> Result<(), ProbeError> {
+    let url = url.join("/health");
+    match client.get(&url).timeout(timeout).send().await {
+        Ok(r) if r.status().is_success() => Ok(()),
+        Ok(r) => Err(ProbeError::Status {
+            url,
+            status: r.status().as_u16(),
+        }),
+        Err(source) => Err(ProbeError::Send { url, source }),
+    }
+}

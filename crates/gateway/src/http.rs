@@ -1,0 +1,8 @@
+//! The gateway's HTTP face: reads requests, asks the selector for a worker, relays the
+//! worker's answer, and maps every error the gateway itself answers with to one
+//! OpenAI-style JSON body.
+
+pub mod error;
+pub mod parse;
+pub mod proxy;
+pub mod routes;

@@ -1,0 +1,297 @@
+//! The keep-alive pool of one HTTP thread, and the exchange of one request for the head
+//! of its answer.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::future::poll_fn;
+use std::io::{self, Write as _};
+use std::rc::Rc;
+use std::task::{Context, Poll, ready};
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, Bytes, BytesMut};
+use kvgate_poller::WorkerUrl;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tracing::warn;
+
+use super::body::{Body, Response};
+use super::head::parse_head;
+use super::{COALESCE, UpstreamError};
+
+/// A response head larger than this is refused.
+const MAX_HEAD: usize = 64 * 1024;
+/// Idle connections kept per worker and thread; more are closed.
+const MAX_IDLE: usize = 256;
+
+struct Idle {
+    conn: TcpStream,
+    since: Instant,
+}
+
+struct Inner {
+    idle: RefCell<HashMap<String, Vec<Idle>>>,
+    connect_timeout: Duration,
+    keep_alive: Duration,
+}
+
+/// The upstream connections of one HTTP thread. Cloning shares the pool.
+#[derive(Clone)]
+pub struct Pool(Rc<Inner>);
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let idle: usize = self.0.idle.borrow().values().map(Vec::len).sum();
+        f.debug_struct("Pool")
+            .field("idle", &idle)
+            .field("keep_alive", &self.0.keep_alive)
+            .finish()
+    }
+}
+
+impl Pool {
+    /// `keep_alive` must be shorter than the workers' own idle timeout (uvicorn's is 5 s),
+    /// so the pool drops a connection before the worker closes it under a request.
+    pub fn new(connect_timeout: Duration, keep_alive: Duration) -> Pool {
+        Pool(Rc::new(Inner {
+            idle: RefCell::new(HashMap::new()),
+            connect_timeout,
+            keep_alive,
+        }))
+    }
+
+    /// Idle connections held for `worker`.
+    #[cfg(test)]
+    pub fn idle_count(&self, worker: &WorkerUrl) -> usize {
+        self.0
+            .idle
+            .borrow()
+            .get(worker.authority())
+            .map_or(0, Vec::len)
+    }
+
+    /// Workers with an idle-connection list.
+    #[cfg(test)]
+    pub(super) fn workers_held(&self) -> usize {
+        self.0.idle.borrow().len()
+    }
+
+    /// A live idle connection, newest first; expired or closed ones are dropped.
+    pub(super) fn checkout(&self, authority: &str) -> Option<TcpStream> {
+        let mut idle = self.0.idle.borrow_mut();
+        let list = idle.get_mut(authority)?;
+        prune(list, self.0.keep_alive);
+        while let Some(Idle { conn, .. }) = list.pop() {
+            // A closed peer has made the socket readable (EOF); a live idle one has not.
+            match conn.try_read(&mut [0u8; 1]) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Some(conn),
+                _ => continue,
+            }
+        }
+        None
+    }
+
+    /// Expired connections are left to the next checkout or sweep.
+    pub(super) fn checkin(&self, authority: &str, conn: TcpStream) {
+        let mut idle = self.0.idle.borrow_mut();
+        let entry = Idle {
+            conn,
+            since: Instant::now(),
+        };
+        // Looked up first: the key is allocated only for a worker's first connection.
+        match idle.get_mut(authority) {
+            Some(list) if list.len() >= MAX_IDLE => {}
+            Some(list) => list.push(entry),
+            None => {
+                idle.insert(authority.to_owned(), vec![entry]);
+            }
+        }
+    }
+
+    /// Closes every connection idle past the keep-alive and forgets workers with none left.
+    fn sweep(&self) {
+        let mut idle = self.0.idle.borrow_mut();
+        idle.retain(|_, list| {
+            prune(list, self.0.keep_alive);
+            !list.is_empty()
+        });
+    }
+
+    /// Sweeps the pool every keep-alive period on this thread's runtime, so connections to
+    /// a worker that gets no more traffic (or was removed) are closed too; the task ends
+    /// with the pool. Must be called on an actix or tokio local runtime.
+    pub fn spawn_sweeper(&self) {
+        let pool = Rc::downgrade(&self.0);
+        let every = self.0.keep_alive.max(Duration::from_millis(10));
+        actix_rt::spawn(async move {
+            loop {
+                actix_rt::time::sleep(every).await;
+                match pool.upgrade() {
+                    Some(inner) => Pool(inner).sweep(),
+                    None => return,
+                }
+            }
+        });
+    }
+
+    async fn connect(&self, w: &WorkerUrl) -> Result<TcpStream, UpstreamError> {
+        let secs = self.0.connect_timeout.as_secs_f64();
+        let conn = tokio::time::timeout(
+            self.0.connect_timeout,
+            TcpStream::connect((w.host(), w.port())),
+        )
+        .await
+        .map_err(|_| UpstreamError::ConnectTimeout(secs))?
+        .map_err(UpstreamError::Connect)?;
+        // Requests and answers are single small writes; Nagle would hold them back.
+        if let Err(e) = conn.set_nodelay(true) {
+            warn!(error = %e, "cannot set TCP_NODELAY on an upstream connection");
+        }
+        Ok(conn)
+    }
+
+    /// POSTs `body` to `worker` + `path` and returns once the answer's head is read.
+    /// `headers` must hold valid header names and values (they come from a parsed request).
+    pub async fn post(
+        &self,
+        worker: &WorkerUrl,
+        path: &str,
+        headers: &[(&str, &[u8])],
+        body: Bytes,
+    ) -> Result<Response, UpstreamError> {
+        let mut head = request_head(worker, path, headers, body.len());
+        // Small bodies go out with the head in one write.
+        let rest = if body.len() <= COALESCE {
+            head.extend_from_slice(&body);
+            Bytes::new()
+        } else {
+            body
+        };
+        if let Some(conn) = self.checkout(worker.authority()) {
+            match self.exchange(conn, worker, &head, &rest).await {
+                Ok(r) => return Ok(r),
+                // The pooled connection failed before the whole request went out (the
+                // worker closed it as it left): the worker cannot have acted on it, so it
+                // goes once more, on a new connection.
+                Err((_, Sent::Partly)) => {}
+                // Written whole: the worker may have it, and it is not sent twice from
+                // here. Trying another worker is the caller's decision.
+                Err((e, Sent::Whole)) => return Err(e),
+            }
+        }
+        let conn = self.connect(worker).await?;
+        self.exchange(conn, worker, &head, &rest)
+            .await
+            .map_err(|(e, _)| e)
+    }
+
+    /// Writes one request on `conn` and reads the answer's head.
+    async fn exchange(
+        &self,
+        mut conn: TcpStream,
+        worker: &WorkerUrl,
+        head: &[u8],
+        rest: &[u8],
+    ) -> Result<Response, (UpstreamError, Sent)> {
+        let partly = |e| (UpstreamError::Write(e), Sent::Partly);
+        conn.write_all(head).await.map_err(partly)?;
+        if !rest.is_empty() {
+            conn.write_all(rest).await.map_err(partly)?;
+        }
+        let whole = |e| (e, Sent::Whole);
+        let mut buf = BytesMut::with_capacity(8 * 1024);
+        let mut got_any = false;
+        loop {
+            if let Some(head) = parse_head(&buf).map_err(whole)? {
+                buf.advance(head.len);
+                // An interim answer (100 Continue) is followed by the real one.
+                if head.status.is_informational() {
+                    continue;
+                }
+                return Ok(Response {
+                    status: head.status,
+                    headers: head.headers,
+                    body: Body::new(
+                        conn,
+                        buf,
+                        head.framing,
+                        head.keep_alive,
+                        self.clone(),
+                        worker,
+                    ),
+                });
+            }
+            if buf.len() >= MAX_HEAD {
+                return Err(whole(UpstreamError::Malformed(format!(
+                    "response head over {MAX_HEAD} bytes"
+                ))));
+            }
+            match read_more(&mut conn, &mut buf).await.map_err(whole)? {
+                0 if got_any => {
+                    return Err(whole(UpstreamError::Malformed(
+                        "the connection closed inside the head".into(),
+                    )));
+                }
+                0 => return Err(whole(UpstreamError::ClosedBeforeHead)),
+                _ => got_any = true,
+            }
+        }
+    }
+}
+
+/// How much of a request reached the socket before a failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sent {
+    Partly,
+    Whole,
+}
+
+/// Drops the connections idle past `keep_alive`: the oldest, at the front.
+fn prune(list: &mut Vec<Idle>, keep_alive: Duration) {
+    let now = Instant::now();
+    let expired = list.partition_point(|i| now.duration_since(i.since) >= keep_alive);
+    list.drain(..expired);
+}
+
+fn request_head(w: &WorkerUrl, path: &str, headers: &[(&str, &[u8])], len: usize) -> Vec<u8> {
+    let extra: usize = headers.iter().map(|(n, v)| n.len() + v.len() + 4).sum();
+    let (prefix, authority) = (w.prefix(), w.authority());
+    let mut h = Vec::with_capacity(96 + prefix.len() + path.len() + authority.len() + extra);
+    h.extend_from_slice(b"POST ");
+    h.extend_from_slice(prefix.as_bytes());
+    h.extend_from_slice(path.as_bytes());
+    h.extend_from_slice(b" HTTP/1.1\r\nhost: ");
+    h.extend_from_slice(authority.as_bytes());
+    // Writing into a Vec cannot fail.
+    let _ = write!(h, "\r\ncontent-length: {len}\r\n");
+    for (name, value) in headers {
+        h.extend_from_slice(name.as_bytes());
+        h.extend_from_slice(b": ");
+        h.extend_from_slice(value);
+        h.extend_from_slice(b"\r\n");
+    }
+    h.extend_from_slice(b"\r\n");
+    h
+}
+
+async fn read_more(conn: &mut TcpStream, buf: &mut BytesMut) -> Result<usize, UpstreamError> {
+    poll_fn(|cx| poll_read_more(conn, buf, cx)).await
+}
+
+pub(super) fn poll_read_more(
+    conn: &mut TcpStream,
+    buf: &mut BytesMut,
+    cx: &mut Context<'_>,
+) -> Poll<Result<usize, UpstreamError>> {
+    if buf.capacity() - buf.len() < 4096 {
+        buf.reserve(16 * 1024);
+    }
+    loop {
+        ready!(conn.poll_read_ready(cx)).map_err(UpstreamError::Read)?;
+        match conn.try_read_buf(buf) {
+            Ok(n) => return Poll::Ready(Ok(n)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Poll::Ready(Err(UpstreamError::Read(e))),
+        }
+    }
+}

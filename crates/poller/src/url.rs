@@ -1,0 +1,195 @@
+//! A worker's base URL, parsed once and shared by everything that talks to the worker.
+
+use std::fmt;
+use std::ops::Range;
+use std::sync::Arc;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use thiserror::Error;
+
+/// A URL that cannot name a worker.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[error("invalid worker url '{url}': {reason}")]
+pub struct UrlError {
+    pub url: String,
+    pub reason: &'static str,
+}
+
+/// A worker's base URL in canonical form: `http://host[:port][/prefix]`, scheme and host
+/// lowercased, no trailing slash. Cloning is cheap; two URLs are equal when their
+/// canonical forms are.
+///
+/// ```
+/// use kvgate_poller::WorkerUrl;
+///
+/// let u = WorkerUrl::parse("HTTP://Engine-1:8000/v1/")?;
+/// assert_eq!(u.as_str(), "http://engine-1:8000/v1");
+/// assert_eq!((u.host(), u.port(), u.authority(), u.prefix()), ("engine-1", 8000, "engine-1:8000", "/v1"));
+/// assert_eq!(u.join("/health"), "http://engine-1:8000/v1/health");
+/// assert!(WorkerUrl::parse("https://a:1").is_err());
+/// # Ok::<(), kvgate_poller::UrlError>(())
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct WorkerUrl(Arc<Parts>);
+
+#[derive(PartialEq, Eq, Hash)]
+struct Parts {
+    text: String,
+    /// Where `host:port` lies in `text`.
+    authority: Range<usize>,
+    /// The host without IPv6 brackets.
+    host: Range<usize>,
+    port: u16,
+}
+
+const SCHEME: &str = "http://";
+
+impl WorkerUrl {
+    pub fn parse(url: &str) -> Result<WorkerUrl, UrlError> {
+        let bad = |reason| UrlError {
+            url: url.to_owned(),
+            reason,
+        };
+        let trimmed = url.trim().trim_end_matches('/');
+        let (scheme, rest) = trimmed
+            .split_once("://")
+            .ok_or_else(|| bad("expected http://host:port"))?;
+        if !scheme.eq_ignore_ascii_case("http") {
+            return Err(bad("only http:// workers are supported"));
+        }
+        let (authority, prefix) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+        // Both go into request lines and Host headers as they are.
+        let visible = |s: &str| s.bytes().all(|b| b.is_ascii_graphic());
+        if authority.is_empty() || authority.contains(['@', '?', '#']) || !visible(authority) {
+            return Err(bad("missing or malformed host"));
+        }
+        if prefix.contains(['?', '#']) {
+            return Err(bad("must not carry a query or fragment"));
+        }
+        if !visible(prefix) {
+            return Err(bad("the path must be visible ASCII"));
+        }
+        let (host, port) = match authority.rsplit_once(':') {
+            Some((h, p)) if !authority.ends_with(']') => (
+                h,
+                p.parse::<u16>()
+                    .map_err(|_| bad("port must be a number from 0 to 65535"))?,
+            ),
+            _ => (authority, 80),
+        };
+        let bare = host.trim_start_matches('[').trim_end_matches(']');
+        if bare.is_empty() {
+            return Err(bad("missing or malformed host"));
+        }
+        let text = format!("{SCHEME}{}{prefix}", authority.to_ascii_lowercase());
+        let host_start = SCHEME.len() + (host.len() - host.trim_start_matches('[').len());
+        Ok(WorkerUrl(Arc::new(Parts {
+            authority: SCHEME.len()..SCHEME.len() + authority.len(),
+            host: host_start..host_start + bare.len(),
+            port,
+            text,
+        })))
+    }
+
+    /// The canonical form.
+    pub fn as_str(&self) -> &str {
+        &self.0.text
+    }
+
+    /// `host[:port]` as written (lowercased): the `Host` header.
+    pub fn authority(&self) -> &str {
+        &self.0.text[self.0.authority.clone()]
+    }
+
+    /// The host to connect to, without IPv6 brackets.
+    pub fn host(&self) -> &str {
+        &self.0.text[self.0.host.clone()]
+    }
+
+    pub fn port(&self) -> u16 {
+        self.0.port
+    }
+
+    /// The path the worker is mounted under, without a trailing slash ("" for none).
+    pub fn prefix(&self) -> &str {
+        &self.0.text[self.0.authority.end..]
+    }
+
+    /// The full URL of one of the worker's routes (`path` starts with `/`).
+    pub fn join(&self, path: &str) -> String {
+        let mut s = String::with_capacity(self.0.text.len() + path.len());
+        s.push_str(&self.0.text);
+        s.push_str(path);
+        s
+    }
+}
+
+impl fmt::Display for WorkerUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl fmt::Debug for WorkerUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl Serialize for WorkerUrl {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for WorkerUrl {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<WorkerUrl, D::Error> {
+        let s = String::deserialize(d)?;
+        WorkerUrl::parse(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_normalize() {
+        let ok = |s: &str| WorkerUrl::parse(s).map(|u| u.to_string()).unwrap();
+        assert_eq!(ok("http://A:8000/"), "http://a:8000");
+        assert_eq!(ok(" http://h:1/v1 "), "http://h:1/v1");
+        assert_eq!(ok("HTTP://[::1]:80"), "http://[::1]:80");
+        for bad in [
+            "",
+            "h:8000",
+            "ftp://h",
+            "http://",
+            "http://h:99999",
+            "http://u@h",
+            "http://h/x?y",
+            "http://h/a b",
+            "http://[]:80",
+            "http://h\u{e9}:1",
+        ] {
+            assert!(WorkerUrl::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn parts_are_split_once() {
+        let u = WorkerUrl::parse("http://[::1]:9000/mount").unwrap();
+        assert_eq!(u.host(), "::1");
+        assert_eq!(u.port(), 9000);
+        assert_eq!(u.authority(), "[::1]:9000");
+        assert_eq!(u.prefix(), "/mount");
+        let plain = WorkerUrl::parse("http://Host").unwrap();
+        assert_eq!(
+            (plain.host(), plain.port(), plain.prefix()),
+            ("host", 80, "")
+        );
+        let json = serde_json::to_string(&plain).unwrap();
+        assert_eq!(json, "\"http://host\"");
+        assert_eq!(serde_json::from_str::<WorkerUrl>(&json).unwrap(), plain);
+        assert!(serde_json::from_str::<WorkerUrl>("\"ftp://x\"").is_err());
+    }
+}

@@ -1,0 +1,94 @@
+//! Opening the store at startup: read once, and never a reason for kvgate not to start.
+
+use std::path::Path;
+
+use crate::db::Store;
+use crate::error::StoreError;
+use crate::image::{Image, RegistryImage, unix_now};
+
+/// What opening the store at startup gave.
+#[derive(Debug, Default)]
+pub struct Opened {
+    /// `None`: kvgate runs without persistence (see `problems`).
+    pub store: Option<Store>,
+    /// The last complete snapshot, read once.
+    pub image: Option<Image>,
+    pub registry: RegistryImage,
+    /// One line each, for the log.
+    pub problems: Vec<String>,
+}
+
+/// Opens and reads the store. When the snapshot is damaged, the error comes with the
+/// worker registry if that could still be read: it is a separate key, and losing it would
+/// bring back workers removed through the API and forget those added.
+fn open_and_load(
+    dir: &Path,
+) -> Result<(Store, Option<Image>), (StoreError, Option<RegistryImage>)> {
+    let store = Store::open(dir).map_err(|e| (e, None))?;
+    match store.load() {
+        Ok(image) => Ok((store, image)),
+        Err(e) => {
+            let kept = store.registry().ok();
+            Err((e, kept))
+        }
+    }
+}
+
+/// Opens the store and reads it once. A damaged or foreign-format store is moved aside
+/// (`store.bad-<unix time>`) and a fresh one opened, so it never keeps kvgate from
+/// starting; a store that cannot be reached for I/O reasons is left alone and kvgate runs
+/// without persistence.
+pub fn open_or_reset(dir: &Path) -> Opened {
+    let mut out = Opened::default();
+    let (store, image) = match open_and_load(dir) {
+        Ok(x) => x,
+        Err((e, kept)) if e.fixed_by_reset() => {
+            let src = dir.join("store");
+            let aside = dir.join(format!("store.bad-{}", unix_now() as u64));
+            if let Err(mv) = std::fs::rename(&src, &aside) {
+                out.problems.push(format!(
+                    "{e}; could not move it aside ({mv}); running without persistence"
+                ));
+                return out;
+            }
+            match Store::open(dir) {
+                Ok(s) => {
+                    let registry = match kept.filter(|r| *r != RegistryImage::default()) {
+                        None => "",
+                        Some(r) => match s.put_registry(&r) {
+                            Ok(()) => " (the worker registry was kept)",
+                            Err(_) => " (the worker registry could not be carried over)",
+                        },
+                    };
+                    out.problems.push(format!(
+                        "{e}; moved it to {} and started empty{registry}",
+                        aside.display()
+                    ));
+                    (s, None)
+                }
+                Err(e2) => {
+                    out.problems.push(format!(
+                        "{e}; moved it to {}, but a fresh store failed too ({e2}); running without persistence",
+                        aside.display()
+                    ));
+                    return out;
+                }
+            }
+        }
+        Err((e, _)) => {
+            out.problems.push(format!(
+                "{e}; running without persistence (the store was left as it is)"
+            ));
+            return out;
+        }
+    };
+    match store.registry() {
+        Ok(r) => out.registry = r,
+        Err(e) => out.problems.push(format!(
+            "{e}; workers added or removed through the API before the restart are not restored"
+        )),
+    }
+    out.image = image;
+    out.store = Some(store);
+    out
+}
