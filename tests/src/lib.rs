@@ -40,7 +40,12 @@ pub fn test_config(dir: &tempfile::TempDir) -> GatewayConfig {
 impl Harness {
     /// `n` simulated engines with `sim`, and a gateway routing to all of them.
     pub fn start(n: usize, sim: SimConfig, tweak: impl FnOnce(&mut GatewayConfig)) -> Harness {
-        let fleet = SimFleet::start(n, sim).expect("simulated fleet starts");
+        Harness::start_each(vec![sim; n], tweak)
+    }
+
+    /// One simulated engine per config, in order, and a gateway routing to all of them.
+    pub fn start_each(sims: Vec<SimConfig>, tweak: impl FnOnce(&mut GatewayConfig)) -> Harness {
+        let fleet = SimFleet::start_each("127.0.0.1", 0, sims).expect("simulated fleet starts");
         let dir = tempfile::tempdir().expect("temp dir");
         let mut cfg = test_config(&dir);
         cfg.worker_urls = fleet.urls();

@@ -91,6 +91,39 @@ async fn a_burst_over_four_engines_gives_each_six_to_ten() {
 }
 
 #[actix_rt::test]
+async fn an_idle_two_rank_engine_takes_two_thirds_of_a_burst_beside_a_one_rank_engine() {
+    // Engine 0 runs two data-parallel ranks of 16 slots, engine 1 one rank of 16, both idle
+    // with stale gauges. Priced per rank, engine 0 drains twice as fast, so 48 equal
+    // requests fill 32:16, every request in a slot; priced per worker they split 24:24
+    // and 8 wait on engine 1 while 8 of engine 0's slots stay free.
+    let two_ranks = SimConfig {
+        dp_size: 2,
+        ..sim()
+    };
+    let h = Harness::start_each(vec![two_ranks, sim()], |c| {
+        c.policy.kind = PolicyKind::LeastLoad;
+        c.seed = Some(7);
+        // No poll during the burst: the split follows from one report each and the credit.
+        c.poller.interval = Duration::from_secs(3600);
+    });
+    h.gw.actors().poller.do_send(PollNow);
+    wait_for_views(&h, "a load report from every engine", |v| {
+        v.iter().all(|w| w.load.is_some())
+    })
+    .await;
+    let reqs = (0..48).map(|i| {
+        let url = h.url("/v1/completions");
+        async move {
+            let body = json!({"prompt": format!("an unrelated prompt of one length, {i:04}"), "max_tokens": 4});
+            let r = post_json(&url, &body).await;
+            assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+        }
+    });
+    futures_util::future::join_all(reqs).await;
+    assert_eq!(h.split(), vec![32, 16]);
+}
+
+#[actix_rt::test]
 async fn a_shared_prefix_stays_with_the_engine_that_holds_it() {
     let h = with_loads(4, PolicyKind::CacheAware).await;
     let system = "You are a careful assistant for the kvgate test suite. ".repeat(40);

@@ -72,10 +72,14 @@ pub struct GatewayConfig {
     /// the prefix both share on the worker they go to; 0 turns holds off.
     #[serde(rename = "prefill_hold_secs", with = "kvgate_policies::serde_secs")]
     pub prefill_hold: Duration,
-    /// HTTP worker threads (`None`, from code only: one per core). The default is one: the routing
-    /// actors run on the first, and a request on any other reaches them with a wake-up of
-    /// another thread each way (measured: a 32-request burst's TTFT p99 rose by 1-5 ms
-    /// with two threads, and one thread proxies 48k req/s on this 2-core machine).
+    /// HTTP worker threads (`None`, from code only: one per core). The default is one:
+    /// the routing actors run on its thread, so a dispatch is a chain of same-thread queue
+    /// pushes, while a request on another thread reaches them with a cross-thread wake-up
+    /// each way (a 32-request burst's time to first token rose by 1-5 ms at p99 with two
+    /// threads). One thread proxied about 48k small requests per second on one vCPU
+    /// (docs/benchmarks.md), far more than a GPU fleet of tens of engines serves; raise it
+    /// when the gateway's own CPU is the limit (long prompts at high rates, or a fleet of
+    /// hundreds of engines), and check `kvgate-bench proxy` on the machine it runs on.
     pub http_workers: Option<usize>,
     pub policy: PolicyConfig,
     /// Load polling (`--load-monitor-interval` is `poller.interval_secs`).

@@ -106,3 +106,33 @@ fn flags_override_env_which_overrides_the_file() {
         "{line}"
     );
 }
+
+#[test]
+fn help_names_every_flags_default_key_and_variable() {
+    let out = kvgate(&["--help"], &[]).output().expect("kvgate runs");
+    assert!(out.status.success());
+    let help = String::from_utf8(out.stdout).expect("text");
+    let mut flags = 0;
+    let lines: Vec<&str> = help.lines().collect();
+    for (i, line) in lines.iter().enumerate() {
+        let Some(flag) = line.trim_start().strip_prefix("--") else {
+            continue;
+        };
+        let name = flag.split([' ', '<']).next().unwrap_or("");
+        if ["help", "version", "config"].contains(&name) {
+            continue;
+        }
+        flags += 1;
+        let text = lines.get(i + 1).copied().unwrap_or("");
+        let var = format!("KVGATE_{}", name.replace('-', "_").to_ascii_uppercase());
+        assert!(text.contains("[default: "), "--{name}: {text}");
+        assert!(text.contains("[key: "), "--{name}: {text}");
+        // The variable follows the key, which is the flag's own name except for knobs
+        // under [policy] or [poller] and the reference's names.
+        assert!(text.contains("[env: KVGATE_"), "--{name}: {text}");
+        if !text.contains("[key: policy.") && !text.contains("[key: poller.") {
+            assert!(text.contains(&var), "--{name}: {text}");
+        }
+    }
+    assert!(flags >= 40, "{flags} flags in\n{help}");
+}

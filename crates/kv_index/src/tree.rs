@@ -8,111 +8,21 @@
 //! ever empty.
 
 use std::collections::BTreeMap;
-use std::fmt;
-use std::hash::Hash;
 use std::mem;
-use std::num::NonZeroUsize;
 
 use crate::lru::{Lru, NIL, TenantList};
 use crate::prefix_match::PrefixMatch;
 use crate::small::Small;
 
+mod config;
+mod evict;
+mod traffic;
+
+pub use config::{EvictStats, KeyUnit, TenantId, TreeConfig};
+pub(crate) use traffic::Traffic;
+
 #[cfg(test)]
 pub(crate) mod tests;
-
-/// A key element: `u8` for text bytes, `char`, or `u32` for token ids (sealed).
-pub trait KeyUnit: Copy + Ord + fmt::Debug + sealed::Sealed {
-    /// The unit as an integer, to key children without touching their edges.
-    fn bits(self) -> u64;
-}
-
-mod sealed {
-    pub trait Sealed {}
-}
-
-macro_rules! key_unit {
-    ($($t:ty),*) => {$(
-        impl sealed::Sealed for $t {}
-        impl KeyUnit for $t {
-            fn bits(self) -> u64 {
-                u64::from(self)
-            }
-        }
-    )*};
-}
-key_unit!(u8, u16, u32, u64);
-
-impl sealed::Sealed for char {}
-impl KeyUnit for char {
-    fn bits(self) -> u64 {
-        u64::from(u32::from(self))
-    }
-}
-
-/// A tenant (worker) id. The gateway uses a `u64`.
-pub trait TenantId: Copy + Ord + Hash + fmt::Debug {}
-impl<X: Copy + Ord + Hash + fmt::Debug> TenantId for X {}
-
-/// How a tree stores keys and how much it may hold.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TreeConfig {
-    /// Units per page: 1 for text, the engine's block size for tokens. Only whole pages
-    /// are stored and matched.
-    pub page_size: NonZeroUsize,
-    /// Budget over all tenants: the sum of what each tenant holds, so a path shared by
-    /// three tenants counts three times. `None`: unbounded.
-    pub max_units: Option<usize>,
-    /// Budget for each tenant alone. `None`: unbounded.
-    pub max_tenant_units: Option<usize>,
-    /// Evict right after each insert, so a call never returns over budget. When false the
-    /// caller runs [`RadixTree::evict`] on its own schedule and the tree may overshoot
-    /// until then.
-    pub evict_on_insert: bool,
-    /// Half-life, in counted lookups, of the traffic counts kept on each node (see
-    /// [`PrefixMatch::traffic`]); at least 1.
-    pub traffic_half_life: u32,
-}
-
-impl Default for TreeConfig {
-    fn default() -> Self {
-        Self {
-            page_size: NonZeroUsize::MIN,
-            max_units: None,
-            max_tenant_units: None,
-            evict_on_insert: true,
-            traffic_half_life: 1024,
-        }
-    }
-}
-
-impl TreeConfig {
-    /// A token tree with `page_size`-unit pages and no budget.
-    pub fn paged(page_size: NonZeroUsize) -> Self {
-        Self {
-            page_size,
-            ..Self::default()
-        }
-    }
-}
-
-/// What an eviction (or a purge) removed.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct EvictStats {
-    /// (node, tenant) entries dropped.
-    pub entries: usize,
-    /// Units dropped, summed over tenants.
-    pub units: usize,
-    /// Nodes unlinked because no tenant held them any more.
-    pub nodes: usize,
-}
-
-impl std::ops::AddAssign for EvictStats {
-    fn add_assign(&mut self, o: Self) {
-        self.entries += o.entries;
-        self.units += o.units;
-        self.nodes += o.nodes;
-    }
-}
 
 pub(crate) const ROOT: u32 = 0;
 
@@ -130,54 +40,6 @@ pub(crate) struct Node<E, T> {
     pub(crate) generation: u32,
     /// Lookups that entered this node, decayed; not part of a snapshot.
     pub(crate) traffic: Traffic,
-}
-
-/// Lookups that entered a node, and those of them that ended inside its edge, as counts
-/// that halve every `traffic_half_life` lookups; stored with the lookup number they were
-/// last brought up to, so a lookup updates only the nodes it passes.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Traffic {
-    entered: f32,
-    ended: f32,
-    at: u32,
-}
-
-impl Traffic {
-    fn factor(self, now: u32, half_life: u32) -> f32 {
-        // Wrapping: a node untouched for 2^32 lookups would read as young; its counts have
-        // long been negligible by then anyway.
-        let age = now.wrapping_sub(self.at);
-        if age == 0 {
-            1.0
-        } else {
-            (-(age as f32) / half_life.max(1) as f32).exp2()
-        }
-    }
-
-    pub(crate) fn entered_at(self, now: u32, half_life: u32) -> f32 {
-        self.entered * self.factor(now, half_life)
-    }
-
-    fn bump(&mut self, now: u32, half_life: u32, ended_inside: bool) {
-        let f = self.factor(now, half_life);
-        *self = Traffic {
-            entered: self.entered * f + 1.0,
-            ended: self.ended * f + if ended_inside { 1.0 } else { 0.0 },
-            at: now,
-        };
-    }
-
-    /// Cuts the counts at a split: every lookup that entered the edge entered its head;
-    /// those that ended inside it are taken to have ended inside the head. Returns (head,
-    /// tail).
-    fn split(self) -> (Traffic, Traffic) {
-        let tail = Traffic {
-            entered: (self.entered - self.ended).max(0.0),
-            ended: 0.0,
-            at: self.at,
-        };
-        (self, tail)
-    }
 }
 
 #[derive(Debug, Clone)]
@@ -349,49 +211,6 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
         let d = self.descend(key_p, &mut path);
         self.record(key_p, &mut path, d, tenant);
         self.path = path;
-    }
-
-    /// Brings every tenant within `max_tenant_units` and the tree within `max_units`,
-    /// dropping least recently used (node, tenant) leaves first. Costs O(1) per entry
-    /// dropped: the recency lists are kept in eviction order.
-    pub fn evict(&mut self) -> EvictStats {
-        let mut stats = EvictStats::default();
-        if self.config.max_tenant_units.is_some() {
-            for ts in self.index.values().copied().collect::<Vec<_>>() {
-                self.evict_tenant(ts, &mut stats);
-            }
-        }
-        self.evict_global(&mut stats);
-        stats
-    }
-
-    /// Drops `tenant` everywhere and forgets it. Returns the units it held.
-    pub fn remove_tenant(&mut self, tenant: T) -> usize {
-        let Some(ts) = self.index.remove(&tenant) else {
-            return 0;
-        };
-        let units = self.purge(ts);
-        self.free_slots.push(ts);
-        units
-    }
-
-    /// Drops everything `tenant` holds (its engine was emptied) but keeps it listed in
-    /// [`tenants`](Self::tenants). Returns the units it held.
-    pub fn clear_tenant(&mut self, tenant: T) -> usize {
-        match self.index.get(&tenant) {
-            Some(&ts) => self.purge(ts),
-            None => 0,
-        }
-    }
-
-    /// Removes every tenant for which `keep` is false (e.g. workers that restarted while a
-    /// snapshot was on disk). Returns how many tenants were removed.
-    pub fn retain_tenants(&mut self, mut keep: impl FnMut(T) -> bool) -> usize {
-        let gone: Vec<T> = self.index.keys().copied().filter(|t| !keep(*t)).collect();
-        for &t in &gone {
-            self.remove_tenant(t);
-        }
-        gone.len()
     }
 
     /// Units `tenant` holds (0 if unknown).
@@ -709,81 +528,6 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
             self.nodes[parent as usize].children[i].1 = head;
         }
         head
-    }
-
-    fn evict_tenant(&mut self, ts: u32, stats: &mut EvictStats) {
-        let Some(max) = self.config.max_tenant_units else {
-            return;
-        };
-        while self.slots[ts as usize].list.units > max {
-            let Some(head) = self.slots[ts as usize].list.head() else {
-                break;
-            };
-            self.drop_entry(head, stats);
-        }
-    }
-
-    fn evict_global(&mut self, stats: &mut EvictStats) {
-        let Some(max) = self.config.max_units else {
-            return;
-        };
-        while self.total_units > max {
-            let Some(e) = self.lru.head() else {
-                break;
-            };
-            self.drop_entry(e, stats);
-        }
-    }
-
-    fn purge(&mut self, ts: u32) -> usize {
-        let mut stats = EvictStats::default();
-        while let Some(head) = self.slots[ts as usize].list.head() {
-            self.drop_entry(head, &mut stats);
-        }
-        stats.units
-    }
-
-    /// Removes one entry, which the list invariant guarantees is a leaf for its tenant,
-    /// and unlinks its node if no tenant is left on it.
-    fn drop_entry(&mut self, e: u32, stats: &mut EvictStats) {
-        let (n, ts) = {
-            let en = self.lru.get(e);
-            (en.node, en.tslot)
-        };
-        let slot = &mut self.slots[ts as usize];
-        let node = &mut self.nodes[n as usize];
-        if let Ok(i) = node.tenants.binary_search_by(|p| p.0.cmp(&slot.id)) {
-            node.tenants.remove(i);
-        }
-        let len = node.edge.len();
-        slot.list.units -= len;
-        self.total_units -= len;
-        self.lru.remove(&mut slot.list, e);
-        stats.entries += 1;
-        stats.units += len;
-        self.evicted.entries += 1;
-        self.evicted.units += len;
-        if n != ROOT && node.tenants.is_empty() && node.children.is_empty() {
-            self.free_node(n);
-            stats.nodes += 1;
-            self.evicted.nodes += 1;
-        }
-    }
-
-    fn free_node(&mut self, n: u32) {
-        let key = self.child_key(&self.nodes[n as usize].edge);
-        let node = &mut self.nodes[n as usize];
-        let parent = node.parent;
-        self.edge_units -= node.edge.len();
-        node.edge = Vec::new();
-        node.children = Small::Empty;
-        node.tenants = Small::Empty;
-        node.parent = NIL;
-        node.generation = node.generation.wrapping_add(1);
-        if let Some(i) = self.child_slot(parent, n, key) {
-            self.nodes[parent as usize].children.remove(i);
-        }
-        self.free_nodes.push(n);
     }
 
     /// Restore's counterpart of `hold`: attaches an entry with a given stamp at the back.

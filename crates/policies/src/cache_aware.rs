@@ -37,7 +37,7 @@ use rand::RngCore;
 
 use crate::config::{CacheMode, PolicyConfig};
 use crate::cost;
-use crate::decision::{CandidateScore, Decision, DecisionPath};
+use crate::decision::{CandidateScore, Decision, DecisionNote, DecisionPath};
 use crate::estimate;
 use crate::gate::{Gate, kv_pressure};
 use crate::snapshot::{MatchSource, PrefixMatches, RoutingText, SelectInput};
@@ -157,6 +157,7 @@ impl<'a> Ctx<'a> {
             record_prefix,
             rule: None,
             new_prefix: false,
+            notes: Vec::new(),
         }
     }
 }
@@ -185,14 +186,22 @@ pub(crate) fn select(
         gate,
         matched,
     };
-    if kv_pressure(&ctx.fleet, cfg) {
+    let mut d = if kv_pressure(&ctx.fleet, cfg) {
         let all = ctx.fleet.eligible.clone();
-        return ctx.by_wait(&all, DecisionPath::KvPressure, ctx.recordable(), rng);
+        ctx.by_wait(&all, DecisionPath::KvPressure, ctx.recordable(), rng)
+    } else {
+        match cfg.cache_mode {
+            CacheMode::Threshold => threshold(&ctx, rng),
+            CacheMode::Cost => cost::select(&ctx, rng),
+        }
+    };
+    let hash_index = input
+        .matches
+        .is_some_and(|m| matches!(m.source, MatchSource::Hash { .. }));
+    if hash_index && matches!(input.request.key, RoutingText::Text(_)) {
+        d.notes.push(DecisionNote::TextNotHashed);
     }
-    match cfg.cache_mode {
-        CacheMode::Threshold => threshold(&ctx, rng),
-        CacheMode::Cost => cost::select(&ctx, rng),
-    }
+    d
 }
 
 /// The reference-compatible pipeline: threshold, gate, expected wait.

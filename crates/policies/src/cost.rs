@@ -75,15 +75,14 @@
 //!   conversation in the fleet shares: at the instant of a decision both look the same. The
 //!   index's traffic counts can: a prefix that carries at most one engine's worth of the
 //!   fleet's requests belongs on one engine (breaking it over an idle worker duplicated its
-//!   prefill and split its group for good: 0.95–0.975 of the ideal at lower load in
-//!   session 3), while a busier one must spread (kept on its first holder, every new
+//!   prefill and split its group for good: 0.95–0.975 of the ideal at lower load), while a busier one must spread (kept on its first holder, every new
 //!   conversation followed it: splits of 0/0/23/41). New prefixes then start where the
 //!   fewest started lately, so groups spread evenly from their first request.
 //!
 //! Paths: `hit` (or `hash` on the hash index) when the chosen worker holds part of the
 //! prompt (at least `min_match_tokens` of it, a hash boundary included), `spill` when it holds none
 //! although an eligible worker does, `miss` when nobody holds any, `fallback` when no
-//! matches were passed (the cost then has no affinity).
+//! matches were passed (the cost then has no affinity, and nothing is recorded).
 
 use rand::RngCore;
 
@@ -269,9 +268,10 @@ fn ttft(ctx: &Ctx<'_>, set: &[usize]) -> Vec<(f64, f64)> {
 
 /// `matched` index units, or 0 when they are fewer than `min_match_tokens` tokens.
 fn useful_match(ctx: &Ctx<'_>, matched: usize) -> usize {
-    let tokens = match ctx.matches() {
-        Some(m) if m.source.is_text() => matched as f64 / estimate::bytes_per_token(ctx.cfg),
-        _ => matched as f64,
+    let tokens = if estimate::units_are_bytes(ctx.input.request) {
+        matched as f64 / estimate::bytes_per_token(ctx.cfg)
+    } else {
+        matched as f64
     };
     if tokens < ctx.cfg.min_match_tokens as f64 {
         0

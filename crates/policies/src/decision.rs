@@ -117,6 +117,24 @@ pub enum CostRule {
     Spread,
 }
 
+/// Something about a decision that its path and scores do not say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DecisionNote {
+    /// The hash index (`--cache-index hash`) sees token prompts only: this text prompt was
+    /// neither matched nor recorded, so load alone decided.
+    TextNotHashed,
+}
+
+impl DecisionNote {
+    /// The snake_case name used in logs and the explain output.
+    pub fn name(self) -> &'static str {
+        match self {
+            DecisionNote::TextNotHashed => "text_not_hashed",
+        }
+    }
+}
+
 /// The outcome of one selection.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Decision {
@@ -139,6 +157,9 @@ pub struct Decision {
     /// counts).
     #[serde(default)]
     pub new_prefix: bool,
+    /// What else a reader of the decision should know.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<DecisionNote>,
 }
 
 impl Decision {
@@ -153,6 +174,7 @@ impl Decision {
             record_prefix: false,
             rule: None,
             new_prefix: false,
+            notes: Vec::new(),
         }
     }
 
@@ -167,6 +189,7 @@ impl Decision {
             record_prefix: false,
             rule: None,
             new_prefix: false,
+            notes: Vec::new(),
         }
     }
 
@@ -209,6 +232,10 @@ impl fmt::Display for Decision {
             self.credit_tokens,
             self.record_prefix,
             self.candidates.len()
-        )
+        )?;
+        for n in &self.notes {
+            write!(f, " note={}", n.name())?;
+        }
+        Ok(())
     }
 }

@@ -52,7 +52,7 @@ pub(crate) fn uncached_tokens(
     match matches {
         Some(m) if m.input_len > 0 => {
             let units = m.input_len.saturating_sub(matched) as f64;
-            if m.source.is_text() {
+            if units_are_bytes(req) {
                 units / bytes_per_token(cfg)
             } else {
                 units
@@ -60,6 +60,13 @@ pub(crate) fn uncached_tokens(
         }
         _ => prompt_tokens(req, matches, cfg).unwrap_or(cfg.mean_prefill_tokens as f64),
     }
+}
+
+/// Whether the index measured this request in bytes of text rather than tokens. It is
+/// the request that decides, not the index that answered: the hash index measures a text
+/// prompt in bytes too, although it holds nothing for it.
+pub(crate) fn units_are_bytes(req: &RequestFacts) -> bool {
+    matches!(req.key, RoutingText::Text(_))
 }
 
 /// A token estimate rounded up to a credit of at least 1.

@@ -9,7 +9,8 @@
 //! Both margins must clear, so the gate ignores small-count noise but still fires on a
 //! deep queue. It removes a too-hot holder from a hit (the request spills), and it bounds
 //! misses the same way: a burst of novel prompts cannot pile more than the margins onto the
-//! fastest worker, because a miss chooses only among ungated workers too. If the gate
+//! fastest worker, because a miss chooses only among ungated workers too. That bound does
+//! not hold under the KV-pressure fallback below, which is ungated on purpose. If the gate
 //! would remove everyone (it cannot with a consistent snapshot, but counts may be odd), it
 //! removes no one.
 //!

@@ -3,11 +3,12 @@
 //! For a candidate set C (the workers a policy is choosing among):
 //!
 //! ```text
-//! live(w)    = n_ranks(w) × mean gen_throughput of w's ranks that have requests running
-//!              (0 when no rank is running)
-//! nominal(C) = mean live(w) over w in C with a report and live(w) > 0,
+//! live(w)    = n_ranks(w) × mean gen_throughput of w's running ranks that report a rate
+//!              above 0 (0 when there is none)
+//! rank(C)    = mean live(w) / n_ranks(w) over w in C with a report and live(w) > 0,
 //!              least_load_default_throughput if there is none
-//! rate(w)    = live(w) if > 0, else nominal(C)
+//! nominal(C) = mean live(w) over the same workers, least_load_default_throughput if none
+//! rate(w)    = live(w) if > 0, else rank(C) × n_ranks(w)
 //! queued(w)  = Σ_r num_waiting_uncached_tokens, or, if that is 0, Σ_r num_waiting_reqs × p̄
 //! k(w)       = clamp(mean_r token_usage, 0, 0.999)
 //! D(w)       = credit.tokens: work dispatched since the report was sampled
@@ -23,9 +24,12 @@
 //! Why each piece:
 //! - An idle rank's `gen_throughput` is stale (SGLang leaves ~0.36 tok/s from its last
 //!   health generation), so only running ranks give a live rate.
-//! - A worker with no live rate is priced at its fellow candidates' mean live rate, not at
-//!   a flat default: an idle worker beside a busy 8000 tok/s peer is as fast as that peer,
-//!   and two idle workers reporting 0.36 and 0 tok/s are equal.
+//! - A worker with no live rate is priced at its fellow candidates' mean live rate per
+//!   rank, times its own ranks, not at a flat default: an idle worker beside a busy
+//!   8000 tok/s peer of as many ranks is as fast as that peer, two idle workers reporting
+//!   0.36 and 0 tok/s are equal, and in a fleet of mixed data-parallel sizes an idle
+//!   one-rank worker is not priced at a two-rank peer's rate. A running rank reporting
+//!   0 tok/s (a window not closed yet) gives no rate and is left out of the mean.
 //! - Beyond the reference: a worker with some ranks busy and some idle counts every rank at
 //!   its busy ranks' mean rate. The reference sums the busy ranks only, so a worker with
 //!   spare ranks reads as slower than a fully busy peer.
@@ -203,6 +207,14 @@ impl<'a> Fleet<'a> {
     /// The reference expected wait of each worker of `set` (indices into `workers`).
     pub(crate) fn expected_waits(&self, set: &[usize]) -> Vec<f64> {
         let p = &self.params;
+        // Per rank, so a worker with no live rate is priced by its own rank count: an idle
+        // one-rank worker beside a busy two-rank peer is as fast as one of its ranks.
+        let per_rank = mean_positive(
+            set.iter()
+                .filter_map(|&i| self.load(i).map(|l| l.live_rate / l.ranks)),
+        );
+        // A worker without a report has no rank count: it is priced at a reporting
+        // worker's mean live rate.
         let nominal = mean_positive(
             set.iter()
                 .filter_map(|&i| self.load(i).map(|l| l.live_rate)),
@@ -215,7 +227,7 @@ impl<'a> Fleet<'a> {
                     let rate = if l.live_rate > 0.0 {
                         l.live_rate
                     } else {
-                        nominal
+                        per_rank.unwrap_or(p.default_rate) * l.ranks
                     };
                     let credit = self.workers[i].credit.tokens as f64;
                     (l.queued + credit) / rate + l.kv_term(p.lambda)
@@ -281,6 +293,7 @@ impl Pick {
             record_prefix: false,
             rule: None,
             new_prefix: false,
+            notes: Vec::new(),
         }
     }
 }

@@ -319,7 +319,37 @@ impl Relay {
 
 #[cfg(test)]
 mod tests {
-    use super::{Tail, last_event_end};
+    use actix_web::http::StatusCode;
+    use actix_web::http::header::{HeaderName, HeaderValue};
+
+    use super::{HttpResponse, Tail, copy_response_headers, last_event_end};
+
+    #[test]
+    fn headers_the_worker_names_in_connection_are_not_relayed() {
+        let h = |n: &str, v: &str| {
+            (
+                HeaderName::from_bytes(n.as_bytes()).expect("name"),
+                HeaderValue::from_str(v).expect("value"),
+            )
+        };
+        let from = vec![
+            h("content-type", "application/json"),
+            h("connection", "keep-alive, X-Hop"),
+            h("connection", " x-other "),
+            h("x-hop", "1"),
+            h("x-other", "2"),
+            h("x-kept", "3"),
+            h("keep-alive", "timeout=5"),
+            h("transfer-encoding", "chunked"),
+            h("server", "uvicorn"),
+        ];
+        let mut b = HttpResponse::build(StatusCode::OK);
+        copy_response_headers(from, &mut b);
+        let resp = b.finish();
+        let mut names: Vec<&str> = resp.headers().keys().map(|n| n.as_str()).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["content-type", "x-kept"]);
+    }
 
     #[test]
     fn event_ends_are_found_for_every_line_ending() {

@@ -1,3 +1,6 @@
+//! The upstream client against a scripted loopback server: framing, pooling and failure
+//! cases. Over 600 lines because the server and every case it scripts are kept together.
+
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener};
 use std::sync::atomic::{AtomicUsize, Ordering};

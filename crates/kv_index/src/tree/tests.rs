@@ -1,3 +1,6 @@
+//! The tree against a brute-force model: scripted cases and property tests side by side
+//! (over 600 lines because every case is a short table of steps through one `check`).
+
 use std::collections::BTreeMap;
 use std::num::NonZeroUsize;
 

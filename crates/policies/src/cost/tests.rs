@@ -280,6 +280,43 @@ fn text_units_are_converted_to_tokens() {
 }
 
 #[test]
+fn a_text_prompt_on_the_hash_index_is_priced_in_tokens_and_says_it_was_not_hashed() {
+    // The hash index holds nothing for text and reports its length in bytes, as the text
+    // tree does: 4000 bytes are 1000 tokens, not 4000.
+    let workers = [
+        w(1).load(prefilling(10_000, 0, 0, 0.0)),
+        w(2).load(prefilling(10_000, 0, 0, 0.0)),
+    ];
+    let req = text(&"a".repeat(4000));
+    let m = PrefixMatches {
+        source: MatchSource::Hash { boundary: None },
+        ..text_matches(4000, &[])
+    };
+    let cfg = PolicyConfig {
+        cache_index: crate::CacheIndex::Hash,
+        ..cost_cfg()
+    };
+    let d = pick(&cfg, &workers, &req, Some(&m), 0);
+    assert_eq!(d.credit_tokens, 1000, "{d:?}");
+    let chosen = d.chosen().and_then(|c| c.prefill).unwrap_or_default();
+    assert!(approx(chosen, 0.1), "1000 tokens at 10k tok/s: {d:?}");
+    assert_eq!(d.notes, vec![crate::DecisionNote::TextNotHashed]);
+    assert!(d.to_string().ends_with("note=text_not_hashed"), "{d}");
+    // A token prompt on the same index carries no such note.
+    let d = pick(
+        &cfg,
+        &workers,
+        &tokens(4000),
+        Some(&PrefixMatches {
+            source: MatchSource::Hash { boundary: None },
+            ..token_matches(4000, &[])
+        }),
+        0,
+    );
+    assert!(d.notes.is_empty(), "{d:?}");
+}
+
+#[test]
 fn seed_scenarios_hold_in_cost_mode() {
     let none = RequestFacts::default();
     let novel = token_matches(0, &[]);

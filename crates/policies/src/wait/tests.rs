@@ -242,6 +242,23 @@ fn partly_idle_multi_rank_worker_is_not_slower_than_a_busy_peer() {
 }
 
 #[test]
+fn an_idle_worker_is_priced_per_rank_in_a_fleet_of_mixed_sizes() {
+    // W1: two ranks busy at 100 tok/s each (200 in all), 300 tokens queued: 1.5 s.
+    // W2: one idle rank, 200 tokens queued: one rank's rate, 100, gives 2 s. Priced at W1's
+    // whole-worker rate it read as 1 s and won.
+    let w1 = report(vec![rank(1, 150, 0.0, 100.0), rank(1, 150, 0.0, 100.0)]);
+    let w2 = report(vec![rank(0, 200, 0.0, 0.36)]);
+    let s = scores(&[w(1).load(w1.clone()), w(2).load(w2.clone())]);
+    assert!(approx(s[0], 1.5) && approx(s[1], 2.0), "{s:?}");
+    check(vec![w(1).load(w1), w(2).load(w2)], &tokens(10), 1);
+    // And an idle two-rank worker beside a busy one-rank peer counts both its ranks.
+    let busy1 = report(vec![rank(1, 100, 0.0, 100.0)]);
+    let idle2 = report(vec![rank(0, 100, 0.0, 0.0), rank(0, 100, 0.0, 0.0)]);
+    let s = scores(&[w(1).load(busy1), w(2).load(idle2)]);
+    assert!(approx(s[0], 1.0) && approx(s[1], 1.0), "{s:?}");
+}
+
+#[test]
 fn s12_seed_idle_residual_burst_splits_evenly() {
     let mut workers = vec![w(1).load(idle(0.36)), w(2).load(idle(0.0))];
     let picks = run(

@@ -1,0 +1,398 @@
+//! The `kvgate` binary's flags: one table, each flag mapped onto one config key. Help
+//! lines name the key, the environment variable and the default, read from
+//! `GatewayConfig::default()`, so they cannot drift from the code.
+
+use std::path::PathBuf;
+
+use kvgate_gateway::{GatewayConfig, Overrides};
+
+/// How a flag's value is read.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Int,
+    Float,
+    Text,
+    /// One or more values, space-separated after the flag.
+    Texts,
+    /// Comma-separated integers.
+    Ints,
+    /// No value: present means true.
+    Switch,
+}
+
+/// `(flag, config key, kind, help)`. Flag names are the reference gateway's where it has
+/// one.
+const FLAGS: &[(&str, &str, Kind, &str)] = &[
+    ("host", "host", Kind::Text, "Address to listen on"),
+    ("port", "port", Kind::Int, "Port to listen on"),
+    (
+        "worker-urls",
+        "worker_urls",
+        Kind::Texts,
+        "Workers to register at start, space-separated (more through POST /workers)",
+    ),
+    (
+        "policy",
+        "policy.kind",
+        Kind::Text,
+        "Routing policy: cache_aware, least_load, power_of_two, round_robin, random, prefix_hash, consistent_hashing",
+    ),
+    (
+        "data-dir",
+        "data_dir",
+        Kind::Text,
+        "Where the prefix index and the worker registry are kept (sled)",
+    ),
+    (
+        "log-level",
+        "log_level",
+        Kind::Text,
+        "A tracing filter: error, warn, info, debug, trace, or per-target directives",
+    ),
+    ("log-json", "log_json", Kind::Switch, "Log as JSON lines"),
+    (
+        "max-payload-size",
+        "max_payload_size",
+        Kind::Int,
+        "Largest request body in bytes (413 above it)",
+    ),
+    (
+        "request-timeout-secs",
+        "request_timeout_secs",
+        Kind::Float,
+        "Longest upstream request, streams included, seconds",
+    ),
+    (
+        "connect-timeout-secs",
+        "connect_timeout_secs",
+        Kind::Float,
+        "Longest wait to connect to a worker, seconds",
+    ),
+    (
+        "header-read-timeout-secs",
+        "header_read_timeout_secs",
+        Kind::Float,
+        "Time a client has to send its request head, seconds",
+    ),
+    (
+        "health-check-interval-secs",
+        "health_check_interval_secs",
+        Kind::Float,
+        "Period of the workers' health checks, seconds",
+    ),
+    (
+        "health-check-timeout-secs",
+        "health_check_timeout_secs",
+        Kind::Float,
+        "Timeout of one health check or detection probe, seconds",
+    ),
+    (
+        "health-failure-threshold",
+        "health_failure_threshold",
+        Kind::Int,
+        "Consecutive failed checks before a worker is marked unhealthy",
+    ),
+    (
+        "health-success-threshold",
+        "health_success_threshold",
+        Kind::Int,
+        "Consecutive passing checks before an unhealthy worker is ready again",
+    ),
+    (
+        "cache-threshold",
+        "policy.cache_threshold",
+        Kind::Float,
+        "Threshold mode: a hit needs matched/input strictly above this",
+    ),
+    (
+        "cache-aware-mode",
+        "policy.cache_mode",
+        Kind::Text,
+        "cache_aware mode: cost (threshold-free) or threshold (reference-compatible)",
+    ),
+    (
+        "balance-abs-threshold",
+        "policy.balance_abs_threshold",
+        Kind::Int,
+        "Count gate: a worker is too hot above the mean in-flight plus this...",
+    ),
+    (
+        "balance-rel-threshold",
+        "policy.balance_rel_threshold",
+        Kind::Float,
+        "...and above this multiple of the mean (both must hold)",
+    ),
+    (
+        "balance-token-usage-threshold",
+        "policy.balance_token_usage_threshold",
+        Kind::Float,
+        "KV pressure: a KV-usage spread above this routes by load alone",
+    ),
+    (
+        "overload-token-usage-threshold",
+        "policy.overload_token_usage_threshold",
+        Kind::Float,
+        "KV pressure: a worker's KV usage above this routes by load alone",
+    ),
+    (
+        "eviction-interval-secs",
+        "policy.eviction_interval_secs",
+        Kind::Float,
+        "Prefix-index eviction period, seconds",
+    ),
+    (
+        "max-tree-size",
+        "policy.max_tree_size",
+        Kind::Int,
+        "Prefix-tree budget per model and tree, in units (bytes or tokens)",
+    ),
+    (
+        "block-size",
+        "policy.block_size",
+        Kind::Int,
+        "Token-tree page size, in tokens",
+    ),
+    (
+        "cache-index",
+        "policy.cache_index",
+        Kind::Text,
+        "Index cache_aware consults: tree, or hash (token prompts only)",
+    ),
+    (
+        "cache-ttl-secs",
+        "policy.cache_ttl_secs",
+        Kind::Float,
+        "Hash mode: how long a recorded holder stays live, seconds",
+    ),
+    (
+        "cache-boundaries",
+        "policy.cache_boundaries",
+        Kind::Ints,
+        "Hash mode and prefix_hash: token positions to hash the head at",
+    ),
+    (
+        "least-load-default-throughput",
+        "policy.least_load_default_throughput",
+        Kind::Float,
+        "Expected wait: tok/s per rank when no candidate has a live rate",
+    ),
+    (
+        "least-load-kv-pressure-weight",
+        "policy.kv_pressure_weight",
+        Kind::Float,
+        "Expected wait: seconds per unit of the KV-pressure term",
+    ),
+    (
+        "least-load-mean-prefill-tokens",
+        "policy.mean_prefill_tokens",
+        Kind::Int,
+        "Expected wait: tokens assumed per queued request when only counts are known",
+    ),
+    (
+        "least-load-max-waiting-requests",
+        "policy.least_load_max_waiting_requests",
+        Kind::Int,
+        "least_load: skip workers with this many waiting requests",
+    ),
+    (
+        "default-prefill-throughput",
+        "policy.default_prefill_throughput",
+        Kind::Float,
+        "Cost mode: prefill tok/s when no worker reports prefill counters",
+    ),
+    (
+        "bytes-per-token",
+        "policy.bytes_per_token",
+        Kind::Float,
+        "UTF-8 bytes per token, to price text requests in tokens",
+    ),
+    (
+        "min-match-tokens",
+        "policy.min_match_tokens",
+        Kind::Int,
+        "Cost mode: holdings of fewer tokens count as none",
+    ),
+    (
+        "affinity-margin",
+        "policy.affinity_margin",
+        Kind::Float,
+        "Cost mode: a holder within this fraction of the cheapest cost keeps the request",
+    ),
+    (
+        "power-of-two-load-metric",
+        "policy.power_of_two_load_metric",
+        Kind::Text,
+        "power_of_two: expected_wait, requests or least_requests",
+    ),
+    (
+        "prefix-token-count",
+        "policy.prefix_token_count",
+        Kind::Int,
+        "prefix_hash: tokens of the head to hash",
+    ),
+    (
+        "prefix-hash-load-factor",
+        "policy.prefix_hash_load_factor",
+        Kind::Float,
+        "prefix_hash: a ring target is overloaded above this multiple of the mean...",
+    ),
+    (
+        "prefix-hash-balance-abs-threshold",
+        "policy.prefix_hash_balance_abs_threshold",
+        Kind::Int,
+        "...and above the mean plus this",
+    ),
+    (
+        "load-monitor-interval",
+        "poller.interval_secs",
+        Kind::Float,
+        "Load polling period, seconds",
+    ),
+    (
+        "load-monitor-timeout",
+        "poller.timeout_secs",
+        Kind::Float,
+        "Timeout of one load poll, seconds",
+    ),
+    (
+        "snapshot-interval-secs",
+        "snapshot_interval_secs",
+        Kind::Float,
+        "Prefix-index snapshot period, seconds",
+    ),
+    (
+        "snapshot-backoff",
+        "snapshot_backoff",
+        Kind::Float,
+        "The next timed snapshot waits this many times the last one's duration (0: off)",
+    ),
+    (
+        "prefill-hold-secs",
+        "prefill_hold_secs",
+        Kind::Float,
+        "Longest wait behind a streamed request prefilling the same prefix (0: off)",
+    ),
+    (
+        "http-workers",
+        "http_workers",
+        Kind::Int,
+        "HTTP threads; the routing actors share the first",
+    ),
+    (
+        "demo",
+        "demo",
+        Kind::Switch,
+        "Start simulated engines in-process and route to them (no GPU needed)",
+    ),
+    (
+        "demo-engines",
+        "demo_engines",
+        Kind::Int,
+        "How many simulated engines --demo starts",
+    ),
+];
+
+/// The environment variable of a config key: `policy.kind` is `KVGATE_POLICY__KIND`.
+pub fn env_var(key: &str) -> String {
+    format!("KVGATE_{}", key.replace('.', "__").to_ascii_uppercase())
+}
+
+/// A default as the help shows it: strings bare, lists space-separated, unset as `off`.
+fn shown(v: &serde_json::Value) -> String {
+    use serde_json::Value;
+    match v {
+        Value::Null | Value::Bool(false) => "off".to_owned(),
+        Value::Bool(true) => "on".to_owned(),
+        Value::String(s) => s.clone(),
+        Value::Array(a) if a.is_empty() => "none".to_owned(),
+        Value::Array(a) => a.iter().map(shown).collect::<Vec<_>>().join(","),
+        other => other.to_string(),
+    }
+}
+
+/// The whole command: `--config` and every flag of the table.
+pub fn command() -> clap::Command {
+    let defaults = serde_json::to_value(GatewayConfig::default()).unwrap_or_default();
+    let flags = FLAGS.iter().map(|(flag, key, kind, help)| {
+        let default = key
+            .split('.')
+            .try_fold(&defaults, |v, k| v.get(k))
+            .map_or_else(|| "off".to_owned(), shown);
+        let arg = clap::Arg::new(*flag).long(*flag).help(format!(
+            "{help} [default: {default}] [key: {key}] [env: {}]",
+            env_var(key)
+        ));
+        match kind {
+            Kind::Int => arg.value_parser(clap::value_parser!(u64)),
+            Kind::Float => arg.value_parser(clap::value_parser!(f64)),
+            Kind::Text => arg.value_parser(clap::value_parser!(String)),
+            Kind::Texts => arg.value_parser(clap::value_parser!(String)).num_args(1..),
+            Kind::Ints => arg
+                .value_parser(clap::value_parser!(u64))
+                .num_args(1..)
+                .value_delimiter(','),
+            Kind::Switch => arg.action(clap::ArgAction::SetTrue),
+        }
+    });
+    clap::Command::new("kvgate")
+        .version(env!("CARGO_PKG_VERSION"))
+        .about("A cache-aware gateway for LLM inference engines (SGLang, vLLM, OpenAI-compatible).")
+        .arg(
+            clap::Arg::new("config")
+                .long("config")
+                .env("KVGATE_CONFIG")
+                .hide_env_values(true)
+                .value_parser(clap::value_parser!(PathBuf))
+                .help("TOML config file; flags override the environment, which overrides the file"),
+        )
+        .args(flags)
+}
+
+/// The config file's path, and the flags given, as config-key overrides.
+pub fn parse(m: &clap::ArgMatches) -> (Option<PathBuf>, Overrides) {
+    let mut o: Overrides = Vec::new();
+    for (flag, key, kind, _) in FLAGS {
+        let v: Option<config::Value> = match kind {
+            Kind::Int => m.get_one::<u64>(flag).map(|v| (*v).into()),
+            Kind::Float => m.get_one::<f64>(flag).map(|v| (*v).into()),
+            Kind::Text => m.get_one::<String>(flag).map(|v| v.clone().into()),
+            Kind::Texts => m
+                .get_many::<String>(flag)
+                .map(|vs| vs.cloned().collect::<Vec<String>>().into()),
+            Kind::Ints => m
+                .get_many::<u64>(flag)
+                .map(|vs| vs.copied().collect::<Vec<u64>>().into()),
+            Kind::Switch => m.get_flag(flag).then(|| true.into()),
+        };
+        if let Some(v) = v {
+            o.push(((*key).to_owned(), v));
+        }
+    }
+    (m.get_one::<PathBuf>("config").cloned(), o)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_flag_maps_onto_a_key_of_the_config() {
+        for (flag, key, kind, _) in FLAGS {
+            let value: config::Value = match kind {
+                Kind::Int => 1u64.into(),
+                Kind::Float => 1.0.into(),
+                Kind::Text => "x".into(),
+                Kind::Texts => vec!["x".to_owned()].into(),
+                Kind::Ints => vec![1u64].into(),
+                Kind::Switch => true.into(),
+            };
+            let env = std::collections::HashMap::new();
+            // The value may be refused for itself; the key must not be unknown.
+            if let Err(e) = GatewayConfig::load(None, &env, vec![((*key).to_owned(), value)]) {
+                assert!(!e.to_string().contains("unknown field"), "--{flag}: {e}");
+            }
+        }
+        assert_eq!(env_var("policy.cache_mode"), "KVGATE_POLICY__CACHE_MODE");
+        command().debug_assert();
+    }
+}
