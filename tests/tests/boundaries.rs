@@ -127,3 +127,41 @@ fn each_crate_links_only_what_its_role_allows() {
         .expect("the simulator dependency");
     assert_eq!(sim["optional"], true);
 }
+
+/// Source files of `dir`, relative to it, without the unit-test files.
+fn sources(dir: &std::path::Path, rel: &str, out: &mut Vec<String>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let path = if rel.is_empty() {
+            name.clone()
+        } else {
+            format!("{rel}/{name}")
+        };
+        if e.path().is_dir() {
+            sources(&e.path(), &path, out);
+        } else if name.ends_with(".rs") && name != "tests.rs" && !path.contains("/tests/") {
+            out.push(path);
+        }
+    }
+}
+
+#[test]
+fn the_codemap_names_every_source_file() {
+    let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
+    let map = std::fs::read_to_string(root.join("docs/architecture.md")).expect("codemap");
+    let mut missing = Vec::new();
+    for c in std::fs::read_dir(root.join("crates")).expect("crates").flatten() {
+        let mut files = Vec::new();
+        sources(&c.path().join("src"), "", &mut files);
+        for f in files {
+            if !map.contains(&format!("`{f}`")) && !map.contains(&format!("{f},")) && !map.contains(&format!("{f} ")) {
+                missing.push(format!("{}/src/{f}", c.file_name().to_string_lossy()));
+            }
+        }
+    }
+    missing.sort();
+    assert!(missing.is_empty(), "not in docs/architecture.md: {missing:?}");
+}
