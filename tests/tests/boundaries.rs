@@ -153,15 +153,24 @@ fn the_codemap_names_every_source_file() {
     let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
     let map = std::fs::read_to_string(root.join("docs/architecture.md")).expect("codemap");
     let mut missing = Vec::new();
-    for c in std::fs::read_dir(root.join("crates")).expect("crates").flatten() {
+    for c in std::fs::read_dir(root.join("crates"))
+        .expect("crates")
+        .flatten()
+    {
         let mut files = Vec::new();
         sources(&c.path().join("src"), "", &mut files);
         for f in files {
-            if !map.contains(&format!("`{f}`")) && !map.contains(&format!("{f},")) && !map.contains(&format!("{f} ")) {
+            if !map.contains(&format!("`{f}`"))
+                && !map.contains(&format!("{f},"))
+                && !map.contains(&format!("{f} "))
+            {
                 missing.push(format!("{}/src/{f}", c.file_name().to_string_lossy()));
             }
         }
     }
     missing.sort();
-    assert!(missing.is_empty(), "not in docs/architecture.md: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "not in docs/architecture.md: {missing:?}"
+    );
 }

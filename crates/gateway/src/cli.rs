@@ -18,6 +18,8 @@ enum Kind {
     Ints,
     /// No value: present means true.
     Switch,
+    /// Given once per value (`--api-key A --api-key B`).
+    Repeated,
 }
 
 /// `(flag, config key, kind, help)`. Flag names are the reference gateway's where it has
@@ -279,6 +281,144 @@ const FLAGS: &[(&str, &str, Kind, &str)] = &[
         "HTTP threads; the routing actors share the first",
     ),
     (
+        "retry-max-retries",
+        "retry_max_retries",
+        Kind::Int,
+        "Attempts in all for one request, the first included (1: no retry)",
+    ),
+    (
+        "disable-retries",
+        "disable_retries",
+        Kind::Switch,
+        "Never try a failed request on another worker",
+    ),
+    (
+        "retry-initial-backoff-secs",
+        "retry_initial_backoff_secs",
+        Kind::Float,
+        "Wait before the first retry, doubled for each later one, seconds",
+    ),
+    (
+        "retry-max-backoff-secs",
+        "retry_max_backoff_secs",
+        Kind::Float,
+        "Longest wait between two attempts, seconds",
+    ),
+    (
+        "retry-jitter-factor",
+        "retry_jitter_factor",
+        Kind::Float,
+        "Each wait is drawn within this fraction of its nominal value",
+    ),
+    (
+        "cb-failure-threshold",
+        "cb_failure_threshold",
+        Kind::Int,
+        "Failures within the window that open a worker's circuit",
+    ),
+    (
+        "cb-success-threshold",
+        "cb_success_threshold",
+        Kind::Int,
+        "Successful probes that close a half-open circuit",
+    ),
+    (
+        "cb-timeout-duration-secs",
+        "cb_timeout_duration_secs",
+        Kind::Float,
+        "How long an open circuit admits nothing before probes, seconds",
+    ),
+    (
+        "cb-window-duration-secs",
+        "cb_window_duration_secs",
+        Kind::Float,
+        "Window the circuit counts failures in, seconds",
+    ),
+    (
+        "cb-half-open-max-requests",
+        "cb_half_open_max_requests",
+        Kind::Int,
+        "Probe requests a half-open circuit admits at once",
+    ),
+    (
+        "disable-circuit-breaker",
+        "disable_circuit_breaker",
+        Kind::Switch,
+        "Never open a worker's circuit",
+    ),
+    (
+        "health-check-endpoint",
+        "health_check_endpoint",
+        Kind::Text,
+        "Route of the health checks (any 2xx passes)",
+    ),
+    (
+        "stream-first-token-timeout-secs",
+        "stream_first_token_timeout_secs",
+        Kind::Float,
+        "A streamed request with no first byte by then is tried elsewhere, seconds",
+    ),
+    (
+        "max-concurrent-requests",
+        "max_concurrent_requests",
+        Kind::Int,
+        "Inference requests served at once",
+    ),
+    (
+        "queue-size",
+        "queue_size",
+        Kind::Int,
+        "Requests that may wait for a slot; more get 429",
+    ),
+    (
+        "queue-timeout-secs",
+        "queue_timeout_secs",
+        Kind::Float,
+        "Longest wait for a slot (503 after it), seconds",
+    ),
+    (
+        "rate-limit-tokens-per-second",
+        "rate_limit_tokens_per_second",
+        Kind::Float,
+        "Requests per second per client (per API key when keys are set)",
+    ),
+    (
+        "api-key",
+        "api_keys",
+        Kind::Repeated,
+        "A client key for the inference routes and /v1/models (repeatable)",
+    ),
+    (
+        "control-plane-api-keys",
+        "control_plane_api_keys",
+        Kind::Repeated,
+        "An admin key, or id:name:role:key (repeatable)",
+    ),
+    (
+        "allow-open-admin",
+        "allow_open_admin",
+        Kind::Switch,
+        "Start on a non-loopback host with no admin key",
+    ),
+    (
+        "worker-allow",
+        "worker_allow",
+        Kind::Repeated,
+        "A host, IP or CIDR range that workers added through the API must be in (repeatable)",
+    ),
+    (
+        "worker-api-key",
+        "worker_api_key",
+        Kind::Text,
+        "The key sent to every worker in place of the client's",
+    ),
+    (
+        "shutdown-grace-period-secs",
+        "shutdown_grace_period_secs",
+        Kind::Float,
+        "After SIGTERM, how long in-flight requests may take to finish, seconds",
+    ),
+    (
         "demo",
         "demo",
         Kind::Switch,
@@ -332,6 +472,9 @@ pub fn command() -> clap::Command {
                 .num_args(1..)
                 .value_delimiter(','),
             Kind::Switch => arg.action(clap::ArgAction::SetTrue),
+            Kind::Repeated => arg
+                .value_parser(clap::value_parser!(String))
+                .action(clap::ArgAction::Append),
         }
     });
     clap::Command::new("kvgate")
@@ -363,6 +506,9 @@ pub fn parse(m: &clap::ArgMatches) -> (Option<PathBuf>, Overrides) {
                 .get_many::<u64>(flag)
                 .map(|vs| vs.copied().collect::<Vec<u64>>().into()),
             Kind::Switch => m.get_flag(flag).then(|| true.into()),
+            Kind::Repeated => m
+                .get_many::<String>(flag)
+                .map(|vs| vs.cloned().collect::<Vec<String>>().into()),
         };
         if let Some(v) = v {
             o.push(((*key).to_owned(), v));
@@ -385,6 +531,7 @@ mod tests {
                 Kind::Texts => vec!["x".to_owned()].into(),
                 Kind::Ints => vec![1u64].into(),
                 Kind::Switch => true.into(),
+                Kind::Repeated => vec!["x".to_owned()].into(),
             };
             let env = std::collections::HashMap::new();
             // The value may be refused for itself; the key must not be unknown.

@@ -90,6 +90,108 @@ pub struct GatewayConfig {
     /// Run simulated engines in-process and route to them.
     pub demo: bool,
     pub demo_engines: usize,
+
+    /// Attempts in all for one request, the first included (1: never retried). A retry is
+    /// decided again with the failed workers left out.
+    pub retry_max_retries: u32,
+    /// Turns retries off (as `retry_max_retries = 1`).
+    pub disable_retries: bool,
+    /// Backoff before the second attempt; each later one doubles it, up to the maximum.
+    #[serde(
+        rename = "retry_initial_backoff_secs",
+        with = "kvgate_policies::serde_secs"
+    )]
+    pub retry_initial_backoff: Duration,
+    #[serde(
+        rename = "retry_max_backoff_secs",
+        with = "kvgate_policies::serde_secs"
+    )]
+    pub retry_max_backoff: Duration,
+    /// Each backoff is drawn within ± this fraction of its nominal value.
+    pub retry_jitter_factor: f64,
+    /// Failures within `cb_window_duration_secs` that open a worker's circuit.
+    pub cb_failure_threshold: u32,
+    /// Successful probes that close a half-open circuit.
+    pub cb_success_threshold: u32,
+    /// How long an open circuit admits nothing before it is half-open.
+    #[serde(
+        rename = "cb_timeout_duration_secs",
+        with = "kvgate_policies::serde_secs"
+    )]
+    pub cb_timeout_duration: Duration,
+    #[serde(
+        rename = "cb_window_duration_secs",
+        with = "kvgate_policies::serde_secs"
+    )]
+    pub cb_window_duration: Duration,
+    /// Probe requests a half-open circuit admits at once.
+    pub cb_half_open_max_requests: u32,
+    pub disable_circuit_breaker: bool,
+    /// The route health checks ask (any 2xx passes).
+    pub health_check_endpoint: String,
+    /// A streamed request whose first byte has not come within this is abandoned and
+    /// tried elsewhere.
+    #[serde(
+        rename = "stream_first_token_timeout_secs",
+        with = "kvgate_policies::serde_secs"
+    )]
+    pub stream_first_token_timeout: Duration,
+    /// Inference requests served at once; `None`: no limit.
+    pub max_concurrent_requests: Option<usize>,
+    /// Requests waiting for a slot beyond `max_concurrent_requests`; more are refused (429).
+    pub queue_size: usize,
+    /// Longest wait for a slot (503 after it).
+    #[serde(rename = "queue_timeout_secs", with = "kvgate_policies::serde_secs")]
+    pub queue_timeout: Duration,
+    /// Inference requests per second per client (per API key when keys are set, else per
+    /// client address), as a token bucket holding one second's worth; `None`: no limit.
+    pub rate_limit_tokens_per_second: Option<f64>,
+    /// Keys a client must present (`Authorization: Bearer`) on the inference routes and
+    /// `/v1/models`; empty: open.
+    pub api_keys: Vec<Secret>,
+    /// Keys of the admin routes (`id:name:role:key` is accepted, its last part used);
+    /// empty: admin is open, which a non-loopback `host` refuses without `allow_open_admin`.
+    pub control_plane_api_keys: Vec<Secret>,
+    pub allow_open_admin: bool,
+    /// Hosts, IP addresses and CIDR ranges that workers added through the API must be in;
+    /// empty: any. Workers from `worker_urls` are trusted.
+    pub worker_allow: Vec<String>,
+    /// Sent as `Authorization: Bearer` to every worker (inference, probes, polls), in
+    /// place of the client's.
+    pub worker_api_key: Option<Secret>,
+    /// After SIGTERM: how long in-flight requests may take to finish.
+    #[serde(
+        rename = "shutdown_grace_period_secs",
+        with = "kvgate_policies::serde_secs"
+    )]
+    pub shutdown_grace_period: Duration,
+}
+
+/// A key or password: never printed, never serialized back.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(s: impl Into<String>) -> Secret {
+        Secret(s.into())
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+impl Serialize for Secret {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str("<redacted>")
+    }
 }
 
 impl Default for GatewayConfig {
@@ -118,6 +220,29 @@ impl Default for GatewayConfig {
             seed: None,
             demo: false,
             demo_engines: 4,
+            retry_max_retries: 3,
+            disable_retries: false,
+            retry_initial_backoff: Duration::from_millis(50),
+            retry_max_backoff: Duration::from_secs(1),
+            retry_jitter_factor: 0.2,
+            cb_failure_threshold: 5,
+            cb_success_threshold: 2,
+            cb_timeout_duration: Duration::from_secs(30),
+            cb_window_duration: Duration::from_secs(60),
+            cb_half_open_max_requests: 1,
+            disable_circuit_breaker: false,
+            health_check_endpoint: "/health".into(),
+            stream_first_token_timeout: Duration::from_secs(600),
+            max_concurrent_requests: None,
+            queue_size: 100,
+            queue_timeout: Duration::from_secs(60),
+            rate_limit_tokens_per_second: None,
+            api_keys: Vec::new(),
+            control_plane_api_keys: Vec::new(),
+            allow_open_admin: false,
+            worker_allow: Vec::new(),
+            worker_api_key: None,
+            shutdown_grace_period: Duration::from_secs(30),
         }
     }
 }
@@ -129,7 +254,7 @@ pub type Overrides = Vec<(String, config::Value)>;
 /// the config file's path, `kvgatectl`'s gateway URL and `kvgate-bench`'s log filter. A
 /// shell that exports them for those tools can still start the gateway; any other unknown
 /// `KVGATE_` variable is refused as a likely typo.
-pub const NOT_CONFIG_VARS: [&str; 3] = ["KVGATE_CONFIG", "KVGATE_URL", "KVGATE_BENCH_LOG"];
+const NOT_CONFIG_VARS: [&str; 3] = ["KVGATE_CONFIG", "KVGATE_URL", "KVGATE_BENCH_LOG"];
 
 /// Longest duration any setting takes.
 const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
@@ -158,6 +283,9 @@ impl GatewayConfig {
                 .try_parsing(true)
                 .list_separator(" ")
                 .with_list_parse_key("worker_urls")
+                .with_list_parse_key("api_keys")
+                .with_list_parse_key("control_plane_api_keys")
+                .with_list_parse_key("worker_allow")
                 .source(Some(vars)),
         );
         for (k, v) in overrides {
@@ -207,6 +335,25 @@ impl GatewayConfig {
             ),
             ("snapshot_interval_secs", self.snapshot_interval, false),
             ("prefill_hold_secs", self.prefill_hold, true),
+            (
+                "retry_initial_backoff_secs",
+                self.retry_initial_backoff,
+                true,
+            ),
+            ("retry_max_backoff_secs", self.retry_max_backoff, true),
+            ("cb_timeout_duration_secs", self.cb_timeout_duration, false),
+            ("cb_window_duration_secs", self.cb_window_duration, false),
+            (
+                "stream_first_token_timeout_secs",
+                self.stream_first_token_timeout,
+                false,
+            ),
+            ("queue_timeout_secs", self.queue_timeout, false),
+            (
+                "shutdown_grace_period_secs",
+                self.shutdown_grace_period,
+                true,
+            ),
         ] {
             if d.is_zero() && !zero_ok {
                 return invalid(key, "must be greater than 0");
@@ -223,6 +370,65 @@ impl GatewayConfig {
         }
         if self.health_success_threshold == 0 {
             return invalid("health_success_threshold", "must be at least 1");
+        }
+        for (key, n) in [
+            ("retry_max_retries", self.retry_max_retries),
+            ("cb_failure_threshold", self.cb_failure_threshold),
+            ("cb_success_threshold", self.cb_success_threshold),
+            ("cb_half_open_max_requests", self.cb_half_open_max_requests),
+        ] {
+            if n == 0 {
+                return Err(ConfigError::Invalid {
+                    key,
+                    reason: "must be at least 1".into(),
+                });
+            }
+        }
+        if !(0.0..=1.0).contains(&self.retry_jitter_factor) {
+            return invalid("retry_jitter_factor", "must be a number from 0 to 1");
+        }
+        if !self.health_check_endpoint.starts_with('/')
+            || !self
+                .health_check_endpoint
+                .bytes()
+                .all(|b| b.is_ascii_graphic())
+        {
+            return invalid(
+                "health_check_endpoint",
+                "must be a path starting with / (visible ASCII)",
+            );
+        }
+        if self.max_concurrent_requests == Some(0) {
+            return invalid(
+                "max_concurrent_requests",
+                "must be at least 1 (leave it out for no limit)",
+            );
+        }
+        if self
+            .rate_limit_tokens_per_second
+            .is_some_and(|r| !(r.is_finite() && r > 0.0))
+        {
+            return invalid(
+                "rate_limit_tokens_per_second",
+                "must be a positive number (leave it out for no limit)",
+            );
+        }
+        for (key, keys) in [
+            ("api_keys", &self.api_keys),
+            ("control_plane_api_keys", &self.control_plane_api_keys),
+        ] {
+            if keys
+                .iter()
+                .any(|k| crate::http::auth::key_part(k.expose()).is_empty())
+            {
+                return invalid(key, "a key must not be empty");
+            }
+        }
+        if let Err(e) = crate::http::auth::AllowList::parse(&self.worker_allow) {
+            return Err(ConfigError::Invalid {
+                key: "worker_allow",
+                reason: e.to_string(),
+            });
         }
         if self.http_workers == Some(0) {
             return invalid("http_workers", "must be at least 1");

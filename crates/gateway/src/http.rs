@@ -2,7 +2,10 @@
 //! worker's answer, and maps every error the gateway itself answers with to one
 //! OpenAI-style JSON body.
 
+pub mod admission;
+pub mod auth;
 pub mod error;
+pub mod inference;
 pub mod parse;
 pub mod proxy;
 pub mod routes;

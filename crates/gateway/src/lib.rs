@@ -31,7 +31,7 @@ mod http;
 mod server;
 mod upstream;
 
-pub use config::{ConfigError, GatewayConfig, NOT_CONFIG_VARS, Overrides};
+pub use config::{ConfigError, GatewayConfig, Overrides};
 pub use http::error::ApiError;
 pub use server::{Gateway, StartError};
 

@@ -54,8 +54,12 @@ fn main() -> anyhow::Result<()> {
         print_demo(&gw, &cfg);
     }
     wait_for_signal()?;
-    tracing::info!("shutting down: draining in-flight requests");
-    gw.stop();
+    tracing::info!(
+        in_flight = gw.in_flight(),
+        grace_secs = cfg.shutdown_grace_period.as_secs_f64(),
+        "shutting down: readiness is 503, in-flight requests finish"
+    );
+    gw.drain_and_stop(cfg.shutdown_grace_period);
     if let Some(f) = fleet {
         f.stop();
     }

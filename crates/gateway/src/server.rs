@@ -24,11 +24,14 @@ use crate::actors::index::{FleetSettled, IndexActor, IndexConfig};
 use crate::actors::registry::{
     AddWorker, RegistryActor, RegistryConfig, RegistryError, WorkerSource,
 };
-use crate::actors::selector::SelectorActor;
+use crate::actors::selector::{CircuitConfig, SelectorActor};
 use crate::config::GatewayConfig;
+use crate::http::admission::Admission;
+use crate::http::auth::{AllowList, Keys};
 use crate::http::error::ApiError;
+use crate::http::inference::{self, RetryPolicy};
 use crate::http::parse::Endpoint;
-use crate::http::routes::{self, AppState, RequestId};
+use crate::http::routes::{self, AppState, Lifecycle, RequestId};
 use crate::upstream::Pool;
 
 #[derive(Debug, Error)]
@@ -42,6 +45,19 @@ pub enum StartError {
     Thread(std::io::Error),
     #[error("the gateway thread exited during startup")]
     Startup,
+    #[error(
+        "refusing to start: on {host} the admin routes would be open to the network; give \
+         --control-plane-api-keys, or --allow-open-admin to accept it"
+    )]
+    OpenAdmin { host: String },
+}
+
+/// Whether `host` is reachable only from this machine.
+fn loopback(host: &str) -> bool {
+    let h = host.trim_matches(['[', ']']);
+    h.eq_ignore_ascii_case("localhost")
+        || h.parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// Addresses of the running actors, for the workspace's tests and benchmarks.
@@ -51,6 +67,8 @@ pub struct Actors {
     pub selector: Addr<SelectorActor>,
     pub poller: Addr<LoadPoller>,
     pub index: Addr<IndexActor>,
+    pub(crate) lifecycle: Arc<Lifecycle>,
+    pub(crate) admission: Arc<Admission>,
 }
 
 static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -177,7 +195,15 @@ fn routing_actors(
     }
     let selector_actor =
         SelectorActor::new(cfg.policy.clone(), cfg.seed, epoch, Some(index.clone()))
-            .with_prefill_hold(cfg.prefill_hold);
+            .with_prefill_hold(cfg.prefill_hold)
+            .with_circuit_breaker(CircuitConfig {
+                enabled: !cfg.disable_circuit_breaker,
+                failure_threshold: cfg.cb_failure_threshold,
+                success_threshold: cfg.cb_success_threshold,
+                open_for: cfg.cb_timeout_duration,
+                window: cfg.cb_window_duration,
+                half_open_max: cfg.cb_half_open_max_requests,
+            });
     let start = RoutingStart {
         index: (index_actor, index_rx),
         selector: (selector_actor, selector_rx),
@@ -196,7 +222,10 @@ fn control_actors(
 ) -> (Addr<RegistryActor>, Addr<LoadPoller>) {
     let (index, selector) = routing;
     let sink = selector.clone().recipient();
-    let poller_cfg = cfg.poller.clone();
+    let mut poller_cfg = cfg.poller.clone();
+    if poller_cfg.api_key.is_none() {
+        poller_cfg.api_key = cfg.worker_api_key.as_ref().map(|k| k.expose().to_owned());
+    }
     let poller = LoadPoller::start_in_arbiter(&control.handle(), move |_| {
         LoadPoller::new(poller_cfg, epoch, sink)
     });
@@ -205,6 +234,8 @@ fn control_actors(
         health_check_timeout: cfg.health_check_timeout,
         failure_threshold: cfg.health_failure_threshold,
         success_threshold: cfg.health_success_threshold,
+        health_endpoint: cfg.health_check_endpoint.clone(),
+        worker_key: cfg.worker_api_key.clone(),
     };
     let subscribers = vec![selector.clone().recipient(), index.clone().recipient()];
     let poller_rx = poller.clone().recipient();
@@ -246,6 +277,7 @@ async fn register(
                 .send(AddWorker {
                     url: url.clone(),
                     source,
+                    api_key: None,
                 })
                 .await;
             match r {
@@ -303,7 +335,7 @@ fn http_server(
     // the answer has not started: no engine keeps generating for nobody.
     .h1_allow_half_closed(false)
     .client_disconnect_timeout(Duration::from_secs(1))
-    .shutdown_timeout(30)
+    .shutdown_timeout(cfg.shutdown_grace_period.as_secs().max(1))
     .disable_signals();
     let server = match cfg.http_workers {
         Some(n) => server.workers(n),
@@ -382,6 +414,11 @@ fn app(
 
 /// Starts the actors and the HTTP server inside the current actix System.
 async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threads), StartError> {
+    if cfg.control_plane_api_keys.is_empty() && !cfg.allow_open_admin && !loopback(&cfg.host) {
+        return Err(StartError::OpenAdmin {
+            host: cfg.host.clone(),
+        });
+    }
     // Bound first: a taken port fails the start before any thread or store is opened.
     let bind = format!("{}:{}", cfg.host, cfg.port);
     let listener = std::net::TcpListener::bind(&bind).map_err(|source| StartError::Bind {
@@ -406,13 +443,42 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         store.persister,
         store.registry,
     );
+    let mut routing = routing;
+    routing
+        .selector
+        .0
+        .report_refusals_to(registry.clone().recipient());
     register(&registry, &index, workers).await;
+    let lifecycle = Arc::new(Lifecycle::default());
+    let admission = Arc::new(Admission::new(
+        cfg.max_concurrent_requests,
+        cfg.queue_size,
+        cfg.queue_timeout,
+        cfg.rate_limit_tokens_per_second,
+    ));
     let state = web::Data::new(AppState {
         selector: selector.clone(),
         registry: registry.clone(),
         index: index.clone(),
         max_payload_size: cfg.max_payload_size,
         request_timeout: cfg.request_timeout,
+        first_token_timeout: cfg.stream_first_token_timeout,
+        retry: RetryPolicy {
+            attempts: if cfg.disable_retries {
+                1
+            } else {
+                cfg.retry_max_retries
+            },
+            initial_backoff: cfg.retry_initial_backoff,
+            max_backoff: cfg.retry_max_backoff,
+            jitter: cfg.retry_jitter_factor,
+        },
+        admission: admission.clone(),
+        keys: Keys::new(&cfg.api_keys, &cfg.control_plane_api_keys),
+        // Validated at load: an entry that does not parse was refused then.
+        allow: AllowList::parse(&cfg.worker_allow).unwrap_or_default(),
+        grace: cfg.shutdown_grace_period,
+        lifecycle: lifecycle.clone(),
     });
     let server = http_server(cfg, listener, state, routing)?;
     info!(%addr, policy = %cfg.policy.kind, workers = cfg.worker_urls.len(), "kvgate listening");
@@ -421,6 +487,8 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         selector,
         poller,
         index,
+        lifecycle,
+        admission,
     };
     let threads = Threads {
         arbiters: vec![control],
@@ -433,7 +501,7 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
 fn proxied(endpoint: Endpoint) -> actix_web::Resource {
     web::resource(endpoint.path())
         .route(web::post().to(move |req, payload, state, client| {
-            routes::inference(endpoint, req, payload, state, client)
+            inference::inference(endpoint, req, payload, state, client)
         }))
         .default_service(web::to(routes::method_not_allowed))
 }
@@ -537,6 +605,27 @@ impl Gateway {
     /// Stops accepting, lets in-flight requests finish, then stops the actors.
     pub fn stop(mut self) {
         self.shutdown(true);
+    }
+
+    /// The orderly end (what SIGTERM does): `/readiness` answers 503 at once so load
+    /// balancers move on, requests keep being served until none is in flight or `grace`
+    /// is over, then the server stops (streams still open get the rest of the grace) and
+    /// the final snapshot is written.
+    pub fn drain_and_stop(self, grace: Duration) {
+        self.actors
+            .lifecycle
+            .shutting_down
+            .store(true, std::sync::atomic::Ordering::Release);
+        let until = Instant::now() + grace;
+        while self.actors.admission.in_flight() > 0 && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.stop();
+    }
+
+    /// Inference requests inside the gateway now.
+    pub fn in_flight(&self) -> usize {
+        self.actors.admission.in_flight()
     }
 
     fn shutdown(&mut self, graceful: bool) {

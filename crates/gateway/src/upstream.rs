@@ -52,6 +52,12 @@ pub enum UpstreamError {
     BodyTooLarge(usize),
     #[error("the stream ended before data: [DONE]")]
     StreamUnfinished,
+    #[error("the worker answered {0}")]
+    Status(u16),
+    #[error("no first byte within {0:.1}s")]
+    NoFirstToken(f64),
+    #[error("the worker was taken out (unhealthy, circuit open or removed) before it answered")]
+    TakenOut,
 }
 
 #[cfg(test)]

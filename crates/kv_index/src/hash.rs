@@ -189,6 +189,30 @@ impl<T: TenantId> HashIndex<T> {
         (p, chosen)
     }
 
+    /// Undoes a record of `tokens` for `tenant` past boundary `keep` (the deepest boundary
+    /// it held before, 0 for none): it is dropped from the keys of every deeper boundary.
+    /// Returns the holders removed.
+    pub fn forget(&mut self, tokens: &[u32], namespace: u64, tenant: T, keep: usize) -> usize {
+        let keys = self.take_keys(tokens, namespace);
+        let mut gone = 0;
+        for key in keys.iter().filter(|k| k.0 > keep) {
+            let Some(&s) = self.map.get(key) else {
+                continue;
+            };
+            let holders = &mut self.slots[s as usize].holders;
+            let before = holders.len();
+            holders.retain(|h| h.0 != tenant);
+            let n = before - holders.len();
+            gone += n;
+            self.holders -= n;
+            if self.slots[s as usize].holders.is_empty() {
+                self.remove_slot(s);
+            }
+        }
+        self.keys = keys;
+        gone
+    }
+
     /// Drops every expired holder and the keys left empty.
     pub fn sweep(&mut self, now: u64) -> SweepStats {
         self.clock = self.clock.max(now);

@@ -119,11 +119,14 @@ pub enum CostRule {
 
 /// Something about a decision that its path and scores do not say.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "snake_case", tag = "note")]
 pub enum DecisionNote {
     /// The hash index (`--cache-index hash`) sees token prompts only: this text prompt was
     /// neither matched nor recorded, so load alone decided.
     TextNotHashed,
+    /// The request is tried again (this is its `attempt`th try), with the workers that
+    /// failed it left out.
+    Retry { attempt: u32 },
 }
 
 impl DecisionNote {
@@ -131,6 +134,7 @@ impl DecisionNote {
     pub fn name(self) -> &'static str {
         match self {
             DecisionNote::TextNotHashed => "text_not_hashed",
+            DecisionNote::Retry { .. } => "retry",
         }
     }
 }
@@ -234,7 +238,10 @@ impl fmt::Display for Decision {
             self.candidates.len()
         )?;
         for n in &self.notes {
-            write!(f, " note={}", n.name())?;
+            match n {
+                DecisionNote::Retry { attempt } => write!(f, " note=retry({attempt})")?,
+                other => write!(f, " note={}", other.name())?,
+            }
         }
         Ok(())
     }

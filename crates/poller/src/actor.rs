@@ -18,10 +18,23 @@ use crate::ranks::metrics_to_ranks;
 use crate::url::WorkerUrl;
 
 /// A worker to poll and the base URL it serves on.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct PollTarget {
     pub worker: WorkerId,
     pub url: WorkerUrl,
+    /// Sent as `Authorization: Bearer`, in place of the poller's configured key.
+    pub api_key: Option<String>,
+}
+
+// Hand-written so a key never reaches a log line.
+impl fmt::Debug for PollTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PollTarget")
+            .field("worker", &self.worker)
+            .field("url", &self.url)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
 }
 
 /// Replaces the whole target set; the registry sends it on every change. State learned
@@ -67,6 +80,7 @@ const LOADS_RECHECK_EVERY: u32 = 30;
 
 struct Target {
     url: WorkerUrl,
+    api_key: Option<String>,
     /// Tells this target from an earlier one of the same worker and URL (removed and added
     /// again while its poll ran): that poll's result is not this target's.
     serial: u64,
@@ -80,9 +94,10 @@ struct Target {
 }
 
 impl Target {
-    fn new(url: WorkerUrl, serial: u64) -> Target {
+    fn new(url: WorkerUrl, api_key: Option<String>, serial: u64) -> Target {
         Target {
             url,
+            api_key,
             serial,
             no_loads: false,
             since_loads_tried: 0,
@@ -135,7 +150,7 @@ impl LoadPoller {
             let job = Fetch {
                 client: client.clone(),
                 url: target.url.clone(),
-                api_key: self.cfg.api_key.clone(),
+                api_key: target.api_key.clone().or_else(|| self.cfg.api_key.clone()),
                 timeout,
                 epoch: self.epoch,
                 try_loads: !target.no_loads || recheck,
@@ -229,12 +244,17 @@ impl Handler<SetTargets> for LoadPoller {
 impl LoadPoller {
     fn set_targets(&mut self, targets: Vec<PollTarget>) {
         let mut old = std::mem::take(&mut self.targets);
-        for PollTarget { worker, url } in targets {
+        for PollTarget {
+            worker,
+            url,
+            api_key,
+        } in targets
+        {
             let target = match old.remove(&worker) {
-                Some(t) if t.url == url => t,
+                Some(t) if t.url == url && t.api_key == api_key => t,
                 _ => {
                     self.serial += 1;
-                    Target::new(url, self.serial)
+                    Target::new(url, api_key, self.serial)
                 }
             };
             self.targets.insert(worker, target);
@@ -286,6 +306,7 @@ mod tests {
         let target = || PollTarget {
             worker: w,
             url: WorkerUrl::parse("http://w:1").unwrap(),
+            api_key: None,
         };
         let polling = |p: &mut LoadPoller| {
             if let Some(t) = p.targets.get_mut(&w) {

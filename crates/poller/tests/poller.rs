@@ -185,6 +185,7 @@ impl Harness {
             .map(|(id, e)| PollTarget {
                 worker: WorkerId(*id),
                 url: WorkerUrl::parse(&e.url).unwrap(),
+                api_key: None,
             })
             .collect();
         self.poller.send(SetTargets(targets)).await.unwrap();

@@ -352,6 +352,48 @@ impl Handler<RecordPrefix> for IndexActor {
     }
 }
 
+/// Takes back a record of `key` for `worker`, to the `keep` units it held before: the
+/// request it was recorded for failed there, so the worker's cache did not get it.
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct ForgetPrefix {
+    pub model: String,
+    pub key: RoutingText,
+    pub worker: WorkerId,
+    pub keep: usize,
+}
+
+impl Handler<ForgetPrefix> for IndexActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: ForgetPrefix, _: &mut Context<Self>) {
+        let hash_mode = self.cfg.cache_index == CacheIndex::Hash;
+        let Some(m) = self.models.get_mut(&msg.model) else {
+            return;
+        };
+        let dropped = match (&msg.key, hash_mode) {
+            (RoutingText::Tokens(t), true) => m.hash.forget(t, 0, msg.worker, msg.keep),
+            (RoutingText::Tokens(t), false) => m.tokens.forget(t, msg.worker, msg.keep),
+            (RoutingText::Text(s), false) => m.text.forget(s.as_bytes(), msg.worker, msg.keep),
+            (RoutingText::Text(_), true) | (RoutingText::Empty, _) => 0,
+        };
+        if dropped > 0 {
+            self.dirty = true;
+        }
+    }
+}
+
+/// Answers at once: the index actor is alive and its mailbox moves (readiness).
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct Ping;
+
+impl Handler<Ping> for IndexActor {
+    type Result = ();
+
+    fn handle(&mut self, _: Ping, _: &mut Context<Self>) {}
+}
+
 /// Forget everything a worker holds (its cache was flushed).
 #[derive(Message, Debug)]
 #[rtype(result = "()")]

@@ -10,6 +10,8 @@ use actix::prelude::*;
 use kvgate_policies::WorkerId;
 use kvgate_poller::{PollTarget, SetTargets, UrlError, WorkerUrl};
 use kvgate_store::{Persister, RegistryImage};
+
+use crate::config::Secret;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tracing::{info, warn};
@@ -17,7 +19,7 @@ use tracing::{info, warn};
 mod detect;
 
 pub use detect::ProbeError;
-use detect::{Detected, detect};
+use detect::{Detected, Probe, detect};
 
 /// What kind of engine answered at registration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -35,8 +37,10 @@ pub enum WorkerStatus {
     /// Registered, not yet detected (its `/v1/models` did not answer yet).
     Pending,
     Ready,
-    /// Failed its health checks; probed until it passes again.
+    /// Failed its health checks (or refused a connection); probed until it passes again.
     Unhealthy,
+    /// Being removed: no new requests, the ones in flight finish.
+    Draining,
 }
 
 /// Where a worker came from.
@@ -70,6 +74,9 @@ pub struct WorkerRecord {
     pub last_error: Option<String>,
     /// Which registration this is: a worker removed and added again gets a new one.
     pub incarnation: u64,
+    /// The key the engine expects (`Authorization: Bearer`); never shown.
+    #[serde(skip)]
+    pub api_key: Option<Secret>,
 }
 
 impl WorkerRecord {
@@ -98,6 +105,10 @@ pub struct RegistryConfig {
     pub health_check_timeout: Duration,
     pub failure_threshold: u32,
     pub success_threshold: u32,
+    /// The route of the health checks.
+    pub health_endpoint: String,
+    /// The key of workers registered without one of their own.
+    pub worker_key: Option<Secret>,
 }
 
 /// Pushed to every subscriber after each change.
@@ -184,6 +195,7 @@ impl RegistryActor {
                 .map(|w| PollTarget {
                     worker: w.id,
                     url: w.url.clone(),
+                    api_key: w.api_key.as_ref().map(|k| k.expose().to_owned()),
                 })
                 .collect();
             p.do_send(SetTargets(targets));
@@ -226,26 +238,36 @@ impl RegistryActor {
         let full_round = self.ticks.is_multiple_of(REDETECT_EVERY);
         let client = self.client.clone();
         let timeout = self.cfg.health_check_timeout;
-        let targets: Vec<(WorkerId, u64, WorkerUrl, bool)> = self
+        let endpoint = self.cfg.health_endpoint.clone();
+        let targets: Vec<(WorkerId, u64, WorkerUrl, bool, Option<Secret>)> = self
             .workers
             .values()
+            // A draining worker is on its way out: nothing to check.
+            .filter(|w| w.status != WorkerStatus::Draining)
             .map(|w| {
                 (
                     w.id,
                     w.incarnation,
                     w.url.clone(),
                     full_round || !w.healthy(),
+                    w.api_key.clone(),
                 )
             })
             .collect();
         let fut = async move {
-            let checks = targets.into_iter().map(|(id, inc, url, redetect)| {
+            let checks = targets.into_iter().map(|(id, inc, url, redetect, key)| {
                 let client = client.clone();
+                let endpoint = endpoint.clone();
                 async move {
+                    let probe = Probe {
+                        client: &client,
+                        timeout,
+                        key: key.as_ref(),
+                    };
                     let outcome = if redetect {
-                        detect(&client, &url, timeout).await.map(Some)
+                        detect(probe, &url).await.map(Some)
                     } else {
-                        detect::health(&client, &url, timeout).await.map(|()| None)
+                        detect::health(probe, &url, &endpoint).await.map(|()| None)
                     };
                     (id, inc, outcome)
                 }
@@ -332,6 +354,8 @@ impl Actor for RegistryActor {
 pub struct AddWorker {
     pub url: String,
     pub source: WorkerSource,
+    /// The key this worker expects, if not the configured `worker_api_key`.
+    pub api_key: Option<Secret>,
 }
 
 impl Handler<AddWorker> for RegistryActor {
@@ -372,6 +396,7 @@ impl Handler<AddWorker> for RegistryActor {
                     self.incarnations += 1;
                     self.incarnations
                 },
+                api_key: msg.api_key.or_else(|| self.cfg.worker_key.clone()),
             },
         );
         if msg.source == WorkerSource::Api {
@@ -380,8 +405,16 @@ impl Handler<AddWorker> for RegistryActor {
         let client = self.client.clone();
         let timeout = self.cfg.health_check_timeout;
         let probe_url = url.clone();
+        let key = self.workers.get(&id).and_then(|r| r.api_key.clone());
         Box::pin(
-            async move { detect(&client, &probe_url, timeout).await }
+            async move {
+                let probe = Probe {
+                    client: &client,
+                    timeout,
+                    key: key.as_ref(),
+                };
+                detect(probe, &probe_url).await
+            }
                 .into_actor(self)
                 .map(move |detected, act, _| {
                     let rec = act
@@ -438,6 +471,66 @@ impl Handler<RemoveWorker> for RegistryActor {
         self.remember(rec.url.as_str(), false);
         self.publish();
         Ok(rec)
+    }
+}
+
+/// A request to the worker found nobody listening: it is taken out now, without waiting
+/// for its health checks, and comes back once they pass.
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct WorkerFailed {
+    pub worker: WorkerId,
+    pub incarnation: u64,
+    pub reason: String,
+}
+
+impl Handler<WorkerFailed> for RegistryActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: WorkerFailed, _: &mut Context<Self>) {
+        let Some(rec) = self
+            .workers
+            .get_mut(&msg.worker)
+            .filter(|r| r.incarnation == msg.incarnation && r.status == WorkerStatus::Ready)
+        else {
+            return;
+        };
+        warn!(worker = %rec.url, reason = %msg.reason, "worker taken out: it refused a connection");
+        rec.status = WorkerStatus::Unhealthy;
+        rec.consecutive_successes = 0;
+        rec.consecutive_failures = self.cfg.failure_threshold;
+        rec.last_error = Some(msg.reason);
+        self.publish();
+    }
+}
+
+/// Stops new requests to a worker before it is removed; in-flight ones finish.
+#[derive(Message, Debug)]
+#[rtype(result = "Result<WorkerRecord, RegistryError>")]
+pub struct DrainWorker {
+    /// A worker id or its URL.
+    pub key: String,
+}
+
+impl Handler<DrainWorker> for RegistryActor {
+    type Result = Result<WorkerRecord, RegistryError>;
+
+    fn handle(&mut self, msg: DrainWorker, _: &mut Context<Self>) -> Self::Result {
+        let id = self
+            .find(&msg.key)
+            .ok_or_else(|| RegistryError::NotFound(msg.key.clone()))?;
+        let rec = self
+            .workers
+            .get_mut(&id)
+            .ok_or_else(|| RegistryError::NotFound(msg.key.clone()))?;
+        if rec.status != WorkerStatus::Draining {
+            info!(worker = %rec.url, "draining: no new requests, in-flight ones finish");
+            rec.status = WorkerStatus::Draining;
+            let out = rec.clone();
+            self.publish();
+            return Ok(out);
+        }
+        Ok(rec.clone())
     }
 }
 

@@ -7,20 +7,25 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use kvgate_policies::{
-    CreditLedger, Decision, DecisionPath, HashRing, PolicyConfig, PrefixMatches, RECENT_HALF_LIFE,
-    RequestFacts, RoutingText, SelectInput, WorkerId, WorkerView,
+    CreditLedger, Decision, DecisionNote, DecisionPath, HashRing, PolicyConfig, PrefixMatches,
+    RECENT_HALF_LIFE, RequestFacts, RoutingText, SelectInput, WorkerId, WorkerView,
 };
 use kvgate_poller::{LoadsPolled, WorkerUrl};
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use thiserror::Error;
-use tracing::{Span, debug, trace};
+use tokio::sync::watch;
+use tracing::{Span, debug, trace, warn};
 
 use super::index::{IndexActor, MatchPrefix, RecordPrefix};
-use super::registry::{Fleet, FleetChanged, WorkerStatus};
+use super::registry::{Fleet, FleetChanged, WorkerFailed, WorkerStatus};
+use crate::config::Secret;
 
+mod circuit;
 mod hold;
 
+use circuit::Circuit;
+pub use circuit::{CircuitConfig, CircuitState, Outcome};
 use hold::Holds;
 pub use hold::{Hold, select};
 
@@ -46,6 +51,14 @@ pub struct Dispatch {
     /// The slot on the worker: dropping it (the response ended, or this reply was never
     /// delivered) releases the in-flight count and the credit.
     pub booking: Booking,
+    /// Turns true when the worker is taken out (unhealthy or removed): a request waiting
+    /// on it that has sent nothing to its client can be tried elsewhere.
+    pub down: watch::Receiver<bool>,
+    /// The key the worker expects, sent in place of the client's `Authorization`.
+    pub worker_key: Option<Secret>,
+    /// Where the index recorded the prompt for this worker, so a failed attempt can be
+    /// taken back out: the index namespace and the units the worker held before.
+    pub recorded: Option<(String, usize)>,
 }
 
 /// One in-flight request on a worker, released on drop whatever ended it.
@@ -58,6 +71,22 @@ pub struct Booking {
 }
 
 impl Booking {
+    /// How the request ended, for the worker's circuit breaker; the last call wins.
+    pub fn set_outcome(&mut self, outcome: Outcome) {
+        if let Some(r) = &mut self.release {
+            r.outcome = outcome;
+        }
+    }
+
+    /// The worker refused the connection: nothing listens there, so it is taken out now,
+    /// without waiting for its health checks.
+    pub fn refused(&mut self, reason: String) {
+        if let Some(r) = &mut self.release {
+            r.outcome = Outcome::Failure;
+            r.refused = Some(reason);
+        }
+    }
+
     /// The worker sent the first byte of the answer: its prefill is done, so the prompt is
     /// in its cache and its tokens no longer queue ahead of anyone. Called on every
     /// streamed chunk; only the first call sends.
@@ -96,6 +125,8 @@ pub struct Select {
     /// The request's first ask, whose lookup counts as traffic; a re-ask after a hold is
     /// the same request and does not count again.
     pub first: bool,
+    /// Which attempt of the request this is (1: the first); later ones are retries.
+    pub attempt: u32,
 }
 
 /// The answer to [`Select`].
@@ -133,21 +164,54 @@ pub struct Release {
     pub credit_tokens: u64,
     /// Which dispatch this is, for the requests holding on it.
     pub booking: u64,
+    /// Whether it was a probe of the worker's half-open circuit.
+    pub probe: bool,
+    pub outcome: Outcome,
+    /// Set when the worker refused the connection (see [`Booking::refused`]).
+    pub refused: Option<String>,
 }
 
-/// The selector's current per-worker view (for `/workers` and inspection).
+/// What the selector knows of one worker beyond its view, for `/workers`.
+#[derive(Debug, Clone)]
+pub struct WorkerState {
+    pub view: WorkerView,
+    pub circuit: CircuitState,
+    /// Failures inside the breaker's window.
+    pub recent_failures: usize,
+}
+
+/// Answers at once: the selector is alive and its mailbox moves (readiness).
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct Ping;
+
+impl Handler<Ping> for SelectorActor {
+    type Result = ();
+
+    fn handle(&mut self, _: Ping, _: &mut Context<Self>) {}
+}
+
+/// The selector's current per-worker views (inspection, tests).
 #[derive(Message, Debug)]
 #[rtype(result = "Vec<WorkerView>")]
 pub struct GetViews;
+
+/// The selector's current per-worker state, circuits included (for `/workers`).
+#[derive(Message, Debug)]
+#[rtype(result = "Vec<WorkerState>")]
+pub struct GetWorkerStates;
 
 pub struct SelectorActor {
     policy: PolicyConfig,
     /// One view per registered worker, in registry order; policies read it in place.
     views: Vec<WorkerView>,
-    /// The registration of each view (same order).
-    incarnations: Vec<u64>,
-    /// The parsed URL of each view (same order), handed to the upstream client.
-    urls: Vec<WorkerUrl>,
+    /// What else is kept per worker (same order).
+    meta: Vec<Meta>,
+    circuit: CircuitConfig,
+    /// Some circuit is not closed, so eligibility is checked against the clock.
+    breakers_tripped: bool,
+    /// Told when a worker refused a connection.
+    registry: Option<Recipient<WorkerFailed>>,
     /// Which views serve each model, rebuilt on every fleet change.
     by_model: HashMap<String, Vec<usize>>,
     /// Work dispatched since each worker's load sample.
@@ -170,10 +234,23 @@ pub struct SelectorActor {
 }
 
 /// What `dispatch` did.
-enum Outcome {
+enum Dispatched {
     Go(Dispatch),
     /// The caller builds the [`Hold`] around this.
     Hold(tokio::sync::oneshot::Receiver<()>),
+}
+
+/// Per worker, beside its view.
+#[derive(Debug)]
+struct Meta {
+    /// The registration; a release for an older one must not touch this one.
+    incarnation: u64,
+    url: WorkerUrl,
+    /// The registry's verdict: ready to route.
+    ready: bool,
+    circuit: Circuit,
+    down: watch::Sender<bool>,
+    key: Option<Secret>,
 }
 
 impl std::fmt::Debug for SelectorActor {
@@ -196,8 +273,10 @@ impl SelectorActor {
             holds: Holds::new(Duration::ZERO, &policy),
             policy,
             views: Vec::new(),
-            incarnations: Vec::new(),
-            urls: Vec::new(),
+            meta: Vec::new(),
+            circuit: CircuitConfig::default(),
+            breakers_tripped: false,
+            registry: None,
             by_model: HashMap::new(),
             ledger: CreditLedger::new(),
             ring: None,
@@ -219,47 +298,86 @@ impl SelectorActor {
         self
     }
 
+    /// Opens a worker's circuit after repeated failures (`cfg.enabled` false: never).
+    pub fn with_circuit_breaker(mut self, cfg: CircuitConfig) -> Self {
+        self.circuit = cfg;
+        self
+    }
+
+    /// Where refused connections are reported, so the worker is taken out at once.
+    pub fn report_refusals_to(&mut self, registry: Recipient<WorkerFailed>) {
+        self.registry = Some(registry);
+    }
+
     fn now(&self) -> Duration {
         self.epoch.elapsed()
     }
 
+    /// A view is eligible while its worker is ready and its circuit admits a request.
+    fn refresh_eligibility(&mut self, now: Duration) {
+        let mut tripped = false;
+        for (v, m) in self.views.iter_mut().zip(&mut self.meta) {
+            v.eligible = m.ready && m.circuit.admits(&self.circuit, now);
+            tripped |= m.circuit.state(&self.circuit, now) != CircuitState::Closed;
+        }
+        self.breakers_tripped = tripped;
+    }
+
     fn apply_fleet(&mut self, fleet: &Fleet) {
-        let mut old: HashMap<WorkerId, (WorkerView, u64)> = self
+        let mut old: HashMap<WorkerId, (WorkerView, Meta)> = self
             .views
             .drain(..)
-            .zip(self.incarnations.drain(..))
-            .map(|(v, inc)| (v.id, (v, inc)))
+            .zip(self.meta.drain(..))
+            .map(|(v, m)| (v.id, (v, m)))
             .collect();
-        self.urls.clear();
         let before: Vec<WorkerId> = old.keys().copied().collect();
         self.by_model.clear();
         self.pending = fleet.iter().any(|w| w.status == WorkerStatus::Pending);
         for (i, rec) in fleet.iter().enumerate() {
-            let mut view = match old.remove(&rec.id) {
-                Some((v, inc)) if inc == rec.incarnation => v,
+            let (mut view, mut meta) = match old.remove(&rec.id) {
+                Some((v, m)) if m.incarnation == rec.incarnation => (v, m),
                 // New, or removed and added again: nothing carries over.
                 _ => {
                     self.ledger.remove(rec.id);
-                    WorkerView::new(rec.id, rec.url.as_str())
+                    let meta = Meta {
+                        incarnation: rec.incarnation,
+                        url: rec.url.clone(),
+                        ready: false,
+                        circuit: Circuit::default(),
+                        down: watch::channel(false).0,
+                        key: None,
+                    };
+                    (WorkerView::new(rec.id, rec.url.as_str()), meta)
                 }
             };
-            view.eligible = rec.healthy();
-            if !view.eligible {
+            let ready = rec.healthy();
+            if meta.ready && !ready && rec.status != WorkerStatus::Draining {
+                // Requests waiting on it may go elsewhere; a draining worker finishes them.
+                meta.down.send_replace(true);
+            }
+            if ready && *meta.down.borrow() {
+                meta.down = watch::channel(false).0;
+            }
+            meta.ready = ready;
+            meta.key = rec.api_key.clone();
+            if !ready {
                 // Not polled while out; its last report would be stale on its return.
                 view.load = None;
             }
             self.views.push(view);
-            self.incarnations.push(rec.incarnation);
-            self.urls.push(rec.url.clone());
+            self.meta.push(meta);
             for model in &rec.models {
                 self.by_model.entry(model.clone()).or_default().push(i);
             }
         }
+        // Removed workers: their requests' waits end with the senders dropped here.
         for gone in old.keys() {
             if !fleet.iter().any(|w| w.id == *gone) {
                 self.ledger.remove(*gone);
             }
         }
+        drop(old);
+        self.refresh_eligibility(self.now());
         let mut after: Vec<WorkerId> = self.views.iter().map(|v| v.id).collect();
         let mut before = before;
         before.sort();
@@ -285,6 +403,10 @@ impl SelectorActor {
             return Err(SelectError::NoWorkers);
         }
         let now = self.now();
+        if self.breakers_tripped {
+            // An open circuit's time may be up (half-open), a probe may have ended.
+            self.refresh_eligibility(now);
+        }
         let indices: Option<&Vec<usize>> = match &facts.model {
             Some(model) => match self.by_model.get(model) {
                 Some(ix) => Some(ix),
@@ -373,14 +495,14 @@ impl SelectorActor {
         matches: Option<&PrefixMatches>,
         exclude: &[WorkerId],
         may_hold: bool,
-    ) -> Result<Outcome, SelectError> {
+    ) -> Result<Dispatched, SelectError> {
         self.seq = self.seq.wrapping_add(1);
         let (idx, decision) = self.decide(facts, matches, exclude, self.seq)?;
         let idx = idx.ok_or(SelectError::NoHealthy)?;
         let worker = self.views[idx].id;
         if may_hold && let Some(rx) = self.holds.join(worker, &facts.key) {
             debug!(worker = %self.views[idx].url, "held behind a prefill in progress");
-            return Ok(Outcome::Hold(rx));
+            return Ok(Dispatched::Hold(rx));
         }
         let booked_at = self.epoch.elapsed();
         self.ledger.apply(&decision, booked_at);
@@ -400,26 +522,43 @@ impl SelectorActor {
                 self.views[idx].recent += 1.0;
             }
         }
+        let now = self.now();
+        let recorded = decision
+            .record_prefix
+            .then(|| (self.model_key(facts), known));
+        let meta = &mut self.meta[idx];
+        let probe = meta.circuit.sent(&self.circuit, now);
         let v = &mut self.views[idx];
+        if probe {
+            // A half-open circuit admits a bounded number of probes at once.
+            v.eligible = meta.circuit.admits(&self.circuit, now);
+            self.breakers_tripped = true;
+        }
         v.in_flight += 1;
         v.credit = self.ledger.credit(v.id);
-        debug!(worker = %v.url, decision = %decision, "selected");
+        debug!(worker = %v.url, decision = %decision, probe, "selected");
         let booking = Booking {
             selector: me,
             release: Some(Release {
                 worker: v.id,
-                incarnation: self.incarnations[idx],
+                incarnation: meta.incarnation,
                 booked_at,
                 credit_tokens: decision.credit_tokens,
                 booking,
+                probe,
+                outcome: Outcome::Neutral,
+                refused: None,
             }),
             prefilling: true,
         };
-        Ok(Outcome::Go(Dispatch {
+        Ok(Dispatched::Go(Dispatch {
             worker: v.id,
-            url: self.urls[idx].clone(),
+            url: meta.url.clone(),
             decision,
             booking,
+            down: meta.down.subscribe(),
+            worker_key: meta.key.clone(),
+            recorded,
         }))
     }
 
@@ -455,8 +594,15 @@ impl Handler<Select> for SelectorActor {
             let _enter = span.enter();
             // Without an index nothing is recorded, so nothing warms and nothing holds.
             let r = match self.dispatch(me, &msg.facts, None, &msg.exclude, false) {
-                Ok(Outcome::Go(d)) => Ok(Selected::Go(d)),
-                Ok(Outcome::Hold(_)) => Err(SelectError::NoHealthy),
+                Ok(Dispatched::Go(mut d)) => {
+                    if msg.attempt > 1 {
+                        d.decision.notes.push(DecisionNote::Retry {
+                            attempt: msg.attempt,
+                        });
+                    }
+                    Ok(Selected::Go(d))
+                }
+                Ok(Dispatched::Hold(_)) => Err(SelectError::NoHealthy),
                 Err(e) => Err(e),
             };
             return AtomicResponse::new(Box::pin(fut::ready(r)));
@@ -464,6 +610,7 @@ impl Handler<Select> for SelectorActor {
         let model = self.model_key(&msg.facts);
         let exclude = msg.exclude;
         let may_hold = msg.may_hold;
+        let attempt = msg.attempt;
         let ask = index.send(MatchPrefix {
             model: model.clone(),
             facts: msg.facts,
@@ -476,9 +623,9 @@ impl Handler<Select> for SelectorActor {
                 // The index is gone (shutdown): the facts went with it.
                 Err(_) => return Err(SelectError::NoHealthy),
             };
-            let d = match act.dispatch(me, &facts, matches.as_ref(), &exclude, may_hold)? {
-                Outcome::Go(d) => d,
-                Outcome::Hold(ready) => {
+            let mut d = match act.dispatch(me, &facts, matches.as_ref(), &exclude, may_hold)? {
+                Dispatched::Go(d) => d,
+                Dispatched::Hold(ready) => {
                     return Ok(Selected::Hold(Hold {
                         facts,
                         exclude,
@@ -487,6 +634,9 @@ impl Handler<Select> for SelectorActor {
                     }));
                 }
             };
+            if attempt > 1 {
+                d.decision.notes.push(DecisionNote::Retry { attempt });
+            }
             if d.decision.record_prefix {
                 // do_send keeps order with the next lookup, which this actor sends later.
                 index.do_send(RecordPrefix {
@@ -530,15 +680,32 @@ impl Handler<Release> for SelectorActor {
         let Some(i) = self.views.iter().position(|v| v.id == msg.worker) else {
             return;
         };
-        if self.incarnations[i] != msg.incarnation {
+        if self.meta[i].incarnation != msg.incarnation {
             return;
         }
         self.ledger
             .release(msg.worker, msg.booked_at, msg.credit_tokens);
-        if let Some(v) = self.views.get_mut(i) {
-            v.in_flight = v.in_flight.saturating_sub(1);
-            v.credit = self.ledger.credit(msg.worker);
+        let now = self.now();
+        let v = &mut self.views[i];
+        v.in_flight = v.in_flight.saturating_sub(1);
+        v.credit = self.ledger.credit(msg.worker);
+        let meta = &mut self.meta[i];
+        if meta
+            .circuit
+            .ended(&self.circuit, now, msg.outcome, msg.probe)
+        {
+            warn!(worker = %meta.url, "circuit open: repeated failures; no traffic until it is probed");
+            meta.down.send_replace(true);
+            meta.down = watch::channel(false).0;
         }
+        if let (Some(reason), Some(registry)) = (msg.refused, &self.registry) {
+            registry.do_send(WorkerFailed {
+                worker: msg.worker,
+                incarnation: msg.incarnation,
+                reason,
+            });
+        }
+        self.refresh_eligibility(now);
     }
 }
 
@@ -548,7 +715,7 @@ impl Handler<Warmed> for SelectorActor {
     fn handle(&mut self, Warmed(msg): Warmed, _: &mut Context<Self>) {
         self.holds.warmed(msg.booking);
         if let Some(i) = self.views.iter().position(|v| v.id == msg.worker)
-            && self.incarnations[i] == msg.incarnation
+            && self.meta[i].incarnation == msg.incarnation
         {
             // The Release at the end finds this dispatch gone and releases no credit.
             self.ledger
@@ -590,6 +757,28 @@ impl Handler<GetViews> for SelectorActor {
     type Result = MessageResult<GetViews>;
 
     fn handle(&mut self, _: GetViews, _: &mut Context<Self>) -> Self::Result {
+        self.refresh_eligibility(self.now());
         MessageResult(self.views.clone())
+    }
+}
+
+impl Handler<GetWorkerStates> for SelectorActor {
+    type Result = MessageResult<GetWorkerStates>;
+
+    fn handle(&mut self, _: GetWorkerStates, _: &mut Context<Self>) -> Self::Result {
+        let now = self.now();
+        self.refresh_eligibility(now);
+        let cfg = self.circuit;
+        let states = self
+            .views
+            .iter()
+            .zip(&mut self.meta)
+            .map(|(v, m)| WorkerState {
+                view: v.clone(),
+                circuit: m.circuit.state(&cfg, now),
+                recent_failures: m.circuit.recent_failures(),
+            })
+            .collect();
+        MessageResult(states)
     }
 }

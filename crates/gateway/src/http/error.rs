@@ -34,6 +34,20 @@ pub enum ApiError {
     NoWorker { registered: bool },
     #[error("every worker is at its waiting-request cap; retry shortly")]
     Saturated,
+    #[error("{0}")]
+    Unauthorized(&'static str),
+    #[error("{0}")]
+    Forbidden(&'static str),
+    #[error("worker {0} is outside the allowed hosts (--worker-allow)")]
+    WorkerNotAllowed(String),
+    #[error(
+        "the gateway is at its concurrency limit and its queue is full; retry after {retry_after} s"
+    )]
+    QueueFull { retry_after: u64 },
+    #[error("no slot became free in time; retry after {retry_after} s")]
+    QueueTimeout { retry_after: u64 },
+    #[error("request rate limit reached; retry after {retry_after} s")]
+    RateLimited { retry_after: u64 },
     #[error("upstream worker {worker} failed: {source}")]
     Upstream {
         worker: String,
@@ -60,6 +74,12 @@ impl ApiError {
             ApiError::WorkerExists(_) => ("invalid_request_error", "worker_already_exists"),
             ApiError::NoWorker { .. } => ("service_unavailable", "no_available_workers"),
             ApiError::Saturated => ("rate_limit_error", "workers_saturated"),
+            ApiError::Unauthorized(_) => ("authentication_error", "invalid_api_key"),
+            ApiError::Forbidden(_) => ("permission_error", "forbidden"),
+            ApiError::WorkerNotAllowed(_) => ("permission_error", "worker_not_allowed"),
+            ApiError::QueueFull { .. } => ("rate_limit_error", "queue_full"),
+            ApiError::QueueTimeout { .. } => ("service_unavailable", "queue_timeout"),
+            ApiError::RateLimited { .. } => ("rate_limit_error", "rate_limited"),
             ApiError::Upstream { .. } => ("upstream_error", "upstream_failed"),
             ApiError::UpstreamTimeout { .. } => ("upstream_error", "upstream_timeout"),
             ApiError::ActorGone(_) => ("internal_error", "internal_error"),
@@ -84,7 +104,12 @@ impl ResponseError for ApiError {
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::WorkerExists(_) => StatusCode::CONFLICT,
             ApiError::NoWorker { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            ApiError::Saturated => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::Saturated | ApiError::QueueFull { .. } | ApiError::RateLimited { .. } => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) | ApiError::WorkerNotAllowed(_) => StatusCode::FORBIDDEN,
+            ApiError::QueueTimeout { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Upstream { .. } => StatusCode::BAD_GATEWAY,
             ApiError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             ApiError::ActorGone(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -94,8 +119,19 @@ impl ResponseError for ApiError {
     fn error_response(&self) -> HttpResponse {
         let mut b = HttpResponse::build(self.status_code());
         b.insert_header(("x-kvgate-error-code", self.kind().1));
-        if matches!(self, ApiError::Saturated) {
-            b.insert_header(("retry-after", "1"));
+        match self {
+            ApiError::Saturated => {
+                b.insert_header(("retry-after", "1"));
+            }
+            ApiError::QueueFull { retry_after }
+            | ApiError::QueueTimeout { retry_after }
+            | ApiError::RateLimited { retry_after } => {
+                b.insert_header(("retry-after", retry_after.to_string()));
+            }
+            ApiError::Unauthorized(_) => {
+                b.insert_header(("www-authenticate", "Bearer"));
+            }
+            _ => {}
         }
         b.json(self.body())
     }

@@ -14,7 +14,12 @@ use tracing::warn;
 
 use kvgate_poller::WorkerUrl;
 
+use actix_web::http::StatusCode;
+use tokio::sync::watch;
+
 use crate::actors::selector::Booking;
+use crate::actors::selector::{Dispatch, Outcome};
+use crate::http::admission::Ticket;
 use crate::http::error::ApiError;
 use crate::upstream::{Body, Pool, UpstreamError};
 
@@ -79,15 +84,48 @@ fn copy_response_headers(from: Vec<(HeaderName, HeaderValue)>, to: &mut HttpResp
     }
 }
 
-/// What one upstream call needs besides the body.
+/// What one upstream call needs besides the body and the worker.
 pub struct Upstream<'a> {
     pub pool: &'a Pool,
-    pub worker: &'a WorkerUrl,
     pub path: &'static str,
     pub request_id: &'a str,
+    /// The whole request's timeout (`--request-timeout-secs`), retries included.
     pub timeout: Duration,
+    /// When it runs out.
+    pub deadline: Instant,
+    /// Longest wait for a streamed answer's first byte.
+    pub first_token_timeout: Duration,
     pub max_response: usize,
     pub stream: bool,
+}
+
+/// An attempt that failed with nothing sent to the client yet.
+#[derive(Debug)]
+pub struct Failure {
+    pub error: ApiError,
+    /// The worker's own answer (a retryable status such as 503), which the client gets
+    /// when no retry is left.
+    pub answer: Option<HttpResponse>,
+    /// Whether trying another worker can help.
+    pub retry: bool,
+}
+
+impl Failure {
+    fn retry(error: ApiError) -> Failure {
+        Failure {
+            error,
+            answer: None,
+            retry: true,
+        }
+    }
+
+    /// What the client gets when this was the last attempt.
+    pub fn into_answer(self) -> Result<HttpResponse, ApiError> {
+        match self.answer {
+            Some(a) => Ok(a),
+            None => Err(self.error),
+        }
+    }
 }
 
 fn upstream_error(worker: &WorkerUrl, source: UpstreamError) -> ApiError {
@@ -97,61 +135,201 @@ fn upstream_error(worker: &WorkerUrl, source: UpstreamError) -> ApiError {
     }
 }
 
+/// Statuses that say the worker, not the request, failed: another worker may serve it.
+fn retryable_status(s: StatusCode) -> bool {
+    matches!(s.as_u16(), 429 | 502 | 503 | 504)
+}
+
+/// Resolves once the worker is taken out (unhealthy, circuit open, removed).
+async fn taken_out(down: &mut watch::Receiver<bool>) {
+    loop {
+        if *down.borrow_and_update() {
+            return;
+        }
+        if down.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
 /// Sends `body` to the worker and relays its answer. Upstream error statuses and bodies
-/// pass through unchanged.
+/// pass through unchanged, but for 429, 502, 503 and 504: those, like a connection that
+/// fails, an answer that breaks off before anything reached the client, a streamed answer
+/// whose first byte does not come in time or a worker taken out meanwhile, come back as a
+/// [`Failure`] for the caller to try elsewhere.
 pub async fn forward(
-    up: Upstream<'_>,
+    up: &Upstream<'_>,
     req: &HttpRequest,
     body: Bytes,
-    guard: Booking,
-) -> Result<HttpResponse, ApiError> {
-    let started = Instant::now();
+    dispatch: Dispatch,
+    ticket: &mut Option<Ticket>,
+) -> Result<HttpResponse, Failure> {
+    let Dispatch {
+        url: worker,
+        mut booking,
+        mut down,
+        worker_key,
+        ..
+    } = dispatch;
     let timed_out = || ApiError::UpstreamTimeout {
-        worker: up.worker.to_string(),
+        worker: worker.to_string(),
         secs: up.timeout.as_secs_f64(),
     };
+    let auth = worker_key
+        .as_ref()
+        .map(|k| format!("Bearer {}", k.expose()));
     let mut headers: Vec<(&str, &[u8])> = Vec::with_capacity(FORWARDED.len() + 1);
     for name in &FORWARDED {
+        // The worker's own key replaces the client's: never both.
+        if auth.is_some() && *name == header::AUTHORIZATION {
+            continue;
+        }
         for v in req.headers().get_all(name) {
             headers.push((name.as_str(), v.as_bytes()));
         }
     }
+    if let Some(a) = &auth {
+        headers.push(("authorization", a.as_bytes()));
+    }
     headers.push(("x-request-id", up.request_id.as_bytes()));
-    let sent = up.pool.post(up.worker, up.path, &headers, body);
-    let resp = match actix_rt::time::timeout(up.timeout, sent).await {
-        Err(_) => return Err(timed_out()),
-        Ok(r) => r.map_err(|e| upstream_error(up.worker, e))?,
+    let deadline = tokio::time::Instant::from_std(up.deadline);
+    let sent = up.pool.post(&worker, up.path, &headers, body);
+    let resp = tokio::select! {
+        r = tokio::time::timeout_at(deadline, sent) => match r {
+            Err(_) => {
+                booking.set_outcome(Outcome::Failure);
+                return Err(Failure { retry: false, ..Failure::retry(timed_out()) });
+            }
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => {
+                if let UpstreamError::Connect(io) = &e
+                    && io.kind() == std::io::ErrorKind::ConnectionRefused
+                {
+                    booking.refused(format!("{worker} refused the connection"));
+                } else {
+                    booking.set_outcome(Outcome::Failure);
+                }
+                return Err(Failure::retry(upstream_error(&worker, e)));
+            }
+        },
+        () = taken_out(&mut down) => return Err(Failure::retry(taken_out_error(&worker))),
     };
+    let status = resp.status;
     let is_sse = resp
         .header(&header::CONTENT_TYPE)
         .is_some_and(|ct| ct.starts_with("text/event-stream"));
-    let mut builder = HttpResponse::build(resp.status);
+    let mut builder = HttpResponse::build(status);
     copy_response_headers(resp.headers, &mut builder);
+    if retryable_status(status) {
+        booking.set_outcome(Outcome::Failure);
+        // Kept for the client in case no other worker can serve it.
+        let read = tokio::time::timeout_at(deadline, resp.body.collect(64 * 1024));
+        let text = match read.await {
+            Ok(Ok(b)) => b,
+            _ => Bytes::new(),
+        };
+        let error = ApiError::Upstream {
+            worker: worker.to_string(),
+            source: UpstreamError::Status(status.as_u16()),
+        };
+        return Err(Failure {
+            error,
+            answer: Some(builder.body(text)),
+            retry: true,
+        });
+    }
+    // A worker's own refusal (4xx) says nothing about its health; a 500 neither.
+    let outcome = if status.is_success() {
+        Outcome::Success
+    } else {
+        Outcome::Neutral
+    };
+    let mut body = resp.body;
     if up.stream || is_sse {
-        let deadline = up.timeout.saturating_sub(started.elapsed());
+        // The head goes to the client with the first byte: until then the request can
+        // still be tried elsewhere.
+        let first_by = deadline.min(tokio::time::Instant::now() + up.first_token_timeout);
+        let first = tokio::select! {
+            r = tokio::time::timeout_at(first_by, body.next()) => r,
+            () = taken_out(&mut down) => return Err(Failure::retry(taken_out_error(&worker))),
+        };
+        let first = match first {
+            Err(_) if first_by < deadline => {
+                booking.set_outcome(Outcome::Failure);
+                return Err(Failure::retry(ApiError::Upstream {
+                    worker: worker.to_string(),
+                    source: UpstreamError::NoFirstToken(up.first_token_timeout.as_secs_f64()),
+                }));
+            }
+            Err(_) => {
+                booking.set_outcome(Outcome::Failure);
+                return Err(Failure {
+                    retry: false,
+                    ..Failure::retry(timed_out())
+                });
+            }
+            Ok(Some(Ok(b))) => Some(b),
+            Ok(Some(Err(e))) => {
+                booking.set_outcome(Outcome::Failure);
+                return Err(Failure::retry(upstream_error(&worker, e)));
+            }
+            // An event stream that ends before its first event is a failed one.
+            Ok(None) if is_sse => {
+                booking.set_outcome(Outcome::Failure);
+                return Err(Failure::retry(upstream_error(
+                    &worker,
+                    UpstreamError::StreamUnfinished,
+                )));
+            }
+            Ok(None) => None,
+        };
+        booking.set_outcome(outcome);
         builder.insert_header((header::CACHE_CONTROL, HeaderValue::from_static("no-cache")));
-        return Ok(builder.streaming(Relay {
-            inner: resp.body,
-            guard: Some(guard),
-            deadline: Box::pin(actix_rt::time::sleep(deadline)),
-            worker: up.worker.clone(),
+        let mut relay = Relay {
+            inner: body,
+            guard: Some(booking),
+            deadline: Box::pin(tokio::time::sleep_until(deadline)),
+            worker,
             request_id: up.request_id.to_owned(),
             timeout: up.timeout,
             done: false,
             tail: Tail::default(),
             sse: is_sse,
             partial: BytesMut::new(),
-        }));
+            ready: None,
+            _ticket: ticket.take(),
+        };
+        match first {
+            Some(b) => relay.accept(b),
+            None => relay.done = true,
+        }
+        return Ok(builder.streaming(relay));
     }
-    let remaining = up.timeout.saturating_sub(started.elapsed());
-    let read = resp.body.collect(up.max_response);
-    let body = match actix_rt::time::timeout(remaining, read).await {
-        Err(_) => return Err(timed_out()),
-        Ok(Err(e)) => return Err(upstream_error(up.worker, e)),
-        Ok(Ok(b)) => b,
+    let read = body.collect(up.max_response);
+    let body = tokio::select! {
+        r = tokio::time::timeout_at(deadline, read) => match r {
+            Err(_) => {
+                booking.set_outcome(Outcome::Failure);
+                return Err(Failure { retry: false, ..Failure::retry(timed_out()) });
+            }
+            Ok(Err(e @ UpstreamError::BodyTooLarge(_))) => {
+                return Err(Failure { retry: false, ..Failure::retry(upstream_error(&worker, e)) });
+            }
+            Ok(Err(e)) => {
+                booking.set_outcome(Outcome::Failure);
+                return Err(Failure::retry(upstream_error(&worker, e)));
+            }
+            Ok(Ok(b)) => b,
+        },
+        () = taken_out(&mut down) => return Err(Failure::retry(taken_out_error(&worker))),
     };
-    drop(guard);
+    booking.set_outcome(outcome);
+    drop(booking);
     Ok(builder.body(body))
+}
+
+fn taken_out_error(worker: &WorkerUrl) -> ApiError {
+    upstream_error(worker, UpstreamError::TakenOut)
 }
 
 /// The last bytes relayed, to tell a finished LLM stream (`data: [DONE]`) from one the
@@ -203,6 +381,10 @@ struct Relay {
     /// The start of an event whose end has not arrived. Relaying events whole means an
     /// error event added after a failure never lands inside an unfinished one.
     partial: BytesMut,
+    /// Bytes to hand out before reading on (the first chunk, read before the head went).
+    ready: Option<Bytes>,
+    /// The request's admission slot, held while the stream runs.
+    _ticket: Option<Ticket>,
 }
 
 /// Longest unfinished event held back; anything longer passes as it comes.
@@ -239,17 +421,16 @@ impl Stream for Relay {
     type Item = Result<Bytes, actix_web::Error>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if let Some(b) = self.ready.take() {
+            return Poll::Ready(Some(Ok(b)));
+        }
         if self.done {
             return Poll::Ready(None);
         }
         loop {
             match Pin::new(&mut self.inner).poll_next(cx) {
                 Poll::Ready(Some(Ok(b))) => {
-                    self.tail.push(&b);
-                    if let Some(g) = self.guard.as_mut() {
-                        g.first_byte();
-                    }
-                    if let Some(whole) = self.whole_events(b) {
+                    if let Some(whole) = self.take(b) {
                         return Poll::Ready(Some(Ok(whole)));
                     }
                 }
@@ -271,6 +452,20 @@ impl Stream for Relay {
 }
 
 impl Relay {
+    /// A chunk of the answer, with what goes out of it now.
+    fn take(&mut self, b: Bytes) -> Option<Bytes> {
+        self.tail.push(&b);
+        if let Some(g) = self.guard.as_mut() {
+            g.first_byte();
+        }
+        self.whole_events(b)
+    }
+
+    /// The first chunk, read before the relay started.
+    fn accept(&mut self, b: Bytes) {
+        self.ready = self.take(b);
+    }
+
     /// What of `b` (after any held part) can go to the client now: up to the last event
     /// end, or all of it when this is no event stream.
     fn whole_events(&mut self, b: Bytes) -> Option<Bytes> {

@@ -1,27 +1,33 @@
-//! HTTP handlers: inference routes (proxied), the gateway's own routes and the worker
-//! admin API (REST and the sglang-router legacy forms).
+//! HTTP handlers: the gateway's own routes and the worker admin API (REST and the
+//! sglang-router legacy forms). The proxied inference routes are in `inference`.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use actix::Addr;
 use actix_web::http::StatusCode;
-use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
+use actix_web::{HttpRequest, HttpResponse, web};
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
-use kvgate_policies::WorkerView;
+
 use kvgate_poller::WorkerUrl;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::actors::index::{ClearWorker, GetIndexStats, IndexActor};
+use crate::actors::index::{ClearWorker, GetIndexStats, IndexActor, Ping as IndexPing};
 use crate::actors::registry::{
-    AddWorker, ListWorkers, RegistryActor, RemoveWorker, WorkerRecord, WorkerSource,
+    AddWorker, DrainWorker, ListWorkers, RegistryActor, RemoveWorker, WorkerRecord, WorkerSource,
+    WorkerStatus,
 };
-use crate::actors::selector::{self, Dispatch, GetViews, SelectorActor};
+use crate::actors::selector::{
+    CircuitState, GetViews, GetWorkerStates, Ping, SelectorActor, WorkerState,
+};
+use crate::config::Secret;
+use crate::http::admission::Admission;
+use crate::http::auth::{AllowList, Keys};
 use crate::http::error::ApiError;
-use crate::http::parse::{Endpoint, request_facts};
-use crate::http::proxy::{self, Upstream};
+use crate::http::inference::RetryPolicy;
 use crate::upstream::{Pool, UpstreamError};
 
 /// Shared by every HTTP worker thread.
@@ -32,6 +38,20 @@ pub struct AppState {
     pub index: Addr<IndexActor>,
     pub max_payload_size: usize,
     pub request_timeout: Duration,
+    pub first_token_timeout: Duration,
+    pub retry: RetryPolicy,
+    pub admission: Arc<Admission>,
+    pub keys: Keys,
+    pub allow: AllowList,
+    /// Longest drain of a worker removed through the API, and of the gateway at SIGTERM.
+    pub grace: Duration,
+    pub lifecycle: Arc<Lifecycle>,
+}
+
+/// Whether the gateway is on its way out (SIGTERM): readiness says so at once.
+#[derive(Debug, Default)]
+pub struct Lifecycle {
+    pub shutting_down: AtomicBool,
 }
 
 /// The request id of this request, set by the middleware in `server.rs`.
@@ -39,7 +59,7 @@ pub struct AppState {
 pub struct RequestId(pub Arc<str>);
 
 /// Reads the body up to the limit; a declared length over it is refused before reading.
-async fn read_body(
+pub(crate) async fn read_body(
     req: &HttpRequest,
     mut payload: web::Payload,
     limit: usize,
@@ -67,82 +87,48 @@ async fn read_body(
     Ok(buf.freeze())
 }
 
-/// The first usable routing key among the headers, in order.
-fn routing_key(req: &HttpRequest) -> Option<String> {
-    proxy::ROUTING_KEY_NAMES
-        .iter()
-        .filter_map(|h| req.headers().get(h))
-        .find_map(|v| kvgate_policies::valid_routing_key(v.to_str().ok()))
-        .map(str::to_owned)
-}
-
-/// Any inference route: `endpoint` says which body shape to read and where to forward.
-pub async fn inference(
-    endpoint: Endpoint,
-    req: HttpRequest,
-    payload: web::Payload,
-    state: web::Data<AppState>,
-    pool: web::Data<Pool>,
-) -> Result<HttpResponse, ApiError> {
-    // A debug span: at the default info level it costs nothing on the hot path; the
-    // request id is also in every warning the proxy logs.
-    let id = req.extensions().get::<RequestId>().map(|r| r.0.clone());
-    let span = tracing::debug_span!(
-        "request",
-        id = id.as_deref().unwrap_or(""),
-        route = endpoint.path()
-    );
-    tracing::Instrument::instrument(proxy_request(endpoint, req, payload, state, pool), span).await
-}
-
-async fn proxy_request(
-    endpoint: Endpoint,
-    req: HttpRequest,
-    payload: web::Payload,
-    state: web::Data<AppState>,
-    pool: web::Data<Pool>,
-) -> Result<HttpResponse, ApiError> {
-    let body = read_body(&req, payload, state.max_payload_size).await?;
-    let mut facts = request_facts(endpoint, &body)?;
-    facts.routing_key = routing_key(&req);
-    let stream = facts.stream;
-    let Dispatch { url, booking, .. } =
-        selector::select(&state.selector, facts, Vec::new()).await??;
-    let request_id = req
-        .extensions()
-        .get::<RequestId>()
-        .map(|r| r.0.clone())
-        .unwrap_or_else(|| Arc::from(""));
-    let up = Upstream {
-        pool: &pool,
-        worker: &url,
-        path: endpoint.path(),
-        request_id: &request_id,
-        timeout: state.request_timeout,
-        max_response: 256 * 1024 * 1024,
-        stream,
-    };
-    proxy::forward(up, &req, body, booking).await
-}
-
 pub async fn health() -> HttpResponse {
     HttpResponse::Ok().json(json!({"status": "ok"}))
 }
 
+/// Ready when it serves: not shutting down, its routing actors answer, and some worker
+/// is ready.
 pub async fn readiness(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let fleet = state.registry.send(ListWorkers).await?;
     let healthy = fleet.iter().filter(|w| w.healthy()).count();
     let body = |status: &str| json!({"status": status, "healthy_workers": healthy, "total_workers": fleet.len()});
-    if healthy > 0 {
-        Ok(HttpResponse::Ok().json(body("ready")))
+    let ping = Duration::from_secs(2);
+    let routing = matches!(
+        (
+            actix_rt::time::timeout(ping, state.selector.send(Ping)).await,
+            actix_rt::time::timeout(ping, state.index.send(IndexPing)).await,
+        ),
+        (Ok(Ok(())), Ok(Ok(())))
+    );
+    let reason = if state.lifecycle.shutting_down.load(Ordering::Acquire) {
+        Some("shutting down")
+    } else if !routing {
+        Some("the routing actors do not answer")
+    } else if healthy == 0 {
+        Some("no healthy worker")
     } else {
-        let mut b = body("not ready");
-        b["reason"] = json!("no healthy worker");
-        Ok(HttpResponse::ServiceUnavailable().json(b))
+        None
+    };
+    match reason {
+        None => Ok(HttpResponse::Ok().json(body("ready"))),
+        Some(r) => {
+            let mut b = body("not ready");
+            b["reason"] = json!(r);
+            Ok(HttpResponse::ServiceUnavailable().json(b))
+        }
     }
 }
 
-pub async fn models(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+pub async fn models(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    state.keys.client(&req)?;
     let fleet = state.registry.send(ListWorkers).await?;
     let mut seen = std::collections::BTreeMap::<&str, &WorkerRecord>::new();
     for w in fleet.iter() {
@@ -159,24 +145,46 @@ pub async fn models(state: web::Data<AppState>) -> Result<HttpResponse, ApiError
     Ok(HttpResponse::Ok().json(json!({"object": "list", "data": data})))
 }
 
-fn worker_json(rec: &WorkerRecord, view: Option<&WorkerView>) -> Value {
+/// Why a worker gets no traffic, if it gets none.
+fn not_routed_because(rec: &WorkerRecord, state: Option<&WorkerState>) -> Option<String> {
+    match rec.status {
+        WorkerStatus::Ready => match state.map(|s| s.circuit) {
+            Some(CircuitState::Open) => Some("circuit open after repeated failures".into()),
+            _ => None,
+        },
+        WorkerStatus::Draining => Some("draining: removal pending".into()),
+        WorkerStatus::Pending | WorkerStatus::Unhealthy => rec
+            .last_error
+            .clone()
+            .or_else(|| Some("not detected yet".into())),
+    }
+}
+
+fn worker_json(rec: &WorkerRecord, state: Option<&WorkerState>) -> Value {
     let mut v = serde_json::to_value(rec).unwrap_or_else(|_| json!({}));
     v["id"] = json!(rec.id.to_string());
     v["healthy"] = json!(rec.healthy());
-    v["in_flight"] = json!(view.map_or(0, |v| v.in_flight));
+    v["in_flight"] = json!(state.map_or(0, |s| s.view.in_flight));
+    v["circuit"] = json!(state.map_or(CircuitState::Closed, |s| s.circuit));
+    v["recent_failures"] = json!(state.map_or(0, |s| s.recent_failures));
+    v["reason"] = json!(not_routed_because(rec, state));
     v
 }
 
 async fn worker_list(state: &AppState) -> Result<Vec<Value>, ApiError> {
     let fleet = state.registry.send(ListWorkers).await?;
-    let views = state.selector.send(GetViews).await?;
+    let views = state.selector.send(GetWorkerStates).await?;
     Ok(fleet
         .iter()
-        .map(|rec| worker_json(rec, views.iter().find(|v| v.id == rec.id)))
+        .map(|rec| worker_json(rec, views.iter().find(|v| v.view.id == rec.id)))
         .collect())
 }
 
-pub async fn list_workers(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+pub async fn list_workers(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    state.keys.admin(&req)?;
     let workers = worker_list(&state).await?;
     Ok(HttpResponse::Ok().json(json!({"total": workers.len(), "workers": workers})))
 }
@@ -208,6 +216,7 @@ pub async fn get_worker(
     req: HttpRequest,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
+    state.keys.admin(&req)?;
     let key = percent_decode(req.match_info().get("key").unwrap_or(""));
     let workers = worker_list(&state).await?;
     let norm = WorkerUrl::parse(&key).ok();
@@ -227,16 +236,50 @@ pub async fn get_worker(
 #[serde(deny_unknown_fields)]
 struct AddBody {
     url: String,
+    /// The key this worker expects, if not `--worker-api-key`.
+    #[serde(default)]
+    api_key: Option<Secret>,
 }
 
-async fn add(state: &AppState, url: String) -> Result<WorkerRecord, ApiError> {
+async fn add(
+    state: &AppState,
+    url: String,
+    api_key: Option<Secret>,
+) -> Result<WorkerRecord, ApiError> {
+    let parsed = WorkerUrl::parse(&url).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    if !state.allow.allows(&parsed).await {
+        return Err(ApiError::WorkerNotAllowed(parsed.to_string()));
+    }
     Ok(state
         .registry
         .send(AddWorker {
             url,
             source: WorkerSource::Api,
+            api_key,
         })
         .await??)
+}
+
+/// Drains a worker (no new requests; those in flight finish, for at most the grace
+/// period), then removes it.
+async fn drain_and_remove(state: &AppState, key: String) -> Result<WorkerRecord, ApiError> {
+    let rec = state
+        .registry
+        .send(DrainWorker { key: key.clone() })
+        .await??;
+    let until = Instant::now() + state.grace;
+    loop {
+        let views = state.selector.send(GetViews).await?;
+        let busy = views
+            .iter()
+            .find(|v| v.id == rec.id)
+            .is_some_and(|v| v.in_flight > 0);
+        if !busy || Instant::now() >= until {
+            break;
+        }
+        actix_rt::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(state.registry.send(RemoveWorker { key }).await??)
 }
 
 /// Largest body `POST /workers` reads; a worker URL needs far less.
@@ -247,6 +290,7 @@ pub async fn post_worker(
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
+    state.keys.admin(&req)?;
     // Read like an inference body, so a size or transfer error is a JSON error too.
     let body = read_body(&req, payload, ADMIN_BODY_LIMIT).await?;
     let b: AddBody = serde_json::from_slice(&body).map_err(|e| {
@@ -256,7 +300,7 @@ pub async fn post_worker(
             ApiError::InvalidJson(e.to_string())
         }
     })?;
-    let rec = add(&state, b.url).await?;
+    let rec = add(&state, b.url, b.api_key).await?;
     Ok(HttpResponse::build(StatusCode::CREATED)
         .insert_header(("location", format!("/workers/{}", rec.id)))
         .json(worker_json(&rec, None)))
@@ -266,8 +310,9 @@ pub async fn delete_worker(
     req: HttpRequest,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
+    state.keys.admin(&req)?;
     let key = percent_decode(req.match_info().get("key").unwrap_or(""));
-    let rec = state.registry.send(RemoveWorker { key }).await??;
+    let rec = drain_and_remove(&state, key).await?;
     Ok(HttpResponse::Ok().json(json!({"status": "removed", "worker": worker_json(&rec, None)})))
 }
 
@@ -283,10 +328,12 @@ fn query_url(q: UrlQuery) -> Result<String, ApiError> {
 }
 
 pub async fn legacy_add(
+    req: HttpRequest,
     q: web::Query<UrlQuery>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let rec = add(&state, query_url(q.into_inner())?).await?;
+    state.keys.admin(&req)?;
+    let rec = add(&state, query_url(q.into_inner())?, None).await?;
     Ok(HttpResponse::Ok().json(json!({
         "status": "success",
         "message": format!("Successfully added worker: {}", rec.url),
@@ -295,18 +342,24 @@ pub async fn legacy_add(
 }
 
 pub async fn legacy_remove(
+    req: HttpRequest,
     q: web::Query<UrlQuery>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
+    state.keys.admin(&req)?;
     let key = query_url(q.into_inner())?;
-    let rec = state.registry.send(RemoveWorker { key }).await??;
+    let rec = drain_and_remove(&state, key).await?;
     Ok(HttpResponse::Ok().json(json!({
         "status": "success",
         "message": format!("Successfully removed worker: {}", rec.url),
     })))
 }
 
-pub async fn legacy_list(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+pub async fn legacy_list(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    state.keys.admin(&req)?;
     let fleet = state.registry.send(ListWorkers).await?;
     let urls: Vec<&str> = fleet.iter().map(|w| w.url.as_str()).collect();
     Ok(HttpResponse::Ok().json(json!({"urls": urls})))
@@ -326,9 +379,16 @@ enum FlushError {
 /// How long one worker's `/flush_cache` may take.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(30);
 
-async fn flush_one(pool: &Pool, url: &WorkerUrl) -> Result<(), FlushError> {
+async fn flush_one(pool: &Pool, url: &WorkerUrl, key: Option<&Secret>) -> Result<(), FlushError> {
+    let auth = key.map(|k| format!("Bearer {}", k.expose()));
+    let headers: Vec<(&str, &[u8])> = auth
+        .iter()
+        .map(|a| ("authorization", a.as_bytes()))
+        .collect();
     let call = async {
-        let resp = pool.post(url, "/flush_cache", &[], Bytes::new()).await?;
+        let resp = pool
+            .post(url, "/flush_cache", &headers, Bytes::new())
+            .await?;
         let status = resp.status;
         let body = resp.body.collect(4096).await.unwrap_or_default();
         Ok::<_, UpstreamError>((status, body))
@@ -347,15 +407,17 @@ async fn flush_one(pool: &Pool, url: &WorkerUrl) -> Result<(), FlushError> {
 /// Fans `/flush_cache` out to every ready worker; the index forgets what a flushed worker
 /// held, since its cache is now empty.
 pub async fn flush_cache(
+    req: HttpRequest,
     state: web::Data<AppState>,
     pool: web::Data<Pool>,
 ) -> Result<HttpResponse, ApiError> {
+    state.keys.admin(&req)?;
     let fleet = state.registry.send(ListWorkers).await?;
     let pool: &Pool = &pool;
     let calls = fleet
         .iter()
         .filter(|w| w.healthy())
-        .map(|w| async move { (w, flush_one(pool, &w.url).await) });
+        .map(|w| async move { (w, flush_one(pool, &w.url, w.api_key.as_ref()).await) });
     let results = futures_util::future::join_all(calls).await;
     let mut flushed = 0;
     let mut failed = Vec::new();
@@ -383,7 +445,11 @@ pub async fn flush_cache(
 }
 
 /// What the prefix index holds, per model and worker.
-pub async fn index_stats(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+pub async fn index_stats(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    state.keys.admin(&req)?;
     let (stats, persist) = state.index.send(GetIndexStats).await?;
     let models: Vec<Value> = stats
         .iter()

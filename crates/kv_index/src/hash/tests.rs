@@ -280,3 +280,23 @@ fn a_snapshot_in_parts_restores_as_the_whole_one() {
     assert_eq!(a.snapshot(), b.snapshot());
     assert_eq!(a.snapshot(), idx.snapshot());
 }
+
+#[test]
+fn forget_drops_a_tenant_past_the_boundary_it_held() {
+    let mut idx = index(&[16, 32, 64], 180 * S);
+    let t = tokens(80, 1);
+    idx.record(&t[..16], 0, 1, S);
+    idx.record(&t, 0, 2, S);
+    idx.record(&t, 0, 1, S);
+    // Worker 1 held the 16-token head before: its record at 32 and 64 goes.
+    assert_eq!(idx.forget(&t, 0, 1, 16), 2);
+    check(
+        &mut idx,
+        S,
+        &[(&t, Some(64), &[2]), (&t[..16], Some(16), &[2, 1])],
+    );
+    // Nothing held before: every boundary goes, and keys left empty are dropped.
+    assert_eq!(idx.forget(&t, 0, 2, 0), 3);
+    check(&mut idx, S, &[(&t, Some(16), &[1])]);
+    assert_eq!(idx.key_count(), 1);
+}

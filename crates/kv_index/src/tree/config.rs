@@ -103,4 +103,3 @@ impl std::ops::AddAssign for EvictStats {
         self.nodes += o.nodes;
     }
 }
-

@@ -1,9 +1,56 @@
 //! Eviction and purges: least recently used (node, tenant) leaves first, O(1) per entry
 //! dropped, since the recency lists are kept in eviction order.
 
+use std::mem;
+
 use super::{EvictStats, KeyUnit, NIL, ROOT, RadixTree, Small, TenantId};
 
 impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
+    /// Undoes a record of `key` for `tenant` back to its first `keep` units (what the tenant
+    /// held of it before): the tenant's entries on the key's path that begin at or past
+    /// `keep` are dropped, deepest first, stopping at a node where the tenant still holds
+    /// a child (another key of its own passes there). Returns the units dropped.
+    pub fn forget(&mut self, key: &[E], tenant: T, keep: usize) -> usize {
+        if !self.index.contains_key(&tenant) {
+            return 0;
+        }
+        let key_p = self.truncate(key);
+        let mut path = mem::take(&mut self.path);
+        self.descend(key_p, &mut path);
+        let holds = |tree: &Self, n: u32| {
+            let tenants = &tree.nodes[n as usize].tenants;
+            tenants
+                .binary_search_by(|p| p.0.cmp(&tenant))
+                .ok()
+                .map(|i| tenants[i].1)
+        };
+        let mut end: usize = path
+            .iter()
+            .map(|&n| self.nodes[n as usize].edge.len())
+            .sum();
+        let mut stats = EvictStats::default();
+        for &n in path.iter().rev() {
+            let start = end - self.nodes[n as usize].edge.len();
+            end = start;
+            if start < keep {
+                break;
+            }
+            let Some(entry) = holds(self, n) else {
+                continue;
+            };
+            let below = self.nodes[n as usize]
+                .children
+                .iter()
+                .any(|&(_, c)| holds(self, c).is_some());
+            if below {
+                break;
+            }
+            self.drop_entry(entry, &mut stats);
+        }
+        self.path = path;
+        stats.units
+    }
+
     /// Brings every tenant within `max_tenant_units` and the tree within `max_units`,
     /// dropping least recently used (node, tenant) leaves first. Costs O(1) per entry
     /// dropped: the recency lists are kept in eviction order.

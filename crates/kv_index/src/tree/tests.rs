@@ -695,3 +695,32 @@ fn traffic_halves_every_half_life_lookups() {
     assert!((m.traffic_at(3) - 0.5).abs() < 1e-4, "{m:?}");
     assert!((m.traffic_total - total).abs() < 1e-4, "{m:?}");
 }
+
+#[test]
+fn forget_undoes_one_record_and_keeps_what_the_tenant_held_before() {
+    let mut t: RadixTree<u8, u64> = RadixTree::new(TreeConfig::default());
+    t.insert(b"shared head, then one", 1, 1);
+    t.insert(b"shared head, then one", 2, 1);
+    let before = t.peek_prefix(b"shared head, then two").matched_by(1);
+    assert_eq!(before, 18);
+    t.insert(b"shared head, then two", 1, 2);
+    assert_eq!(t.peek_prefix(b"shared head, then two").matched_by(1), 21);
+    // The failed attempt's record goes; the first key and the other tenant stay whole.
+    assert_eq!(t.forget(b"shared head, then two", 1, before), 3);
+    assert_eq!(t.peek_prefix(b"shared head, then two").matched_by(1), 18);
+    assert_eq!(t.peek_prefix(b"shared head, then one").matched_by(1), 21);
+    assert_eq!(t.peek_prefix(b"shared head, then one").matched_by(2), 21);
+    // A tenant that held nothing loses the whole key, but not a node it needs below.
+    t.insert(b"new prompt", 3, 3);
+    t.insert(b"new prompt, longer", 3, 3);
+    assert_eq!(
+        t.forget(b"new prompt", 3, 0),
+        0,
+        "its longer key passes there"
+    );
+    assert_eq!(t.forget(b"new prompt, longer", 3, 0), 18);
+    assert_eq!(t.tenant_units(3), 0);
+    // An unknown tenant or a key it never held changes nothing.
+    assert_eq!(t.forget(b"shared head, then one", 9, 0), 0);
+    assert_eq!(t.tenant_units(1), 21);
+}

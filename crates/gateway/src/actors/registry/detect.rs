@@ -10,6 +10,26 @@ use thiserror::Error;
 use tracing::warn;
 
 use super::Runtime;
+use crate::config::Secret;
+
+/// How a worker is asked: the client, the timeout of one probe, the key the worker
+/// expects.
+#[derive(Clone, Copy)]
+pub struct Probe<'a> {
+    pub client: &'a awc::Client,
+    pub timeout: Duration,
+    pub key: Option<&'a Secret>,
+}
+
+impl Probe<'_> {
+    fn get(&self, url: &str) -> awc::ClientRequest {
+        let req = self.client.get(url).timeout(self.timeout);
+        match self.key {
+            Some(k) => req.bearer_auth(k.expose()),
+            None => req,
+        }
+    }
+}
 
 /// Largest probe answer read; a model list or server_info is far smaller.
 const PROBE_BODY_LIMIT: usize = 4 * 1024 * 1024;
@@ -91,11 +111,10 @@ pub(super) fn read_server_info(d: &mut Detected, url: &WorkerUrl, v: &serde_json
 }
 
 async fn get_json<T: serde::de::DeserializeOwned>(
-    client: &awc::Client,
+    probe: Probe<'_>,
     url: String,
-    timeout: Duration,
 ) -> Result<T, ProbeError> {
-    let mut resp = match client.get(&url).timeout(timeout).send().await {
+    let mut resp = match probe.get(&url).send().await {
         Ok(r) => r,
         Err(source) => return Err(ProbeError::Send { url, source }),
     };
@@ -111,12 +130,8 @@ async fn get_json<T: serde::de::DeserializeOwned>(
 }
 
 /// Probes `/v1/models`, then `/server_info` (falling back to `/get_server_info`).
-pub async fn detect(
-    client: &awc::Client,
-    url: &WorkerUrl,
-    timeout: Duration,
-) -> Result<Detected, ProbeError> {
-    let models: ModelList = get_json(client, url.join("/v1/models"), timeout).await?;
+pub async fn detect(probe: Probe<'_>, url: &WorkerUrl) -> Result<Detected, ProbeError> {
+    let models: ModelList = get_json(probe, url.join("/v1/models")).await?;
     let runtime = models
         .data
         .iter()
@@ -131,10 +146,9 @@ pub async fn detect(
         ..Detected::default()
     };
     // vLLM has no server_info: that is not a failure.
-    let info = match get_json::<serde_json::Value>(client, url.join("/server_info"), timeout).await
-    {
+    let info = match get_json::<serde_json::Value>(probe, url.join("/server_info")).await {
         Ok(i) => Some(i),
-        Err(_) => get_json::<serde_json::Value>(client, url.join("/get_server_info"), timeout)
+        Err(_) => get_json::<serde_json::Value>(probe, url.join("/get_server_info"))
             .await
             .ok(),
     };
@@ -144,14 +158,10 @@ pub async fn detect(
     Ok(d)
 }
 
-/// `GET /health`: any 2xx passes.
-pub async fn health(
-    client: &awc::Client,
-    url: &WorkerUrl,
-    timeout: Duration,
-) -> Result<(), ProbeError> {
-    let url = url.join("/health");
-    match client.get(&url).timeout(timeout).send().await {
+/// `GET <endpoint>` (`/health` by default): any 2xx passes.
+pub async fn health(probe: Probe<'_>, url: &WorkerUrl, endpoint: &str) -> Result<(), ProbeError> {
+    let url = url.join(endpoint);
+    match probe.get(&url).send().await {
         Ok(r) if r.status().is_success() => Ok(()),
         Ok(r) => Err(ProbeError::Status {
             url,

@@ -48,6 +48,7 @@ fn rec() -> WorkerRecord {
         consecutive_successes: 0,
         last_error: None,
         incarnation: 1,
+        api_key: None,
     }
 }
 
@@ -57,6 +58,8 @@ fn check_cfg() -> RegistryConfig {
         health_check_timeout: Duration::from_secs(1),
         failure_threshold: 3,
         success_threshold: 2,
+        health_endpoint: "/health".into(),
+        worker_key: None,
     }
 }
 

@@ -158,6 +158,7 @@ pub async fn select(
     selector: &Addr<SelectorActor>,
     facts: RequestFacts,
     exclude: Vec<WorkerId>,
+    attempt: u32,
 ) -> Result<Result<Dispatch, SelectError>, MailboxError> {
     let span = Span::current();
     let (mut facts, mut exclude, mut may_hold) = (facts, exclude, true);
@@ -172,7 +173,8 @@ pub async fn select(
                 span: span.clone(),
                 enqueued_at: Instant::now(),
                 may_hold,
-                first: until.is_none(),
+                first: until.is_none() && attempt <= 1,
+                attempt,
             })
             .instrument(span.clone())
             .await?;

@@ -1,0 +1,250 @@
+//! One worker's circuit breaker, fed by the outcome of every request sent to it.
+//!
+//! Closed: traffic flows; a failure is remembered for `window`. `failure_threshold`
+//! failures within the window open it. Open: no traffic for `open_for`. Half-open: at most
+//! `half_open_max` probe requests at once, the rest of the traffic goes elsewhere;
+//! `success_threshold` successful probes close it, a failed one opens it again. Time is the
+//! selector's clock, passed in.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// The breaker's settings, from the gateway's `cb_*` keys.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CircuitConfig {
+    pub enabled: bool,
+    pub failure_threshold: u32,
+    pub success_threshold: u32,
+    pub open_for: Duration,
+    pub window: Duration,
+    pub half_open_max: u32,
+}
+
+impl Default for CircuitConfig {
+    fn default() -> Self {
+        CircuitConfig {
+            enabled: true,
+            failure_threshold: 5,
+            success_threshold: 2,
+            open_for: Duration::from_secs(30),
+            window: Duration::from_secs(60),
+            half_open_max: 1,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CircuitState {
+    Closed,
+    Open,
+    HalfOpen,
+}
+
+/// How a request sent to a worker ended, as the breaker counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Outcome {
+    /// Neither: the client went away, the request was cancelled, or the worker refused the
+    /// request itself (a 4xx).
+    #[default]
+    Neutral,
+    Success,
+    /// The worker failed the request: no connection, no answer, a reset, a timeout, or a
+    /// 429, 502, 503 or 504.
+    Failure,
+}
+
+#[derive(Debug, Clone)]
+pub struct Circuit {
+    state: CircuitState,
+    /// Times of the failures still inside the window (closed).
+    failures: VecDeque<Duration>,
+    /// When it last opened.
+    opened_at: Duration,
+    /// Probes in flight and successful probes (half-open).
+    probing: u32,
+    successes: u32,
+}
+
+impl Default for Circuit {
+    fn default() -> Self {
+        Circuit {
+            state: CircuitState::Closed,
+            failures: VecDeque::new(),
+            opened_at: Duration::ZERO,
+            probing: 0,
+            successes: 0,
+        }
+    }
+}
+
+impl Circuit {
+    /// The state at `now` (an open circuit whose time is up is half-open).
+    pub fn state(&mut self, cfg: &CircuitConfig, now: Duration) -> CircuitState {
+        if self.state == CircuitState::Open && now >= self.opened_at + cfg.open_for {
+            self.state = CircuitState::HalfOpen;
+            self.probing = 0;
+            self.successes = 0;
+        }
+        self.state
+    }
+
+    /// Whether a request may be sent now.
+    pub fn admits(&mut self, cfg: &CircuitConfig, now: Duration) -> bool {
+        if !cfg.enabled {
+            return true;
+        }
+        match self.state(cfg, now) {
+            CircuitState::Closed => true,
+            CircuitState::Open => false,
+            CircuitState::HalfOpen => self.probing < cfg.half_open_max,
+        }
+    }
+
+    /// A request was sent; returns whether it is a probe of a half-open circuit.
+    pub fn sent(&mut self, cfg: &CircuitConfig, now: Duration) -> bool {
+        let probe = cfg.enabled && self.state(cfg, now) == CircuitState::HalfOpen;
+        if probe {
+            self.probing += 1;
+        }
+        probe
+    }
+
+    /// Failures in the window (closed), for inspection.
+    pub fn recent_failures(&self) -> usize {
+        self.failures.len()
+    }
+
+    /// Applies a request's outcome; returns whether the circuit opened.
+    pub fn ended(
+        &mut self,
+        cfg: &CircuitConfig,
+        now: Duration,
+        outcome: Outcome,
+        probe: bool,
+    ) -> bool {
+        if !cfg.enabled {
+            return false;
+        }
+        if probe {
+            self.probing = self.probing.saturating_sub(1);
+        }
+        let state = self.state(cfg, now);
+        match (state, outcome) {
+            (_, Outcome::Neutral) => false,
+            (CircuitState::Closed, Outcome::Success) => false,
+            (CircuitState::Closed, Outcome::Failure) => {
+                self.failures.push_back(now);
+                while self
+                    .failures
+                    .front()
+                    .is_some_and(|t| now.saturating_sub(*t) > cfg.window)
+                {
+                    self.failures.pop_front();
+                }
+                if self.failures.len() >= cfg.failure_threshold as usize {
+                    self.open(now);
+                    return true;
+                }
+                false
+            }
+            // Only probes decide a half-open circuit; a request sent before it opened
+            // says nothing about the worker now.
+            (CircuitState::HalfOpen, _) if !probe => false,
+            (CircuitState::HalfOpen, Outcome::Success) => {
+                self.successes += 1;
+                if self.successes >= cfg.success_threshold {
+                    *self = Circuit::default();
+                }
+                false
+            }
+            (CircuitState::HalfOpen, Outcome::Failure) => {
+                self.open(now);
+                true
+            }
+            (CircuitState::Open, _) => false,
+        }
+    }
+
+    fn open(&mut self, now: Duration) {
+        self.state = CircuitState::Open;
+        self.opened_at = now;
+        self.failures.clear();
+        self.probing = 0;
+        self.successes = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(secs: u64) -> Duration {
+        Duration::from_secs(secs)
+    }
+
+    #[test]
+    fn opens_after_n_failures_in_the_window_and_probes_one_at_a_time() {
+        let cfg = CircuitConfig {
+            failure_threshold: 3,
+            success_threshold: 2,
+            open_for: s(10),
+            window: s(5),
+            ..CircuitConfig::default()
+        };
+        let mut c = Circuit::default();
+        // Two failures, then one outside the window of the first: still closed.
+        assert!(!c.ended(&cfg, s(0), Outcome::Failure, false));
+        assert!(!c.ended(&cfg, s(1), Outcome::Failure, false));
+        assert!(!c.ended(&cfg, s(7), Outcome::Failure, false));
+        assert!(!c.ended(&cfg, s(8), Outcome::Failure, false));
+        assert!(c.admits(&cfg, s(8)));
+        assert!(
+            c.ended(&cfg, s(9), Outcome::Failure, false),
+            "three within 5 s"
+        );
+        assert!(!c.admits(&cfg, s(18)), "open for 10 s");
+        // Half-open: one probe at a time; the others go elsewhere.
+        assert!(c.admits(&cfg, s(19)));
+        assert!(c.sent(&cfg, s(19)));
+        assert!(!c.admits(&cfg, s(19)));
+        // A request sent before the circuit opened ends: it decides nothing.
+        assert!(!c.ended(&cfg, s(19), Outcome::Success, false));
+        assert_eq!(c.state(&cfg, s(19)), CircuitState::HalfOpen);
+        assert!(!c.ended(&cfg, s(20), Outcome::Success, true));
+        assert!(c.admits(&cfg, s(20)) && c.sent(&cfg, s(20)));
+        assert!(!c.ended(&cfg, s(20), Outcome::Success, true));
+        assert_eq!(
+            c.state(&cfg, s(20)),
+            CircuitState::Closed,
+            "two successes close it"
+        );
+        // A failed probe opens it again at once.
+        for t in 21..24 {
+            c.ended(&cfg, s(t), Outcome::Failure, false);
+        }
+        assert!(c.admits(&cfg, s(33)) && c.sent(&cfg, s(33)));
+        assert!(c.ended(&cfg, s(33), Outcome::Failure, true));
+        assert_eq!(c.state(&cfg, s(33)), CircuitState::Open);
+        assert!(!c.admits(&cfg, s(42)));
+    }
+
+    #[test]
+    fn neutral_outcomes_and_a_disabled_breaker_count_nothing() {
+        let cfg = CircuitConfig {
+            failure_threshold: 1,
+            ..CircuitConfig::default()
+        };
+        let mut c = Circuit::default();
+        assert!(!c.ended(&cfg, s(0), Outcome::Neutral, false));
+        assert!(c.admits(&cfg, s(0)));
+        let off = CircuitConfig {
+            enabled: false,
+            ..cfg
+        };
+        assert!(!c.ended(&off, s(0), Outcome::Failure, false));
+        assert!(c.admits(&off, s(0)));
+    }
+}

@@ -1,0 +1,183 @@
+//! The proxied inference routes: admission, then a decision and an attempt, and another
+//! decision elsewhere when an attempt fails before any byte reached the client.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
+use kvgate_policies::{RequestFacts, WorkerId};
+use rand::Rng;
+use tracing::warn;
+
+use crate::actors::index::ForgetPrefix;
+use crate::actors::selector;
+use crate::http::error::ApiError;
+use crate::http::parse::{Endpoint, request_facts};
+use crate::http::proxy::{self, Upstream};
+use crate::http::routes::{AppState, RequestId, read_body};
+use crate::upstream::Pool;
+
+/// How failed attempts are tried again.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RetryPolicy {
+    /// Attempts in all, the first included.
+    pub attempts: u32,
+    pub initial_backoff: Duration,
+    pub max_backoff: Duration,
+    /// Each wait is drawn within ± this fraction of its nominal value.
+    pub jitter: f64,
+}
+
+impl RetryPolicy {
+    /// The wait before attempt `n` (2 for the first retry): the initial backoff, doubled
+    /// for each later attempt, capped, jittered.
+    fn backoff(&self, n: u32, rng: &mut impl Rng) -> Duration {
+        let doublings = n.saturating_sub(2).min(20);
+        let nominal = self
+            .initial_backoff
+            .saturating_mul(1 << doublings)
+            .min(self.max_backoff);
+        let spread = 1.0 + self.jitter * rng.gen_range(-1.0..=1.0);
+        nominal.mul_f64(spread.max(0.0))
+    }
+}
+
+/// The first usable routing key among the headers, in order.
+fn routing_key(req: &HttpRequest) -> Option<String> {
+    proxy::ROUTING_KEY_NAMES
+        .iter()
+        .filter_map(|h| req.headers().get(h))
+        .find_map(|v| kvgate_policies::valid_routing_key(v.to_str().ok()))
+        .map(str::to_owned)
+}
+
+fn facts_of(endpoint: Endpoint, req: &HttpRequest, body: &[u8]) -> Result<RequestFacts, ApiError> {
+    let mut facts = request_facts(endpoint, body)?;
+    facts.routing_key = routing_key(req);
+    Ok(facts)
+}
+
+/// Any inference route: `endpoint` says which body shape to read and where to forward.
+pub async fn inference(
+    endpoint: Endpoint,
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+    pool: web::Data<Pool>,
+) -> Result<HttpResponse, ApiError> {
+    // A debug span: at the default info level it costs nothing on the hot path; the
+    // request id is also in every warning the proxy logs.
+    let id = req.extensions().get::<RequestId>().map(|r| r.0.clone());
+    let span = tracing::debug_span!(
+        "request",
+        id = id.as_deref().unwrap_or(""),
+        route = endpoint.path()
+    );
+    tracing::Instrument::instrument(proxy_request(endpoint, req, payload, state, pool), span).await
+}
+
+async fn proxy_request(
+    endpoint: Endpoint,
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+    pool: web::Data<Pool>,
+) -> Result<HttpResponse, ApiError> {
+    state.keys.client(&req)?;
+    let peer = req.peer_addr().map(|a| a.ip());
+    let mut ticket = Some(
+        state
+            .admission
+            .admit(state.keys.client_id(&req), peer)
+            .await?,
+    );
+    let body = read_body(&req, payload, state.max_payload_size).await?;
+    let mut facts = facts_of(endpoint, &req, &body)?;
+    let request_id = req
+        .extensions()
+        .get::<RequestId>()
+        .map(|r| r.0.clone())
+        .unwrap_or_else(|| Arc::from(""));
+    let up = Upstream {
+        pool: &pool,
+        path: endpoint.path(),
+        request_id: &request_id,
+        timeout: state.request_timeout,
+        deadline: Instant::now() + state.request_timeout,
+        first_token_timeout: state.first_token_timeout,
+        max_response: 256 * 1024 * 1024,
+        stream: facts.stream,
+    };
+    let mut exclude: Vec<WorkerId> = Vec::new();
+    let mut last: Option<proxy::Failure> = None;
+    let mut attempt = 1;
+    loop {
+        let d = match selector::select(&state.selector, facts, exclude.clone(), attempt).await? {
+            Ok(d) => d,
+            // Every worker left was tried: the client gets the last failure, not a 503.
+            Err(e) => {
+                return match last {
+                    Some(f) => f.into_answer(),
+                    None => Err(e.into()),
+                };
+            }
+        };
+        let (worker, url, recorded) = (d.worker, d.url.clone(), d.recorded.clone());
+        let failure = match proxy::forward(&up, &req, body.clone(), d, &mut ticket).await {
+            Ok(resp) => return Ok(resp),
+            Err(f) => f,
+        };
+        let next = facts_of(endpoint, &req, &body)?;
+        if let Some((model, keep)) = recorded {
+            // Nothing of the failed attempt stays in the index.
+            state.index.do_send(ForgetPrefix {
+                model,
+                key: next.key.clone(),
+                worker,
+                keep,
+            });
+        }
+        let out_of_time = Instant::now() >= up.deadline;
+        if !failure.retry || attempt >= state.retry.attempts || out_of_time {
+            if failure.retry {
+                warn!(request_id = %request_id, worker = %url, attempt, error = %failure.error, "attempt failed; no retry left");
+            }
+            return failure.into_answer();
+        }
+        warn!(request_id = %request_id, worker = %url, attempt, error = %failure.error, "attempt failed; trying another worker");
+        exclude.push(worker);
+        attempt += 1;
+        let wait = state.retry.backoff(attempt, &mut rand::thread_rng());
+        let left = up.deadline.saturating_duration_since(Instant::now());
+        actix_rt::time::sleep(wait.min(left)).await;
+        facts = next;
+        last = Some(failure);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::SeedableRng;
+
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_its_cap_within_its_jitter() {
+        let p = RetryPolicy {
+            attempts: 5,
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_millis(300),
+            jitter: 0.2,
+        };
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
+        for (n, nominal) in [(2, 100.0), (3, 200.0), (4, 300.0), (9, 300.0)] {
+            for _ in 0..50 {
+                let ms = p.backoff(n, &mut rng).as_secs_f64() * 1000.0;
+                assert!(
+                    (nominal * 0.8 - 1e-6..=nominal * 1.2 + 1e-6).contains(&ms),
+                    "attempt {n}: {ms} ms"
+                );
+            }
+        }
+    }
+}
