@@ -17,6 +17,8 @@ use crate::{Fault, SimConfig};
 pub struct EngineStats {
     /// Inference requests accepted (health probes and faulted requests excluded).
     pub requests: u64,
+    /// Inference requests that reached the engine at all, faulted ones included.
+    pub http_requests: u64,
     /// Requests that generated all their tokens.
     pub completed: u64,
     /// Requests aborted: client gone, `/abort_request`, or a restart.
@@ -45,6 +47,8 @@ pub(crate) struct Engine {
     flushes: AtomicU64,
     restarts: AtomicU64,
     next_rid: AtomicU64,
+    /// Inference requests received, whatever became of them.
+    pub(crate) received: AtomicU64,
 }
 
 impl Engine {
@@ -62,6 +66,7 @@ impl Engine {
             flushes: AtomicU64::new(0),
             restarts: AtomicU64::new(0),
             next_rid: AtomicU64::new(0),
+            received: AtomicU64::new(0),
         }
     }
 
@@ -175,6 +180,7 @@ impl Engine {
         let mut stats = EngineStats {
             flushes: self.flushes.load(Ordering::Relaxed),
             restarts: self.restarts.load(Ordering::Relaxed),
+            http_requests: self.received.load(Ordering::Relaxed),
             ..EngineStats::default()
         };
         for s in self.snapshots() {

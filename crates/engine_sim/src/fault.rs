@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 /// `{"kind":"none"}`, `{"kind":"latency","ms":200}`,
 /// `{"kind":"error_status","status":503,"body":"overloaded"}`, `{"kind":"hang"}`,
 /// `{"kind":"crash_mid_stream","after_chunks":3}`, `{"kind":"malformed_body"}`,
-/// `{"kind":"health_down"}`, `{"kind":"loads_hang"}`.
+/// `{"kind":"health_down"}`, `{"kind":"loads_hang"}`, `{"kind":"freeze"}`.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 #[serde(from = "FaultWire", into = "FaultWire")]
 pub enum Fault {
@@ -34,6 +34,9 @@ pub enum Fault {
     HealthDown,
     /// `/v1/loads` and `/metrics` accept the request and never answer.
     LoadsHang,
+    /// Every route, health and load ones included, accepts the request and never
+    /// answers: a frozen process (SIGSTOP, a wedged GPU driver).
+    Freeze,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -55,6 +58,7 @@ enum FaultWire {
     MalformedBody,
     HealthDown,
     LoadsHang,
+    Freeze,
 }
 
 impl From<FaultWire> for Fault {
@@ -68,6 +72,7 @@ impl From<FaultWire> for Fault {
             FaultWire::MalformedBody => Fault::MalformedBody,
             FaultWire::HealthDown => Fault::HealthDown,
             FaultWire::LoadsHang => Fault::LoadsHang,
+            FaultWire::Freeze => Fault::Freeze,
         }
     }
 }
@@ -85,6 +90,7 @@ impl From<Fault> for FaultWire {
             Fault::MalformedBody => FaultWire::MalformedBody,
             Fault::HealthDown => FaultWire::HealthDown,
             Fault::LoadsHang => FaultWire::LoadsHang,
+            Fault::Freeze => FaultWire::Freeze,
         }
     }
 }

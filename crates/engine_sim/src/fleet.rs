@@ -19,7 +19,7 @@ pub struct SimFleet {
 }
 
 /// One running engine, as a test or the demo drives it. Cheap to call from any thread.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct EngineHandle {
     url: String,
     engine: Arc<Engine>,
@@ -80,6 +80,18 @@ impl SimFleet {
         &self.engines[i]
     }
 
+    /// A handle on engine `i` that can outlive a borrow of the fleet: its faults, its
+    /// counters, and killing it.
+    ///
+    /// # Panics
+    /// If there is no engine `i`.
+    pub fn handle(&self, i: usize) -> EngineControl {
+        EngineControl {
+            engine: self.engines[i].clone(),
+            server: self.servers[i].0.clone(),
+        }
+    }
+
     /// Stops every engine gracefully (in-flight requests get up to a second) and waits.
     pub fn stop(self) {
         drop(self); // `Drop` does the work, so a forgotten `stop` still stops.
@@ -101,6 +113,37 @@ impl SimFleet {
 impl Drop for SimFleet {
     fn drop(&mut self) {
         self.shutdown();
+    }
+}
+
+/// See [`SimFleet::handle`].
+#[derive(Clone)]
+pub struct EngineControl {
+    engine: EngineHandle,
+    server: ServerHandle,
+}
+
+impl std::fmt::Debug for EngineControl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineControl")
+            .field("url", &self.engine.url)
+            .finish()
+    }
+}
+
+impl EngineControl {
+    pub fn set_fault(&self, fault: Fault) {
+        self.engine.set_fault(fault);
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        self.engine.stats()
+    }
+
+    /// Kills the engine as a crash would: its listener and every connection close at once
+    /// (clients see resets, then refused connections); nothing more is answered.
+    pub async fn kill(&self) {
+        self.server.stop(false).await;
     }
 }
 

@@ -53,4 +53,4 @@ mod tokenizer;
 pub use config::{Flavor, SimConfig};
 pub use engine::EngineStats;
 pub use fault::Fault;
-pub use fleet::{EngineHandle, SimFleet};
+pub use fleet::{EngineControl, EngineHandle, SimFleet};

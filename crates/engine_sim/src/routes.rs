@@ -31,8 +31,21 @@ pub(crate) fn bind(
     let flavor = engine.cfg.flavor;
     let data = Data::from(engine);
     let server = HttpServer::new(move || {
+        let frozen = Data::clone(&data);
         App::new()
             .app_data(Data::clone(&data))
+            // A frozen process: connections are accepted, nothing is ever answered.
+            .wrap_fn(move |req, srv| {
+                // The simulator's own control routes stay up, so a test can thaw it.
+                let freeze = frozen.fault() == Fault::Freeze && !req.path().starts_with("/sim/");
+                let fut = (!freeze).then(|| actix_web::dev::Service::call(srv, req));
+                async move {
+                    match fut {
+                        Some(f) => f.await,
+                        None => std::future::pending().await,
+                    }
+                }
+            })
             .configure(|cfg| routes(cfg, flavor))
             .default_service(web::to(|| async { ApiError::NotFound.error_response() }))
     })
@@ -275,6 +288,8 @@ async fn chat(e: Data<Engine>, body: Bytes) -> Answer {
 
 /// The inference path shared by the three routes: faults, parse, schedule, answer.
 async fn infer(e: Data<Engine>, api: Api, body: Bytes) -> Answer {
+    e.received
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let fault = e.fault();
     match &fault {
         Fault::Latency(delay) => tokio::time::sleep(*delay).await,
