@@ -113,6 +113,15 @@ pub fn client() -> awc::Client {
         .finish()
 }
 
+/// Reads a whole answer.
+pub async fn finish_reply(
+    resp: awc::ClientResponse<
+        impl futures_util::Stream<Item = Result<Bytes, awc::error::PayloadError>> + Unpin,
+    >,
+) -> Reply {
+    finish(resp).await
+}
+
 async fn finish(
     mut resp: awc::ClientResponse<
         impl futures_util::Stream<Item = Result<Bytes, awc::error::PayloadError>> + Unpin,

@@ -54,6 +54,9 @@ pub struct SimConfig {
     pub fixed_response: bool,
     /// Seeds the generated token ids. Default 0.
     pub seed: u64,
+    /// When set, every route but `/health` and the simulator's own wants
+    /// `Authorization: Bearer <key>` and answers 401 without it, as SGLang's `--api-key`.
+    pub api_key: Option<String>,
 }
 
 impl Default for SimConfig {
@@ -73,6 +76,7 @@ impl Default for SimConfig {
             idle_gen_throughput_residual: None,
             fixed_response: false,
             seed: 0,
+            api_key: None,
         }
     }
 }

@@ -37,11 +37,16 @@ pub(crate) fn bind(
             // A frozen process: connections are accepted, nothing is ever answered.
             .wrap_fn(move |req, srv| {
                 // The simulator's own control routes stay up, so a test can thaw it.
-                let freeze = frozen.fault() == Fault::Freeze && !req.path().starts_with("/sim/");
-                let fut = (!freeze).then(|| actix_web::dev::Service::call(srv, req));
+                let own = req.path().starts_with("/sim/");
+                let freeze = frozen.fault() == Fault::Freeze && !own;
+                let refused = !own && req.path() != "/health" && !authorized(&frozen, &req);
+                let fut = (!freeze && !refused).then(|| actix_web::dev::Service::call(srv, req));
                 async move {
                     match fut {
                         Some(f) => f.await,
+                        None if refused => {
+                            Err(actix_web::error::ErrorUnauthorized("invalid API key"))
+                        }
                         None => std::future::pending().await,
                     }
                 }
@@ -212,6 +217,18 @@ async fn loads(e: Data<Engine>, q: Result<web::Query<LoadsQuery>, actix_web::Err
             .body(load::loads_prometheus(&body)),
         _ => HttpResponse::Ok().json(body),
     })
+}
+
+/// Whether the request carries the engine's key, when it has one.
+fn authorized(e: &Engine, req: &actix_web::dev::ServiceRequest) -> bool {
+    let Some(key) = &e.cfg.api_key else {
+        return true;
+    };
+    req.headers()
+        .get(actix_web::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|t| t == key)
 }
 
 /// Dropped with the connection when the poller gives up.

@@ -31,7 +31,7 @@ mod http;
 mod server;
 mod upstream;
 
-pub use config::{ConfigError, GatewayConfig, Overrides};
+pub use config::{ConfigError, GatewayConfig, Overrides, Secret};
 pub use http::error::ApiError;
 pub use server::{Gateway, StartError};
 
