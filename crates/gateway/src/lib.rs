@@ -46,4 +46,11 @@ pub mod testing {
     pub use crate::actors::selector::{Explain, GetViews, SelectorActor};
     pub use crate::http::parse::{Endpoint, request_facts};
     pub use crate::server::Actors;
+
+    /// Messages that make a routing actor's next step panic (feature `fault-injection`).
+    #[cfg(feature = "fault-injection")]
+    pub mod inject {
+        pub use crate::actors::index::InjectPanic as IndexPanic;
+        pub use crate::actors::selector::InjectPanic as SelectorPanic;
+    }
 }

@@ -9,7 +9,7 @@ use crossbeam_channel::{Receiver, Sender, TrySendError};
 use tracing::{error, info};
 
 use crate::db::Store;
-use crate::image::{Chunk, ImageHeader, RegistryImage};
+use crate::image::{Chunk, Image, ImageHeader, RegistryImage};
 
 /// Work for the writer.
 #[derive(Debug)]
@@ -24,6 +24,8 @@ pub enum Persist {
     Commit(ImageHeader),
     /// Answered once everything queued before it is on disk.
     Flush(Sender<()>),
+    /// Answered with the last committed snapshot (an actor rebuilding its state).
+    Load(Sender<Option<Image>>),
 }
 
 /// Counters a person or a test can read.
@@ -70,6 +72,14 @@ impl Persister {
     /// Queues, waiting for room (shutdown only).
     pub fn send_blocking(&self, p: Persist) -> bool {
         self.tx.send(p).is_ok()
+    }
+
+    /// The last committed snapshot, read back from disk; waits for the writer (a rebuild
+    /// after a failure only).
+    pub fn reload(&self) -> Option<Image> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.tx.send(Persist::Load(tx)).ok()?;
+        rx.recv().ok().flatten()
     }
 
     /// Waits until everything queued so far is written (shutdown only).
@@ -195,6 +205,13 @@ fn run(store: Store, rx: Receiver<Persist>, reg_rx: Receiver<RegistryImage>, sta
                         stats.write_failures.fetch_add(1, Ordering::Relaxed);
                     }
                 }
+            }
+            Persist::Load(reply) => {
+                let image = store.load().unwrap_or_else(|e| {
+                    error!(error = %e, "cannot read the committed snapshot back");
+                    None
+                });
+                let _ = reply.send(image);
             }
             Persist::Flush(ack) => {
                 if let Some(r) = reg_rx.try_iter().last() {

@@ -16,7 +16,7 @@ use kvgate_policies::{
 use kvgate_store::Persister;
 use tracing::{debug, info};
 
-use super::registry::FleetChanged;
+use super::registry::{Fleet, FleetChanged};
 
 mod snapshot;
 
@@ -142,6 +142,11 @@ pub struct IndexActor {
     generation: u64,
     /// The timer's next snapshot waits until then (see `IndexConfig::snapshot_backoff`).
     next_timed_snapshot: Option<Instant>,
+    /// The registry's last word, to confirm workers again after a rebuild.
+    fleet: Option<Fleet>,
+    /// Test builds: the next lookup panics.
+    #[cfg(feature = "fault-injection")]
+    panic_next: bool,
 }
 
 impl IndexActor {
@@ -155,7 +160,43 @@ impl IndexActor {
             dirty: false,
             job: None,
             next_timed_snapshot: None,
+            fleet: None,
+            #[cfg(feature = "fault-injection")]
+            panic_next: false,
             generation: 0,
+        }
+    }
+
+    /// Runs `f` on the index; if it panics, the index is rebuilt from the last committed
+    /// snapshot and the registry's fleet (what came after the snapshot is lost), and the
+    /// caller gets `None`: a lookup then sees no holder, a record is dropped.
+    fn guarded<R>(&mut self, f: impl FnOnce(&mut Self) -> R) -> Option<R> {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(self))) {
+            Ok(r) => Some(r),
+            Err(_) => {
+                tracing::error!("the prefix index panicked; it restarts from the last snapshot");
+                self.restart();
+                None
+            }
+        }
+    }
+
+    fn restart(&mut self) {
+        self.models.clear();
+        self.known.clear();
+        self.abandon_job();
+        self.dirty = false;
+        if let Some(image) = self.persist.as_ref().and_then(Persister::reload) {
+            self.restore(image);
+        }
+        if let Some(fleet) = self.fleet.clone() {
+            self.confirm(&fleet);
+            // Restored workers the fleet does not name are gone.
+            self.known.retain(|_, k| k.confirmed);
+            let known = &self.known;
+            for m in self.models.values_mut() {
+                m.retain(|w| known.contains_key(&w));
+            }
         }
     }
 
@@ -186,6 +227,10 @@ impl IndexActor {
     /// What the index holds of `key`; with `count`, the lookup also counts as traffic
     /// through the prefixes it matched (a routing decision, not an explanation).
     fn lookup(&mut self, model: &str, key: &RoutingText, count: bool) -> PrefixMatches {
+        #[cfg(feature = "fault-injection")]
+        if std::mem::take(&mut self.panic_next) {
+            panic!("injected panic in a prefix lookup");
+        }
         let now = self.now();
         let hash_mode = self.cfg.cache_index == CacheIndex::Hash;
         // Only a record creates a model's index: a lookup never grows memory.
@@ -330,7 +375,9 @@ impl Handler<MatchPrefix> for IndexActor {
     type Result = MessageResult<MatchPrefix>;
 
     fn handle(&mut self, msg: MatchPrefix, _: &mut Context<Self>) -> Self::Result {
-        let m = self.lookup(&msg.model, &msg.facts.key, msg.count);
+        let m = self
+            .guarded(|s| s.lookup(&msg.model, &msg.facts.key, msg.count))
+            .unwrap_or_default();
         MessageResult((msg.facts, m))
     }
 }
@@ -348,7 +395,7 @@ impl Handler<RecordPrefix> for IndexActor {
     type Result = ();
 
     fn handle(&mut self, msg: RecordPrefix, _: &mut Context<Self>) {
-        self.record(&msg.model, &msg.key, msg.worker);
+        let _ = self.guarded(|s| s.record(&msg.model, &msg.key, msg.worker));
     }
 }
 
@@ -485,6 +532,16 @@ impl Handler<FleetChanged> for IndexActor {
     /// A removed worker is purged; a worker whose engine restarted (new `startup_time`)
     /// starts empty, like its cache. Restored workers not yet seen wait for `FleetSettled`.
     fn handle(&mut self, msg: FleetChanged, _: &mut Context<Self>) {
+        self.fleet = Some(msg.0.clone());
+        self.confirm(&msg.0);
+    }
+}
+
+impl IndexActor {
+    /// Confirms the workers of `fleet`: a removed one is purged, one whose engine
+    /// restarted (new `startup_time`) starts empty, like its cache.
+    fn confirm(&mut self, fleet: &Fleet) {
+        let msg = FleetChanged(fleet.clone());
         let mut drop = Vec::new();
         for (w, k) in &self.known {
             if k.confirmed && !msg.0.iter().any(|r| r.id == *w) {
@@ -537,5 +594,20 @@ impl Handler<FleetSettled> for IndexActor {
             }
             self.purge(w);
         }
+    }
+}
+
+/// Test builds only: makes the next lookup panic, to show the index recovers.
+#[cfg(feature = "fault-injection")]
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct InjectPanic;
+
+#[cfg(feature = "fault-injection")]
+impl Handler<InjectPanic> for IndexActor {
+    type Result = ();
+
+    fn handle(&mut self, _: InjectPanic, _: &mut Context<Self>) {
+        self.panic_next = true;
     }
 }

@@ -40,6 +40,9 @@ pub enum SelectError {
     NoHealthy,
     #[error("every worker is at its waiting-request cap")]
     Saturated,
+    /// A decision panicked; the selector rebuilt its state and the request may ask again.
+    #[error("the selector failed on this request and restarted")]
+    Restarted,
 }
 
 /// A worker chosen for one request.
@@ -212,6 +215,11 @@ pub struct SelectorActor {
     breakers_tripped: bool,
     /// Told when a worker refused a connection.
     registry: Option<Recipient<WorkerFailed>>,
+    /// The registry's last word, to rebuild from after a failed decision.
+    fleet: Option<Fleet>,
+    /// Test builds: the next decision panics.
+    #[cfg(feature = "fault-injection")]
+    panic_next: bool,
     /// Which views serve each model, rebuilt on every fleet change.
     by_model: HashMap<String, Vec<usize>>,
     /// Work dispatched since each worker's load sample.
@@ -277,6 +285,9 @@ impl SelectorActor {
             circuit: CircuitConfig::default(),
             breakers_tripped: false,
             registry: None,
+            fleet: None,
+            #[cfg(feature = "fault-injection")]
+            panic_next: false,
             by_model: HashMap::new(),
             ledger: CreditLedger::new(),
             ring: None,
@@ -399,6 +410,10 @@ impl SelectorActor {
         exclude: &[WorkerId],
         seq: u64,
     ) -> Result<(Option<usize>, Decision), SelectError> {
+        #[cfg(feature = "fault-injection")]
+        if std::mem::take(&mut self.panic_next) {
+            panic!("injected panic in a routing decision");
+        }
         if self.views.is_empty() {
             return Err(SelectError::NoWorkers);
         }
@@ -482,6 +497,38 @@ impl SelectorActor {
                 self.by_model.keys().next().cloned().unwrap_or_default()
             }
             None => String::new(),
+        }
+    }
+
+    /// Runs `f`, a step of a decision; if it panics, the selector's state is rebuilt from
+    /// the registry's last fleet (loads, credit and in-flight counts start over) and the
+    /// request is told to ask again. One bad request must not take routing down.
+    fn guarded<R>(
+        &mut self,
+        f: impl FnOnce(&mut Self) -> Result<R, SelectError>,
+    ) -> Result<R, SelectError> {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(self))) {
+            Ok(r) => r,
+            Err(_) => {
+                tracing::error!(
+                    "a routing decision panicked; the selector restarts from the registry's fleet"
+                );
+                self.restart();
+                Err(SelectError::Restarted)
+            }
+        }
+    }
+
+    /// A fresh state, as at startup, with the registry's last fleet applied.
+    fn restart(&mut self) {
+        self.views.clear();
+        self.meta.clear();
+        self.by_model.clear();
+        self.ledger = CreditLedger::new();
+        self.ring = None;
+        self.holds = Holds::new(self.holds.max, &self.policy);
+        if let Some(fleet) = self.fleet.clone() {
+            self.apply_fleet(&fleet);
         }
     }
 
@@ -593,7 +640,7 @@ impl Handler<Select> for SelectorActor {
         let Some(index) = self.index_for(&msg.facts) else {
             let _enter = span.enter();
             // Without an index nothing is recorded, so nothing warms and nothing holds.
-            let r = match self.dispatch(me, &msg.facts, None, &msg.exclude, false) {
+            let r = match self.guarded(|s| s.dispatch(me, &msg.facts, None, &msg.exclude, false)) {
                 Ok(Dispatched::Go(mut d)) => {
                     if msg.attempt > 1 {
                         d.decision.notes.push(DecisionNote::Retry {
@@ -623,7 +670,9 @@ impl Handler<Select> for SelectorActor {
                 // The index is gone (shutdown): the facts went with it.
                 Err(_) => return Err(SelectError::NoHealthy),
             };
-            let mut d = match act.dispatch(me, &facts, matches.as_ref(), &exclude, may_hold)? {
+            let dispatched =
+                act.guarded(|s| s.dispatch(me, &facts, matches.as_ref(), &exclude, may_hold))?;
+            let mut d = match dispatched {
                 Dispatched::Go(d) => d,
                 Dispatched::Hold(ready) => {
                     return Ok(Selected::Hold(Hold {
@@ -656,7 +705,9 @@ impl Handler<Explain> for SelectorActor {
     fn handle(&mut self, msg: Explain, _: &mut Context<Self>) -> Self::Result {
         let seq = self.seq.wrapping_add(1);
         let Some(index) = self.index_for(&msg.facts) else {
-            let r = self.decide(&msg.facts, None, &[], seq).map(|(_, d)| d);
+            let r = self
+                .guarded(|s| s.decide(&msg.facts, None, &[], seq))
+                .map(|(_, d)| d);
             return AtomicResponse::new(Box::pin(fut::ready(r)));
         };
         let ask = index.send(MatchPrefix {
@@ -666,7 +717,8 @@ impl Handler<Explain> for SelectorActor {
         });
         AtomicResponse::new(Box::pin(ask.into_actor(self).map(move |answer, act, _| {
             let (facts, matches) = answer.map_err(|_| SelectError::NoHealthy)?;
-            act.decide(&facts, Some(&matches), &[], seq).map(|(_, d)| d)
+            act.guarded(|s| s.decide(&facts, Some(&matches), &[], seq))
+                .map(|(_, d)| d)
         })))
     }
 }
@@ -730,6 +782,7 @@ impl Handler<FleetChanged> for SelectorActor {
 
     fn handle(&mut self, msg: FleetChanged, _: &mut Context<Self>) {
         self.apply_fleet(&msg.0);
+        self.fleet = Some(msg.0.clone());
         let views = &self.views;
         self.holds.forget_gone(|w| views.iter().any(|v| v.id == w));
     }
@@ -780,5 +833,20 @@ impl Handler<GetWorkerStates> for SelectorActor {
             })
             .collect();
         MessageResult(states)
+    }
+}
+
+/// Test builds only: makes the next decision panic, to show routing survives it.
+#[cfg(feature = "fault-injection")]
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct InjectPanic;
+
+#[cfg(feature = "fault-injection")]
+impl Handler<InjectPanic> for SelectorActor {
+    type Result = ();
+
+    fn handle(&mut self, _: InjectPanic, _: &mut Context<Self>) {
+        self.panic_next = true;
     }
 }

@@ -34,6 +34,8 @@ pub enum ApiError {
     NoWorker { registered: bool },
     #[error("every worker is at its waiting-request cap; retry shortly")]
     Saturated,
+    #[error("routing failed on this request and restarted; retry it")]
+    RoutingRestarted,
     #[error("{0}")]
     Unauthorized(&'static str),
     #[error("{0}")]
@@ -74,6 +76,7 @@ impl ApiError {
             ApiError::WorkerExists(_) => ("invalid_request_error", "worker_already_exists"),
             ApiError::NoWorker { .. } => ("service_unavailable", "no_available_workers"),
             ApiError::Saturated => ("rate_limit_error", "workers_saturated"),
+            ApiError::RoutingRestarted => ("service_unavailable", "routing_restarted"),
             ApiError::Unauthorized(_) => ("authentication_error", "invalid_api_key"),
             ApiError::Forbidden(_) => ("permission_error", "forbidden"),
             ApiError::WorkerNotAllowed(_) => ("permission_error", "worker_not_allowed"),
@@ -109,7 +112,9 @@ impl ResponseError for ApiError {
             }
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) | ApiError::WorkerNotAllowed(_) => StatusCode::FORBIDDEN,
-            ApiError::QueueTimeout { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::QueueTimeout { .. } | ApiError::RoutingRestarted => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ApiError::Upstream { .. } => StatusCode::BAD_GATEWAY,
             ApiError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             ApiError::ActorGone(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -120,7 +125,7 @@ impl ResponseError for ApiError {
         let mut b = HttpResponse::build(self.status_code());
         b.insert_header(("x-kvgate-error-code", self.kind().1));
         match self {
-            ApiError::Saturated => {
+            ApiError::Saturated | ApiError::RoutingRestarted => {
                 b.insert_header(("retry-after", "1"));
             }
             ApiError::QueueFull { retry_after }
@@ -144,6 +149,7 @@ impl From<SelectError> for ApiError {
             SelectError::NoWorkers => ApiError::NoWorker { registered: false },
             SelectError::NoHealthy => ApiError::NoWorker { registered: true },
             SelectError::Saturated => ApiError::Saturated,
+            SelectError::Restarted => ApiError::RoutingRestarted,
         }
     }
 }

@@ -10,7 +10,7 @@ use rand::Rng;
 use tracing::warn;
 
 use crate::actors::index::ForgetPrefix;
-use crate::actors::selector;
+use crate::actors::selector::{self, SelectError};
 use crate::http::error::ApiError;
 use crate::http::parse::{Endpoint, request_facts};
 use crate::http::proxy::{self, Upstream};
@@ -111,9 +111,17 @@ async fn proxy_request(
     let mut exclude: Vec<WorkerId> = Vec::new();
     let mut last: Option<proxy::Failure> = None;
     let mut attempt = 1;
+    let mut restarted = false;
     loop {
         let d = match selector::select(&state.selector, facts, exclude.clone(), attempt).await? {
             Ok(d) => d,
+            // The selector rebuilt its state after a failed decision: ask once more, on
+            // the fresh state (a second failure is this request's own answer).
+            Err(SelectError::Restarted) if !restarted => {
+                restarted = true;
+                facts = facts_of(endpoint, &req, &body)?;
+                continue;
+            }
             // Every worker left was tried: the client gets the last failure, not a 503.
             Err(e) => {
                 return match last {

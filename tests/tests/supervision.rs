@@ -1,0 +1,77 @@
+//! A routing actor that panics on a request rebuilds its state and routing goes on;
+//! readiness keeps telling the truth.
+
+use std::time::Duration;
+
+use kvgate_engine_sim::SimConfig;
+use kvgate_gateway::testing::inject::{IndexPanic, SelectorPanic};
+use kvgate_tests::{Harness, get, post_json, wait_for_async};
+use serde_json::json;
+
+fn chat(text: &str) -> serde_json::Value {
+    json!({"messages": [{"role": "user", "content": text}], "max_tokens": 2})
+}
+
+#[actix_rt::test]
+async fn a_panicking_decision_restarts_the_selector_and_the_request_is_served() {
+    let h = Harness::start(2, SimConfig::default(), |_| {});
+    h.gw.actors()
+        .selector
+        .send(SelectorPanic)
+        .await
+        .expect("selector");
+    let r = post_json(&h.url("/v1/chat/completions"), &chat("after the panic")).await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    // The fleet view was rebuilt from the registry: both workers route.
+    let ready = get(&h.url("/readiness")).await;
+    assert_eq!(ready.status.as_u16(), 200, "{}", ready.text());
+    for i in 0..4 {
+        let r = post_json(&h.url("/v1/chat/completions"), &chat(&format!("then {i}"))).await;
+        assert_eq!(r.status.as_u16(), 200);
+    }
+    let workers = get(&h.url("/workers")).await.json();
+    assert_eq!(workers["total"], 2, "{workers}");
+}
+
+#[actix_rt::test]
+async fn a_panicking_lookup_restores_the_index_from_its_last_snapshot() {
+    let h = Harness::start(2, SimConfig::default(), |c| {
+        c.snapshot_interval = Duration::from_millis(100);
+        c.snapshot_backoff = 0.0;
+    });
+    let system = "A system prompt long enough to be worth keeping. ".repeat(20);
+    let body = json!({"messages": [{"role": "system", "content": system}, {"role": "user", "content": "q"}], "max_tokens": 2});
+    assert_eq!(
+        post_json(&h.url("/v1/chat/completions"), &body)
+            .await
+            .status
+            .as_u16(),
+        200
+    );
+    let units = |v: &serde_json::Value| v["models"][0]["text_units"].as_u64().unwrap_or(0);
+    wait_for_async(20, "a committed snapshot of the prefix", || async {
+        let v = get(&h.url("/admin/index")).await.json();
+        units(&v) > 0
+            && v["persistence"]["committed_generation"]
+                .as_u64()
+                .unwrap_or(0)
+                > 0
+            && v["persistence"]["pending"] == false
+    })
+    .await;
+    let before = units(&get(&h.url("/admin/index")).await.json());
+    h.gw.actors().index.send(IndexPanic).await.expect("index");
+    // The panicking lookup answers "no holder"; the request is still served.
+    let r = post_json(
+        &h.url("/v1/chat/completions"),
+        &chat("a lookup that panics"),
+    )
+    .await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    let after = get(&h.url("/admin/index")).await.json();
+    assert!(
+        units(&after) >= before,
+        "restored from the snapshot: {after}"
+    );
+    assert_eq!(get(&h.url("/readiness")).await.status.as_u16(), 200);
+}
