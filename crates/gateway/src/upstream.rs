@@ -61,4 +61,6 @@ pub enum UpstreamError {
 }
 
 #[cfg(test)]
+mod fuzz;
+#[cfg(test)]
 mod tests;

@@ -389,3 +389,53 @@ fn the_admin_registry_survives_a_restart() {
     let (_, v) = http("GET", &format!("{}/workers", gw.url), None);
     assert_eq!(v["workers"].as_array().unwrap().len(), 3);
 }
+
+#[test]
+fn sigterm_turns_readiness_off_at_once_and_lets_requests_in_flight_finish() {
+    let fleet = SimFleet::start(1, SimConfig::default()).expect("engines");
+    fleet
+        .engine(0)
+        .set_fault(kvgate_engine_sim::Fault::Latency(Duration::from_millis(
+            1500,
+        )));
+    let dir = tempfile::tempdir().expect("dir");
+    let gw = Kvgate::start(
+        dir.path(),
+        &fleet.urls(),
+        &["--shutdown-grace-period-secs", "20"],
+    );
+    assert_eq!(http("GET", &format!("{}/readiness", gw.url), None).0, 200);
+    let url = format!("{}/v1/completions", gw.url);
+    let slow = std::thread::spawn(move || {
+        http(
+            "POST",
+            &url,
+            Some(json!({"prompt": "finish me", "max_tokens": 2})),
+        )
+    });
+    // The request is inside the engine before the signal.
+    while fleet.engine(0).stats().http_requests == 0 {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let pid = gw.child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill")
+            .success()
+    );
+    gw.wait_line("shutting down");
+    let (status, body) = http("GET", &format!("{}/readiness", gw.url), None);
+    assert_eq!(
+        (status, body["reason"].as_str()),
+        (503, Some("shutting down")),
+        "{body}"
+    );
+    let (status, body) = slow.join().expect("request thread");
+    assert_eq!(status, 200, "the request in flight finished: {body}");
+    let mut gw = gw;
+    let exit = gw.child.wait().expect("kvgate exits");
+    assert!(exit.success(), "{exit}");
+    gw.wait_line("index snapshot written");
+}

@@ -242,6 +242,10 @@ pub struct SelectorActor {
 }
 
 /// What `dispatch` did.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "made and matched at once on the stack; a box would allocate per request"
+)]
 enum Dispatched {
     Go(Dispatch),
     /// The caller builds the [`Hold`] around this.

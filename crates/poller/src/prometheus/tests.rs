@@ -170,3 +170,79 @@ fn a_filtered_parse_stores_and_checks_only_the_kept_names() {
     // A kept line must still be well formed.
     assert!(super::parse_prometheus_where("sglang:x{", |_| true).is_err());
 }
+
+/// A label value with the escapes the format allows.
+fn label_value() -> impl Strategy<Value = (String, String)> {
+    prop::collection::vec(
+        prop_oneof![
+            "[a-zA-Z0-9 _.:/-]".prop_map(|c| (c.clone(), c)),
+            Just(("\\\"".to_owned(), "\"".to_owned())),
+            Just(("\\\\".to_owned(), "\\".to_owned())),
+            Just(("\\n".to_owned(), "\n".to_owned())),
+        ],
+        0..8,
+    )
+    .prop_map(|parts| {
+        parts
+            .into_iter()
+            .fold((String::new(), String::new()), |(w, v), (a, b)| {
+                (w + &a, v + &b)
+            })
+    })
+}
+
+fn value() -> impl Strategy<Value = (String, f64)> {
+    prop_oneof![
+        (-1e9f64..1e9).prop_map(|v| (format!("{v}"), v)),
+        (0u64..1_000_000).prop_map(|v| (format!("{v}"), v as f64)),
+        Just(("+Inf".to_owned(), f64::INFINITY)),
+        Just(("-Inf".to_owned(), f64::NEG_INFINITY)),
+        (0u32..1000).prop_map(|m| (format!("{m}e-3"), f64::from(m) * 1e-3)),
+    ]
+}
+
+proptest! {
+    /// Expositions as engines write them (comments, blank lines, labels with escapes, any
+    /// value, optional timestamps) parse to exactly the samples written.
+    #[test]
+    fn structured_expositions_parse_to_their_samples(
+        lines in prop::collection::vec(
+            (
+                "[a-z_:][a-z0-9_:]{0,20}",
+                prop::collection::vec(("[a-z_][a-z0-9_]{0,8}", label_value()), 0..4),
+                value(),
+                prop::option::of(0i64..2_000_000_000_000),
+                any::<bool>(),
+            ),
+            0..12,
+        )
+    ) {
+        let mut text = String::new();
+        let mut want = Vec::new();
+        for (name, labels, (vtext, v), ts, comment) in &lines {
+            if *comment {
+                text.push_str(&format!("# HELP {name} some help\n# TYPE {name} gauge\n\n"));
+            }
+            text.push_str(name);
+            if !labels.is_empty() {
+                let inner: Vec<String> = labels.iter().map(|(k, (w, _))| format!("{k}=\"{w}\"")).collect();
+                text.push_str(&format!("{{{}}}", inner.join(",")));
+            }
+            text.push_str(&format!(" {vtext}"));
+            if let Some(t) = ts {
+                text.push_str(&format!(" {t}"));
+            }
+            text.push('\n');
+            let lbl: Vec<(&str, &str)> = labels.iter().map(|(k, (_, v))| (k.as_str(), v.as_str())).collect();
+            want.push(sample(name, &lbl, *v, *ts));
+        }
+        let got = parse_prometheus(&text).map_err(|e| TestCaseError::fail(format!("{e}: {text}")))?;
+        prop_assert_eq!(got.len(), want.len());
+        for (g, w) in got.iter().zip(&want) {
+            prop_assert_eq!(&g.name, &w.name);
+            prop_assert_eq!(&g.labels, &w.labels);
+            prop_assert_eq!(g.timestamp_ms, w.timestamp_ms);
+            prop_assert!((g.value - w.value).abs() <= 1e-9 * w.value.abs().max(1.0) || g.value == w.value);
+        }
+    }
+}

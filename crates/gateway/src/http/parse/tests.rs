@@ -156,3 +156,84 @@ proptest! {
         }
     }
 }
+
+/// A message content: a string with every kind of JSON escape and non-ASCII text, or a
+/// list of text parts (and parts without text).
+fn content() -> impl Strategy<Value = serde_json::Value> {
+    let s = "[a-zA-Z0-9 \"\\\\/\n\r\t\u{0}\u{1f}\u{e9}\u{4e2d}\u{1f600}]{0,24}";
+    prop_oneof![
+        s.prop_map(serde_json::Value::String),
+        prop::collection::vec(prop::option::of(s), 0..4).prop_map(|ps| {
+            serde_json::Value::Array(
+                ps.into_iter()
+                    .map(|p| match p {
+                        Some(t) => serde_json::json!({"type": "text", "text": t}),
+                        None => serde_json::json!({"type": "image_url", "image_url": {"url": "x"}}),
+                    })
+                    .collect(),
+            )
+        }),
+    ]
+}
+
+proptest! {
+    /// Chat bodies as clients build them, serialized by a JSON library: the routing text
+    /// is each message's role and its text, unescaped, in order; any cut of the body is
+    /// refused cleanly.
+    #[test]
+    fn chat_bodies_give_their_unescaped_text_and_cuts_are_refused(
+        msgs in prop::collection::vec(("(system|user|assistant|tool)", content()), 0..6),
+        stream in any::<Option<bool>>(),
+        model in prop::option::of("[a-z0-9/._-]{1,20}"),
+        cut in any::<prop::sample::Index>(),
+    ) {
+        let messages: Vec<serde_json::Value> = msgs
+            .iter()
+            .map(|(r, c)| serde_json::json!({"role": r, "content": c}))
+            .collect();
+        let mut body = serde_json::json!({"messages": messages, "max_tokens": 3});
+        if let Some(s) = stream {
+            body["stream"] = serde_json::json!(s);
+        }
+        if let Some(m) = &model {
+            body["model"] = serde_json::json!(m);
+        }
+        let bytes = serde_json::to_vec(&body).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let facts = request_facts(Endpoint::Chat, &bytes).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let mut want = String::new();
+        for (r, c) in &msgs {
+            want.push_str(&format!("<|{r}|>\n"));
+            match c {
+                serde_json::Value::String(s) => want.push_str(s),
+                serde_json::Value::Array(parts) => {
+                    for p in parts {
+                        if let Some(t) = p["text"].as_str() {
+                            want.push_str(t);
+                        }
+                    }
+                }
+                _ => {}
+            }
+            want.push('\n');
+        }
+        prop_assert_eq!(facts.key, RoutingText::Text(want));
+        prop_assert_eq!(facts.stream, stream.unwrap_or(false));
+        prop_assert_eq!(facts.model, model);
+        let at = cut.index(bytes.len());
+        if at > 0 && at < bytes.len() {
+            prop_assert!(request_facts(Endpoint::Chat, &bytes[..at]).is_err());
+        }
+    }
+
+    /// Token prompts in every shape the routes take come back as the same tokens.
+    #[test]
+    fn token_prompts_route_on_their_tokens(lists in prop::collection::vec(prop::collection::vec(any::<u32>(), 1..8), 1..4)) {
+        let flat: Vec<u32> = lists.concat();
+        let one = serde_json::to_vec(&serde_json::json!({"prompt": flat})).unwrap_or_default();
+        prop_assert_eq!(request_facts(Endpoint::Completions, &one).map(|f| f.key).ok(), Some(RoutingText::Tokens(flat.clone())));
+        let many = serde_json::to_vec(&serde_json::json!({"prompt": lists})).unwrap_or_default();
+        prop_assert_eq!(request_facts(Endpoint::Completions, &many).map(|f| f.key).ok(), Some(RoutingText::Tokens(flat.clone())));
+        let ids = serde_json::to_vec(&serde_json::json!({"input_ids": flat})).unwrap_or_default();
+        prop_assert_eq!(request_facts(Endpoint::Generate, &ids).map(|f| f.key).ok(), Some(RoutingText::Tokens(flat)));
+    }
+}
