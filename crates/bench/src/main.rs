@@ -1,5 +1,6 @@
-//! `kvgate-bench`: the routing benchmark (`workload`) and the proxy-overhead benchmark
-//! (`proxy`). Everything runs on loopback and stops by itself.
+//! `kvgate-bench`: the routing benchmark (`workload`), the proxy-overhead benchmark
+//! (`proxy`) and the resilience soak (`soak`). Everything runs on loopback and stops by
+//! itself.
 
 mod run;
 
@@ -30,6 +31,29 @@ enum Cmd {
     Proxy(ProxyArgs),
     /// Redraws the per-workload SVGs (and tables) from a `results.json`.
     Chart(ChartArgs),
+    /// A long run of mixed traffic with engines killed and restarted: what is lost, and
+    /// whether memory and in-flight counts stay flat.
+    Soak(SoakArgs),
+}
+
+#[derive(Debug, Args)]
+struct SoakArgs {
+    /// Length of the run, in seconds.
+    #[arg(long, default_value_t = 600)]
+    duration_secs: u64,
+    /// Requests per second, half streamed (one client in ten hangs up mid-stream).
+    #[arg(long, default_value_t = 40.0)]
+    rate: f64,
+    #[arg(long, default_value_t = 4)]
+    engines: usize,
+    /// One engine is killed and started again this often, in seconds.
+    #[arg(long, default_value_t = 60)]
+    restart_every_secs: u64,
+    /// The `kvgate` binary (default: the release one beside this binary).
+    #[arg(long)]
+    kvgate_bin: Option<PathBuf>,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -146,7 +170,31 @@ fn main() -> anyhow::Result<()> {
         Cmd::Workload(a) => workload(a),
         Cmd::Proxy(a) => proxy(a),
         Cmd::Chart(a) => redraw(a),
+        Cmd::Soak(a) => soak(a),
     }
+}
+
+fn soak(a: SoakArgs) -> anyhow::Result<()> {
+    if !(a.rate.is_finite() && a.rate > 0.0) || a.engines < 2 || a.restart_every_secs == 0 {
+        bail!("--rate must be positive, --engines at least 2, --restart-every-secs at least 1");
+    }
+    let Some(kvgate_bin) = a.kvgate_bin.clone().or_else(release_kvgate) else {
+        bail!(
+            "no release kvgate beside this binary: build it (cargo build --release -p kvgate-gateway --bin kvgate) or give --kvgate-bin"
+        );
+    };
+    let settings = run::soak::SoakSettings {
+        duration: Duration::from_secs(a.duration_secs),
+        rate: a.rate,
+        engines: a.engines,
+        restart_every: Duration::from_secs(a.restart_every_secs),
+        kvgate_bin,
+        out: a.out.clone(),
+    };
+    let r = run::soak::run(&settings)?;
+    println!("{}", serde_json::to_string_pretty(&r)?);
+    println!("\nwrote {}/soak.json", a.out.display());
+    Ok(())
 }
 
 fn redraw(a: ChartArgs) -> anyhow::Result<()> {

@@ -3,4 +3,5 @@
 pub mod child;
 pub mod driver;
 pub mod proxy;
+pub mod soak;
 pub mod workload;

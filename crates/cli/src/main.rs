@@ -21,6 +21,9 @@ struct Cli {
     /// Print the gateway's JSON instead of a table.
     #[arg(long, global = true)]
     json: bool,
+    /// The gateway's admin key (`--control-plane-api-keys`), sent as a bearer token.
+    #[arg(long, global = true, env = "KVGATE_ADMIN_KEY", hide_env_values = true)]
+    admin_key: Option<String>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -106,7 +109,12 @@ fn inspect_text(s: &kvgate_store::StoreSummary) -> String {
     out
 }
 
-async fn call(method: &str, url: &str, body: Option<Value>) -> anyhow::Result<(u16, Value)> {
+async fn call(
+    method: &str,
+    url: &str,
+    key: Option<&str>,
+    body: Option<Value>,
+) -> anyhow::Result<(u16, Value)> {
     let client = awc::Client::builder()
         .timeout(Duration::from_secs(30))
         .finish();
@@ -114,6 +122,10 @@ async fn call(method: &str, url: &str, body: Option<Value>) -> anyhow::Result<(u
         "POST" => client.post(url),
         "DELETE" => client.delete(url),
         _ => client.get(url),
+    };
+    let req = match key {
+        Some(k) => req.bearer_auth(k),
+        None => req,
     };
     let mut resp = match body {
         Some(b) => req.send_json(&b).await,
@@ -238,14 +250,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         return Ok(());
     }
     let base = cli.url.trim_end_matches('/').to_owned();
+    let key = cli.admin_key.clone();
     actix_rt::System::new().block_on(async move {
+        let key = key.as_deref();
         let (status, v, render): (u16, Value, fn(&Value) -> String) = match &cli.cmd {
             Cmd::Workers => {
-                let (s, v) = call("GET", &format!("{base}/workers"), None).await?;
+                let (s, v) = call("GET", &format!("{base}/workers"), key, None).await?;
                 (s, v, workers_table)
             }
             Cmd::Models => {
-                let (s, v) = call("GET", &format!("{base}/v1/models"), None).await?;
+                let (s, v) = call("GET", &format!("{base}/v1/models"), key, None).await?;
                 (s, v, |v| {
                     let rows: Vec<Vec<String>> = v["data"]
                         .as_array()
@@ -259,7 +273,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 })
             }
             Cmd::Health => {
-                let (s, v) = call("GET", &format!("{base}/readiness"), None).await?;
+                let (s, v) = call("GET", &format!("{base}/readiness"), key, None).await?;
                 (s, v, |v| {
                     format!(
                         "{} ({} of {} workers healthy)\n",
@@ -273,6 +287,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 let (s, v) = call(
                     "POST",
                     &format!("{base}/workers"),
+                    key,
                     Some(serde_json::json!({"url": worker_url})),
                 )
                 .await?;
@@ -286,6 +301,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 let (s, v) = call(
                     "DELETE",
                     &format!("{base}/workers/{}", percent_encode(worker)),
+                    key,
                     None,
                 )
                 .await?;

@@ -161,3 +161,24 @@ fn an_unreachable_gateway_or_another_service_is_a_clear_error() {
         "{err}"
     );
 }
+
+#[test]
+fn the_admin_key_opens_a_keyed_gateway() {
+    let fleet = SimFleet::start(1, SimConfig::default()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(GatewayConfig {
+        port: 0,
+        http_workers: Some(1),
+        data_dir: dir.path().join("d"),
+        worker_urls: fleet.urls(),
+        control_plane_api_keys: vec![kvgate_gateway::Secret::new("sk-ops")],
+        ..GatewayConfig::default()
+    })
+    .unwrap();
+    let (ok, _, err) = ctl(&gw, &["workers"]);
+    assert!(!ok);
+    assert!(err.contains("401"), "{err}");
+    let (ok, out, err) = ctl(&gw, &["--admin-key", "sk-ops", "workers"]);
+    assert!(ok, "{err}");
+    assert!(out.contains(&fleet.urls()[0]), "{out}");
+}

@@ -80,6 +80,36 @@ impl SimFleet {
         &self.engines[i]
     }
 
+    /// Starts engine `i` again on its port, as a process restarted by its supervisor:
+    /// a new `startup_time`, an empty cache, fresh counters. Fails when the port was
+    /// taken meanwhile.
+    pub fn revive(&mut self, i: usize) -> io::Result<()> {
+        let (Some(old), Some(server)) = (self.engines.get(i), self.servers.get_mut(i)) else {
+            return Err(io::Error::new(io::ErrorKind::NotFound, "no such engine"));
+        };
+        drop(server.0.stop(false));
+        if let Some(t) = server.1.take() {
+            let _ = t.join();
+        }
+        let port = old
+            .url
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse::<u16>().ok())
+            .ok_or_else(|| io::Error::other("engine URL has no port"))?;
+        let host = old
+            .url
+            .trim_start_matches("http://")
+            .rsplit_once(':')
+            .map_or("127.0.0.1", |(h, _)| h)
+            .to_owned();
+        let cfg = (*old.engine.cfg).clone();
+        let (handle, srv) = spawn_engine(i, &host, port, cfg)?;
+        self.engines[i] = handle;
+        self.servers[i] = srv;
+        Ok(())
+    }
+
     /// A handle on engine `i` that can outlive a borrow of the fleet: its faults, its
     /// counters, and killing it.
     ///

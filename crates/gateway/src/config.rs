@@ -251,10 +251,16 @@ impl Default for GatewayConfig {
 pub type Overrides = Vec<(String, config::Value)>;
 
 /// `KVGATE_` variables that belong to the kvgate tools rather than to this configuration:
-/// the config file's path, `kvgatectl`'s gateway URL and `kvgate-bench`'s log filter. A
+/// the config file's path, `kvgatectl`'s gateway URL and admin key, and `kvgate-bench`'s
+/// log filter. A
 /// shell that exports them for those tools can still start the gateway; any other unknown
 /// `KVGATE_` variable is refused as a likely typo.
-const NOT_CONFIG_VARS: [&str; 3] = ["KVGATE_CONFIG", "KVGATE_URL", "KVGATE_BENCH_LOG"];
+const NOT_CONFIG_VARS: [&str; 4] = [
+    "KVGATE_CONFIG",
+    "KVGATE_URL",
+    "KVGATE_ADMIN_KEY",
+    "KVGATE_BENCH_LOG",
+];
 
 /// Longest duration any setting takes.
 const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);

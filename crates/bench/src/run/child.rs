@@ -50,6 +50,10 @@ impl ChildServer {
         &self.url
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Waits until one of `paths` answers 200, or fails when the child exits or `timeout`
     /// passes.
     pub fn wait_ready(&mut self, paths: &[&str], timeout: Duration) -> anyhow::Result<()> {

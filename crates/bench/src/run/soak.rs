@@ -1,0 +1,236 @@
+//! `kvgate-bench soak`: a long run of mixed traffic through the release `kvgate` in front of
+//! simulated engines, with one engine killed and started again every period and one
+//! streaming client in ten hanging up mid-stream. It counts what was lost and watches the
+//! gateway's memory and in-flight counts.
+
+use std::cell::RefCell;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use futures_util::StreamExt;
+use kvgate_engine_sim::{SimConfig, SimFleet};
+use serde::Serialize;
+
+use super::child::{ChildServer, free_port};
+
+#[derive(Debug, Clone)]
+pub struct SoakSettings {
+    pub duration: Duration,
+    pub rate: f64,
+    pub engines: usize,
+    pub restart_every: Duration,
+    pub kvgate_bin: PathBuf,
+    pub out: PathBuf,
+}
+
+/// What the run measured.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SoakReport {
+    pub seconds: f64,
+    pub sent: u64,
+    pub ok: u64,
+    /// Non-streaming requests that did not get a 200 with a body.
+    pub failed_plain: u64,
+    /// Streamed requests that failed before their first byte (status or connection).
+    pub failed_streams_not_started: u64,
+    /// Streamed requests cut after their first byte (the client sees an error event).
+    pub broken_streams_started: u64,
+    /// Clients that hung up mid-stream on purpose.
+    pub hung_up: u64,
+    pub engine_restarts: u64,
+    pub rss_start_kib: u64,
+    pub rss_end_kib: u64,
+    /// Summed over workers at the end, once the traffic is over.
+    pub in_flight_end: u64,
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+enum Kind {
+    Plain,
+    Stream,
+    HangUp,
+}
+
+async fn one(client: &awc::Client, url: &str, i: u64, kind: Kind, r: &RefCell<SoakReport>) {
+    let stream = !matches!(kind, Kind::Plain);
+    let body = serde_json::json!({
+        "messages": [
+            {"role": "system", "content": format!("Conversation group {}. Be brief.", i % 32)},
+            {"role": "user", "content": format!("question {i}")}
+        ],
+        "max_tokens": 8,
+        "stream": stream,
+    });
+    let resp = client.post(url).send_json(&body).await;
+    let mut resp = match resp {
+        Ok(resp) if resp.status().as_u16() == 200 => resp,
+        _ => {
+            let mut r = r.borrow_mut();
+            if stream {
+                r.failed_streams_not_started += 1;
+            } else {
+                r.failed_plain += 1;
+            }
+            return;
+        }
+    };
+    match kind {
+        Kind::Plain => {
+            let ok = resp
+                .body()
+                .limit(1 << 20)
+                .await
+                .is_ok_and(|b| !b.is_empty());
+            let mut r = r.borrow_mut();
+            if ok {
+                r.ok += 1;
+            } else {
+                r.failed_plain += 1;
+            }
+        }
+        Kind::HangUp => {
+            let _ = resp.next().await;
+            r.borrow_mut().hung_up += 1;
+        }
+        Kind::Stream => {
+            let mut seen = Vec::new();
+            let mut first = true;
+            while let Some(chunk) = resp.next().await {
+                match chunk {
+                    Ok(c) => seen.extend_from_slice(&c),
+                    Err(_) => break,
+                }
+                first = false;
+            }
+            let text = String::from_utf8_lossy(&seen);
+            let mut r = r.borrow_mut();
+            if text.trim_end().ends_with("data: [DONE]") {
+                r.ok += 1;
+            } else if first {
+                r.failed_streams_not_started += 1;
+            } else {
+                r.broken_streams_started += 1;
+            }
+        }
+    }
+}
+
+/// Runs the soak and writes `soak.json` into the output directory.
+pub fn run(s: &SoakSettings) -> anyhow::Result<SoakReport> {
+    if !s.kvgate_bin.is_file() {
+        bail!("{} is not a kvgate binary", s.kvgate_bin.display());
+    }
+    let sim = SimConfig {
+        max_running_requests: 32,
+        ..SimConfig::default()
+    };
+    let mut fleet = SimFleet::start(s.engines, sim).context("starting engines")?;
+    let port = free_port()?;
+    let data = tempfile::tempdir()?;
+    let mut args: Vec<String> = [
+        "--port",
+        &port.to_string(),
+        "--health-check-interval-secs",
+        "1",
+        "--health-check-timeout-secs",
+        "1",
+        "--log-level",
+        "warn",
+        "--data-dir",
+    ]
+    .iter()
+    .map(|a| (*a).to_owned())
+    .collect();
+    args.push(data.path().display().to_string());
+    args.push("--worker-urls".into());
+    args.extend(fleet.urls());
+    std::fs::create_dir_all(&s.out)?;
+    let mut gw = ChildServer::spawn(
+        "kvgate",
+        &s.kvgate_bin,
+        &args,
+        &s.out.join("soak-kvgate.log"),
+        format!("http://127.0.0.1:{port}"),
+    )?;
+    gw.wait_ready(&["/readiness"], Duration::from_secs(30))?;
+    let url = format!("{}/v1/chat/completions", gw.url());
+    let workers_url = format!("{}/workers", gw.url());
+    let pid = gw.pid();
+    let report = Rc::new(RefCell::new(SoakReport::default()));
+    let started = Instant::now();
+    actix_rt::System::new().block_on({
+        let report = report.clone();
+        let s = s.clone();
+        async move {
+            let client = awc::Client::builder()
+                .timeout(Duration::from_secs(120))
+                .finish();
+            let mut tick = actix_rt::time::interval(Duration::from_secs_f64(1.0 / s.rate));
+            let mut next_restart = Instant::now() + s.restart_every;
+            let mut victim = 0;
+            let mut i: u64 = 0;
+            let mut tasks = Vec::new();
+            while started.elapsed() < s.duration {
+                tick.tick().await;
+                if i == 50 {
+                    report.borrow_mut().rss_start_kib = rss_kib(pid);
+                }
+                if Instant::now() >= next_restart {
+                    next_restart += s.restart_every;
+                    fleet.handle(victim).kill().await;
+                    // The process is down for a moment before its supervisor restarts it.
+                    actix_rt::time::sleep(Duration::from_secs(2)).await;
+                    if fleet.revive(victim).is_ok() {
+                        report.borrow_mut().engine_restarts += 1;
+                    }
+                    victim = (victim + 1) % s.engines;
+                }
+                let kind = match i % 20 {
+                    0 => Kind::HangUp,
+                    n if n % 2 == 1 => Kind::Stream,
+                    _ => Kind::Plain,
+                };
+                i += 1;
+                report.borrow_mut().sent += 1;
+                let (client, url, report) = (client.clone(), url.clone(), report.clone());
+                tasks.push(actix_rt::spawn(async move {
+                    one(&client, &url, i, kind, &report).await;
+                }));
+                tasks.retain(|t| !t.is_finished());
+            }
+            for t in tasks {
+                let _ = t.await;
+            }
+            // Releases travel by message: give them a moment before reading the counts.
+            actix_rt::time::sleep(Duration::from_millis(500)).await;
+            let mut r = report.borrow_mut();
+            r.rss_end_kib = rss_kib(pid);
+            r.seconds = started.elapsed().as_secs_f64();
+            if let Ok(mut resp) = client.get(&workers_url).send().await
+                && let Ok(v) = resp.json::<serde_json::Value>().await
+            {
+                r.in_flight_end = v["workers"]
+                    .as_array()
+                    .map(|ws| ws.iter().filter_map(|w| w["in_flight"].as_u64()).sum())
+                    .unwrap_or(0);
+            }
+        }
+    });
+    drop(gw);
+    let out = report.borrow().clone();
+    std::fs::write(s.out.join("soak.json"), serde_json::to_string_pretty(&out)?)?;
+    Ok(out)
+}
