@@ -439,3 +439,46 @@ fn sigterm_turns_readiness_off_at_once_and_lets_requests_in_flight_finish() {
     assert!(exit.success(), "{exit}");
     gw.wait_line("index snapshot written");
 }
+
+#[test]
+fn keys_and_prompts_stay_out_of_the_logs() {
+    let fleet = SimFleet::start(2, SimConfig::default()).expect("engines");
+    fleet
+        .engine(1)
+        .set_fault(kvgate_engine_sim::Fault::ErrorStatus {
+            status: 503,
+            body: "overloaded".into(),
+        });
+    let dir = tempfile::tempdir().expect("dir");
+    let gw = Kvgate::start(
+        dir.path(),
+        &fleet.urls(),
+        &[
+            "--api-key",
+            "sk-client-secret",
+            "--worker-api-key",
+            "sk-worker-secret",
+            "--policy",
+            "round_robin",
+        ],
+    );
+    let prompt = "a prompt that must never be logged 7f3a";
+    for _ in 0..4 {
+        let status = actix_rt::System::new().block_on(async {
+            awc::Client::new()
+                .post(format!("{}/v1/completions", gw.url))
+                .bearer_auth("sk-client-secret")
+                .send_json(&json!({"prompt": prompt, "max_tokens": 2}))
+                .await
+                .map(|r| r.status().as_u16())
+                .unwrap_or(0)
+        });
+        assert_eq!(status, 200);
+    }
+    // The failures on engine 1 were logged, as retries.
+    gw.wait_line("trying another worker");
+    let lines = gw.lines.lock().expect("log lock").join("\n");
+    for secret in ["sk-client-secret", "sk-worker-secret", prompt] {
+        assert!(!lines.contains(secret), "{secret} in the logs:\n{lines}");
+    }
+}
