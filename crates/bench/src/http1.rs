@@ -47,6 +47,23 @@ impl RawClient {
         })
     }
 
+    /// Whether the server has closed this connection while it sat idle (a server says
+    /// nothing unasked, so a readable byte or EOF means it is gone); if so, the next
+    /// request reconnects. For a caller that leaves a connection idle for seconds.
+    pub fn closed_while_idle(&mut self) -> io::Result<bool> {
+        if self.closed {
+            return Ok(true);
+        }
+        self.stream.set_nonblocking(true)?;
+        let gone = match self.stream.peek(&mut [0u8; 1]) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => false,
+            _ => true,
+        };
+        self.stream.set_nonblocking(false)?;
+        self.closed = gone;
+        Ok(gone)
+    }
+
     /// Sends one request (`body` empty for none) and reads the whole response.
     pub fn request(&mut self, method: &str, path: &str, body: &[u8]) -> io::Result<RawResponse> {
         let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {}\r\n", self.host).into_bytes();

@@ -155,6 +155,10 @@ struct ProxyArgs {
     no_smg: bool,
     #[arg(long)]
     no_nginx: bool,
+    /// Send a chat completion whose user message is N KiB of text, instead of the default
+    /// small one ("Hello!", 91 bytes in all), to measure the cost of larger prompt bodies.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=32768))]
+    body_kib: Option<u64>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -350,6 +354,8 @@ fn proxy(a: ProxyArgs) -> anyhow::Result<()> {
         use_wrk: !a.no_wrk,
         skip_smg: a.no_smg,
         skip_nginx: a.no_nginx,
+        // The range above keeps this well inside usize.
+        body: run::proxy::request_body(a.body_kib.map(|k| k as usize)).into(),
     };
     let before = machine();
     let rows = run::proxy::run(&settings)?;

@@ -17,8 +17,24 @@ use serde::Serialize;
 
 use super::child::{ChildServer, free_port, which};
 
-/// The request every target proxies: a small non-streaming chat completion.
+/// The request every target proxies by default: a small non-streaming chat completion.
 pub const BODY: &str = r#"{"model":"kvgate-sim-model","messages":[{"role":"user","content":"Hello!"}],"max_tokens":1}"#;
+
+/// The request body: [`BODY`] without `kib`, else the same chat completion whose user
+/// message is `kib` KiB of plain text (the JSON around it adds about 90 bytes).
+pub fn request_body(kib: Option<usize>) -> String {
+    let Some(kib) = kib else {
+        return BODY.to_owned();
+    };
+    const WORDS: &str = "the quick brown fox jumps over the lazy dog ";
+    let text: String = WORDS.chars().cycle().take(kib * 1024).collect();
+    serde_json::json!({
+        "model": "kvgate-sim-model",
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": 1,
+    })
+    .to_string()
+}
 const PATH: &str = "/v1/chat/completions";
 
 #[derive(Debug, Clone)]
@@ -35,6 +51,8 @@ pub struct ProxySettings {
     pub use_wrk: bool,
     pub skip_smg: bool,
     pub skip_nginx: bool,
+    /// What every request sends (see [`request_body`]).
+    pub body: Arc<str>,
 }
 
 /// One target's figures. Latencies in milliseconds.
@@ -76,7 +94,7 @@ pub fn run(s: &ProxySettings) -> anyhow::Result<Vec<ProxyRow>> {
         );
     }
     let script = s.out.join("post.lua");
-    std::fs::write(&script, post_script(BODY)).context("writing post.lua")?;
+    std::fs::write(&script, post_script(&s.body)).context("writing post.lua")?;
     let tmp = tempfile::tempdir()?;
 
     let mut ups = vec![Up {
@@ -117,7 +135,7 @@ pub fn run(s: &ProxySettings) -> anyhow::Result<Vec<ProxyRow>> {
         (Some(bin), false) => ups.push(start_smg(s, &bin, &upstream)?),
     }
 
-    let one_conn = interleaved_latency(&ups, s.warmup, s.latency_requests)?;
+    let one_conn = interleaved_latency(&ups, s.warmup, s.latency_requests, &s.body)?;
     let mut rows = Vec::new();
     for (up, one_conn) in ups.iter().zip(one_conn) {
         eprintln!("proxy: saturating {} at {}", up.name, up.url);
@@ -264,16 +282,31 @@ fn start_smg(s: &ProxySettings, bin: &Path, upstream: &str) -> anyhow::Result<Up
 
 /// Latency at one connection per target, in rounds that visit every target in turn so
 /// the machine's noise (other builds on these 2 cores) falls on all of them alike.
-fn interleaved_latency(ups: &[Up], warmup: usize, n: usize) -> anyhow::Result<Vec<Summary>> {
+fn interleaved_latency(
+    ups: &[Up],
+    warmup: usize,
+    n: usize,
+    body: &str,
+) -> anyhow::Result<Vec<Summary>> {
     const ROUND: usize = 250;
     let mut conns = Vec::new();
     for up in ups {
         let addr = socket_addr(&up.url).context("target URL has no socket address")?;
-        let mut c = RawClient::connect(addr, Duration::from_secs(5))?;
-        for _ in 0..warmup {
-            call(&mut c, up)?;
+        conns.push(RawClient::connect(addr, Duration::from_secs(5))?);
+    }
+    // Warmed up in rounds too: with large bodies, one target's whole warm-up can outlast
+    // another's keep-alive (the simulator's is actix's 5 s), which then closes the
+    // connection left idle.
+    let mut warm = 0;
+    while warm < warmup {
+        let k = ROUND.min(warmup - warm);
+        for (up, c) in ups.iter().zip(&mut conns) {
+            reopen_if_closed(c, up, body)?;
+            for _ in 0..k {
+                call(c, up, body)?;
+            }
         }
-        conns.push(c);
+        warm += k;
     }
     eprintln!("proxy: {n} sequential requests per target on one connection, {ROUND} at a time");
     let mut samples: Vec<Vec<f64>> = vec![Vec::with_capacity(n); ups.len()];
@@ -281,9 +314,10 @@ fn interleaved_latency(ups: &[Up], warmup: usize, n: usize) -> anyhow::Result<Ve
     while done < n {
         let k = ROUND.min(n - done);
         for ((up, c), out) in ups.iter().zip(&mut conns).zip(&mut samples) {
+            reopen_if_closed(c, up, body)?;
             for _ in 0..k {
                 let t = Instant::now();
-                call(c, up)?;
+                call(c, up, body)?;
                 out.push(t.elapsed().as_secs_f64() * 1e3);
             }
         }
@@ -292,9 +326,22 @@ fn interleaved_latency(ups: &[Up], warmup: usize, n: usize) -> anyhow::Result<Ve
     Ok(samples.iter().map(|v| Summary::of(v)).collect())
 }
 
-fn call(c: &mut RawClient, up: &Up) -> anyhow::Result<()> {
+/// A connection the target closed while the others had their round is opened again,
+/// with one untimed request, so no sample includes a connect.
+fn reopen_if_closed(c: &mut RawClient, up: &Up, body: &str) -> anyhow::Result<()> {
+    if c.closed_while_idle()? {
+        eprintln!(
+            "proxy: {} closed the idle connection; reconnecting",
+            up.name
+        );
+        call(c, up, body)?;
+    }
+    Ok(())
+}
+
+fn call(c: &mut RawClient, up: &Up, body: &str) -> anyhow::Result<()> {
     let r = c
-        .request("POST", PATH, BODY.as_bytes())
+        .request("POST", PATH, body.as_bytes())
         .with_context(|| format!("{}: single-connection request", up.name))?;
     if r.status != 200 {
         bail!(
@@ -341,19 +388,25 @@ fn saturate(
         }
         None => Ok((
             "built-in closed loop".to_owned(),
-            closed_loop(&up.url, s.connections, s.duration)?,
+            closed_loop(&up.url, s.connections, s.duration, &s.body)?,
         )),
     }
 }
 
 /// `connections` threads, each a keep-alive connection sending back to back for `d`.
-fn closed_loop(url: &str, connections: usize, d: Duration) -> anyhow::Result<WrkReport> {
+fn closed_loop(
+    url: &str,
+    connections: usize,
+    d: Duration,
+    body: &Arc<str>,
+) -> anyhow::Result<WrkReport> {
     let addr = socket_addr(url).context("target URL has no socket address")?;
     let stop = Arc::new(AtomicBool::new(false));
     let begun = Instant::now();
     let workers: Vec<_> = (0..connections.max(1))
         .map(|_| {
             let stop = Arc::clone(&stop);
+            let body = Arc::clone(body);
             std::thread::spawn(move || {
                 let mut lat = Vec::new();
                 let mut errors = 0u64;
@@ -362,7 +415,7 @@ fn closed_loop(url: &str, connections: usize, d: Duration) -> anyhow::Result<Wrk
                 };
                 while !stop.load(Ordering::Relaxed) {
                     let t = Instant::now();
-                    match c.request("POST", PATH, BODY.as_bytes()) {
+                    match c.request("POST", PATH, body.as_bytes()) {
                         Ok(r) if r.status == 200 => lat.push(t.elapsed().as_secs_f64() * 1e3),
                         Ok(_) => errors += 1,
                         Err(_) => {
@@ -466,7 +519,7 @@ pub fn table(rows: &[ProxyRow]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{ProxyRow, table};
+    use super::{BODY, ProxyRow, request_body, table};
     use kvgate_bench::Summary;
 
     fn row(target: &str) -> ProxyRow {
@@ -482,6 +535,17 @@ mod tests {
             added_p50_ms: Some(0.1),
             added_p99_ms: None,
         }
+    }
+
+    #[test]
+    fn the_default_body_is_unchanged_and_a_sized_one_is_a_chat_completion() {
+        assert_eq!(request_body(None), BODY);
+        let body = request_body(Some(256));
+        let v: serde_json::Value = serde_json::from_str(&body).expect("json");
+        let text = v["messages"][0]["content"].as_str().expect("content");
+        assert_eq!(text.len(), 256 * 1024);
+        assert_eq!(v["model"], "kvgate-sim-model");
+        assert_eq!(v["max_tokens"], 1);
     }
 
     #[test]
