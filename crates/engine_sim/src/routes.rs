@@ -1,4 +1,6 @@
-//! The HTTP surface of one engine, per flavour, and the server that carries it.
+//! The HTTP surface of one engine, per flavour, and the server that carries it. Over 600
+//! lines because every route of every flavour is here, so the flavours' surfaces read side
+//! by side.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;

@@ -3,6 +3,7 @@
 //! OpenAI-style JSON body.
 
 pub mod admission;
+pub mod app;
 pub mod auth;
 pub mod error;
 pub mod inference;

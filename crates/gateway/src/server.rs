@@ -9,10 +9,8 @@ use std::time::{Duration, Instant};
 
 use actix::dev::channel::AddressReceiver;
 use actix::{Actor, Addr, Arbiter, Context};
-use actix_web::dev::{Server, ServerHandle, Service};
-use actix_web::http::header::{HeaderName, HeaderValue};
-use actix_web::{App, HttpMessage, HttpServer, web};
-use rand::Rng;
+use actix_web::dev::{Server, ServerHandle};
+use actix_web::{HttpServer, web};
 use thiserror::Error;
 use tracing::{error, info, warn};
 
@@ -28,10 +26,8 @@ use crate::actors::selector::{CircuitConfig, SelectorActor};
 use crate::config::GatewayConfig;
 use crate::http::admission::Admission;
 use crate::http::auth::{AllowList, Keys};
-use crate::http::error::ApiError;
-use crate::http::inference::{self, RetryPolicy};
-use crate::http::parse::Endpoint;
-use crate::http::routes::{self, AppState, Lifecycle, RequestId};
+use crate::http::inference::RetryPolicy;
+use crate::http::routes::{AppState, Lifecycle};
 use crate::upstream::Pool;
 
 #[derive(Debug, Error)]
@@ -69,27 +65,6 @@ pub struct Actors {
     pub index: Addr<IndexActor>,
     pub(crate) lifecycle: Arc<Lifecycle>,
     pub(crate) admission: Arc<Admission>,
-}
-
-static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
-
-fn valid_request_id(v: &HeaderValue) -> Option<&str> {
-    let s = v.to_str().ok()?;
-    (!s.is_empty() && s.len() <= 128 && s.bytes().all(|b| b.is_ascii_graphic())).then_some(s)
-}
-
-fn new_request_id() -> String {
-    // Alphanumeric draws one u32 per character from the buffered ChaCha block; a
-    // `gen_range` per character took 1.7 times the instructions (callgrind).
-    let mut id = String::with_capacity(28);
-    id.push_str("req-");
-    id.extend(
-        rand::thread_rng()
-            .sample_iter(&rand::distributions::Alphanumeric)
-            .take(24)
-            .map(char::from),
-    );
-    id
 }
 
 /// Idle upstream connections are dropped before the engines' own keep-alive (uvicorn's
@@ -325,7 +300,7 @@ fn http_server(
         // One upstream pool per HTTP thread.
         let pool = Pool::new(connect_timeout, UPSTREAM_KEEP_ALIVE);
         pool.spawn_sweeper();
-        app(state.clone(), pool)
+        crate::http::app::app(state.clone(), pool)
     })
     // Streamed tokens are small writes: with Nagle's algorithm each waited for the
     // client's delayed ACK of the one before (+28 ms TTFT measured at two streams).
@@ -348,68 +323,6 @@ fn http_server(
         .listen(listener)
         .map_err(|source| StartError::Bind { addr, source })?;
     Ok(server.run())
-}
-
-/// Every route, and the request-id middleware.
-fn app(
-    state: web::Data<AppState>,
-    pool: Pool,
-) -> App<
-    impl actix_web::dev::ServiceFactory<
-        actix_web::dev::ServiceRequest,
-        Config = (),
-        Response = actix_web::dev::ServiceResponse<actix_web::body::BoxBody>,
-        Error = actix_web::Error,
-        InitError = (),
-    >,
-> {
-    App::new()
-        .app_data(state)
-        .app_data(web::Data::new(pool))
-        .app_data(web::QueryConfig::default().error_handler(|e, _| {
-            ApiError::BadRequest(format!("invalid query string: {e}")).into()
-        }))
-        .wrap_fn(|req, srv| {
-            let id: Arc<str> = req
-                .headers()
-                .get(&X_REQUEST_ID)
-                .and_then(valid_request_id)
-                .map_or_else(|| Arc::from(new_request_id()), Arc::from);
-            req.extensions_mut().insert(RequestId(id.clone()));
-            let fut = srv.call(req);
-            async move {
-                let mut res = fut.await?;
-                if let Ok(v) = HeaderValue::from_str(&id) {
-                    res.headers_mut().insert(X_REQUEST_ID.clone(), v);
-                }
-                Ok(res)
-            }
-        })
-        .service(proxied(Endpoint::Chat))
-        .service(proxied(Endpoint::Completions))
-        .service(proxied(Endpoint::Generate))
-        .service(get("/health", routes::health))
-        .service(get("/liveness", routes::health))
-        .service(get("/readiness", routes::readiness))
-        .service(get("/v1/models", routes::models))
-        .service(
-            web::resource("/workers")
-                .route(web::get().to(routes::list_workers))
-                .route(web::post().to(routes::post_worker))
-                .default_service(web::to(routes::method_not_allowed)),
-        )
-        .service(
-            web::resource("/workers/{key:.*}")
-                .route(web::get().to(routes::get_worker))
-                .route(web::delete().to(routes::delete_worker))
-                .default_service(web::to(routes::method_not_allowed)),
-        )
-        .service(post("/flush_cache", routes::flush_cache))
-        .service(get("/admin/index", routes::index_stats))
-        .service(post("/add_worker", routes::legacy_add))
-        .service(post("/remove_worker", routes::legacy_remove))
-        .service(get("/list_workers", routes::legacy_list))
-        .default_service(web::to(routes::not_found))
 }
 
 /// Starts the actors and the HTTP server inside the current actix System.
@@ -495,37 +408,6 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         writer: store.writer,
     };
     Ok((server, addr, actors, threads))
-}
-
-/// An inference route, proxied.
-fn proxied(endpoint: Endpoint) -> actix_web::Resource {
-    web::resource(endpoint.path())
-        .route(web::post().to(move |req, payload, state, client| {
-            inference::inference(endpoint, req, payload, state, client)
-        }))
-        .default_service(web::to(routes::method_not_allowed))
-}
-
-fn post<F, Args>(path: &str, handler: F) -> actix_web::Resource
-where
-    F: actix_web::Handler<Args>,
-    Args: actix_web::FromRequest + 'static,
-    F::Output: actix_web::Responder + 'static,
-{
-    web::resource(path)
-        .route(web::post().to(handler))
-        .default_service(web::to(routes::method_not_allowed))
-}
-
-fn get<F, Args>(path: &str, handler: F) -> actix_web::Resource
-where
-    F: actix_web::Handler<Args>,
-    Args: actix_web::FromRequest + 'static,
-    F::Output: actix_web::Responder + 'static,
-{
-    web::resource(path)
-        .route(web::get().to(handler))
-        .default_service(web::to(routes::method_not_allowed))
 }
 
 /// A gateway running on its own thread.

@@ -10,199 +10,31 @@ use kvgate_policies::{
     CreditLedger, Decision, DecisionNote, DecisionPath, HashRing, PolicyConfig, PrefixMatches,
     RECENT_HALF_LIFE, RequestFacts, RoutingText, SelectInput, WorkerId, WorkerView,
 };
-use kvgate_poller::{LoadsPolled, WorkerUrl};
+use kvgate_poller::WorkerUrl;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
-use thiserror::Error;
 use tokio::sync::watch;
-use tracing::{Span, debug, trace, warn};
+use tracing::{debug, trace};
 
 use super::index::{IndexActor, MatchPrefix, RecordPrefix};
-use super::registry::{Fleet, FleetChanged, WorkerFailed, WorkerStatus};
+use super::registry::{Fleet, WorkerFailed, WorkerStatus};
 use crate::config::Secret;
 
 mod circuit;
+mod events;
 mod hold;
+mod messages;
 
 use circuit::Circuit;
 pub use circuit::{CircuitConfig, CircuitState, Outcome};
+#[cfg(feature = "fault-injection")]
+pub use events::InjectPanic;
 use hold::Holds;
 pub use hold::{Hold, select};
-
-/// Why no worker could be chosen.
-#[derive(Debug, Error, Clone, PartialEq)]
-pub enum SelectError {
-    #[error("the model '{0}' is not served by any worker")]
-    UnknownModel(String),
-    #[error("no worker is registered")]
-    NoWorkers,
-    #[error("no healthy worker is available")]
-    NoHealthy,
-    #[error("every worker is at its waiting-request cap")]
-    Saturated,
-    /// A decision panicked; the selector rebuilt its state and the request may ask again.
-    #[error("the selector failed on this request and restarted")]
-    Restarted,
-}
-
-/// A worker chosen for one request.
-#[derive(Debug)]
-pub struct Dispatch {
-    pub worker: WorkerId,
-    pub url: WorkerUrl,
-    pub decision: Decision,
-    /// The slot on the worker: dropping it (the response ended, or this reply was never
-    /// delivered) releases the in-flight count and the credit.
-    pub booking: Booking,
-    /// Turns true when the worker is taken out (unhealthy or removed): a request waiting
-    /// on it that has sent nothing to its client can be tried elsewhere.
-    pub down: watch::Receiver<bool>,
-    /// The key the worker expects, sent in place of the client's `Authorization`.
-    pub worker_key: Option<Secret>,
-    /// Where the index recorded the prompt for this worker, so a failed attempt can be
-    /// taken back out: the index namespace and the units the worker held before.
-    pub recorded: Option<(String, usize)>,
-}
-
-/// One in-flight request on a worker, released on drop whatever ended it.
-#[derive(Debug)]
-pub struct Booking {
-    selector: Addr<SelectorActor>,
-    release: Option<Release>,
-    /// No byte of the answer yet: its prefill may still be running.
-    prefilling: bool,
-}
-
-impl Booking {
-    /// How the request ended, for the worker's circuit breaker; the last call wins.
-    pub fn set_outcome(&mut self, outcome: Outcome) {
-        if let Some(r) = &mut self.release {
-            r.outcome = outcome;
-        }
-    }
-
-    /// The worker refused the connection: nothing listens there, so it is taken out now,
-    /// without waiting for its health checks.
-    pub fn refused(&mut self, reason: String) {
-        if let Some(r) = &mut self.release {
-            r.outcome = Outcome::Failure;
-            r.refused = Some(reason);
-        }
-    }
-
-    /// The worker sent the first byte of the answer: its prefill is done, so the prompt is
-    /// in its cache and its tokens no longer queue ahead of anyone. Called on every
-    /// streamed chunk; only the first call sends.
-    pub fn first_byte(&mut self) {
-        if std::mem::take(&mut self.prefilling)
-            && let Some(r) = &self.release
-        {
-            self.selector.do_send(Warmed(r.clone()));
-        }
-    }
-}
-
-impl Drop for Booking {
-    fn drop(&mut self) {
-        if let Some(r) = self.release.take() {
-            // do_send: a completion must never be lost to a full mailbox.
-            self.selector.do_send(r);
-        }
-    }
-}
-
-/// Asks for a worker; on success the worker's in-flight count is already raised and the
-/// caller must send [`Release`] when the response ends (dropping the dispatch's [`Booking`] does).
-#[derive(Message, Debug)]
-#[rtype(result = "Result<Selected, SelectError>")]
-pub struct Select {
-    pub facts: RequestFacts,
-    /// Workers to leave out (a retry elsewhere).
-    pub exclude: Vec<WorkerId>,
-    /// The request's span, so the selector's logs join the request's.
-    pub span: Span,
-    pub enqueued_at: Instant,
-    /// Whether the answer may be [`Selected::Hold`] (a held request's hold budget is not
-    /// spent yet).
-    pub may_hold: bool,
-    /// The request's first ask, whose lookup counts as traffic; a re-ask after a hold is
-    /// the same request and does not count again.
-    pub first: bool,
-    /// Which attempt of the request this is (1: the first); later ones are retries.
-    pub attempt: u32,
-}
-
-/// The answer to [`Select`].
-#[derive(Debug)]
-pub enum Selected {
-    Go(Dispatch),
-    Hold(Hold),
-}
-
-/// A streamed dispatch produced its first byte (see [`Booking::first_byte`]): requests
-/// holding on it may go, and its credit goes (what a worker has left of a request after
-/// its prefill is decode, which the credit does not price). It carries the dispatch's
-/// [`Release`], which still follows at the end for the in-flight count.
-#[derive(Message, Debug)]
-#[rtype(result = "()")]
-pub struct Warmed(pub Release);
-
-/// A dry run: the decision the policy would make now, with nothing dispatched or credited.
-#[derive(Message, Debug)]
-#[rtype(result = "Result<Decision, SelectError>")]
-pub struct Explain {
-    pub facts: RequestFacts,
-}
-
-/// A dispatched request finished (completed, failed or was abandoned by its client).
-#[derive(Message, Debug, Clone)]
-#[rtype(result = "()")]
-pub struct Release {
-    pub worker: WorkerId,
-    /// The registration the request was sent to; a release for an older one (the worker
-    /// was removed and added again meanwhile) must not lower the new one's count.
-    pub incarnation: u64,
-    /// The dispatch's booking, so its credit goes with it.
-    pub booked_at: Duration,
-    pub credit_tokens: u64,
-    /// Which dispatch this is, for the requests holding on it.
-    pub booking: u64,
-    /// Whether it was a probe of the worker's half-open circuit.
-    pub probe: bool,
-    pub outcome: Outcome,
-    /// Set when the worker refused the connection (see [`Booking::refused`]).
-    pub refused: Option<String>,
-}
-
-/// What the selector knows of one worker beyond its view, for `/workers`.
-#[derive(Debug, Clone)]
-pub struct WorkerState {
-    pub view: WorkerView,
-    pub circuit: CircuitState,
-    /// Failures inside the breaker's window.
-    pub recent_failures: usize,
-}
-
-/// Answers at once: the selector is alive and its mailbox moves (readiness).
-#[derive(Message, Debug)]
-#[rtype(result = "()")]
-pub struct Ping;
-
-impl Handler<Ping> for SelectorActor {
-    type Result = ();
-
-    fn handle(&mut self, _: Ping, _: &mut Context<Self>) {}
-}
-
-/// The selector's current per-worker views (inspection, tests).
-#[derive(Message, Debug)]
-#[rtype(result = "Vec<WorkerView>")]
-pub struct GetViews;
-
-/// The selector's current per-worker state, circuits included (for `/workers`).
-#[derive(Message, Debug)]
-#[rtype(result = "Vec<WorkerState>")]
-pub struct GetWorkerStates;
+pub use messages::{
+    Booking, Dispatch, Explain, GetViews, GetWorkerStates, Ping, Release, Select, SelectError,
+    Selected, Warmed, WorkerState,
+};
 
 pub struct SelectorActor {
     policy: PolicyConfig,
@@ -724,133 +556,5 @@ impl Handler<Explain> for SelectorActor {
             act.guarded(|s| s.decide(&facts, Some(&matches), &[], seq))
                 .map(|(_, d)| d)
         })))
-    }
-}
-
-impl Handler<Release> for SelectorActor {
-    type Result = ();
-
-    fn handle(&mut self, msg: Release, _: &mut Context<Self>) {
-        // Ended before its first byte (failed, or its client left): nobody waits longer.
-        self.holds.warmed(msg.booking);
-        let Some(i) = self.views.iter().position(|v| v.id == msg.worker) else {
-            return;
-        };
-        if self.meta[i].incarnation != msg.incarnation {
-            return;
-        }
-        self.ledger
-            .release(msg.worker, msg.booked_at, msg.credit_tokens);
-        let now = self.now();
-        let v = &mut self.views[i];
-        v.in_flight = v.in_flight.saturating_sub(1);
-        v.credit = self.ledger.credit(msg.worker);
-        let meta = &mut self.meta[i];
-        if meta
-            .circuit
-            .ended(&self.circuit, now, msg.outcome, msg.probe)
-        {
-            warn!(worker = %meta.url, "circuit open: repeated failures; no traffic until it is probed");
-            meta.down.send_replace(true);
-            meta.down = watch::channel(false).0;
-        }
-        if let (Some(reason), Some(registry)) = (msg.refused, &self.registry) {
-            registry.do_send(WorkerFailed {
-                worker: msg.worker,
-                incarnation: msg.incarnation,
-                reason,
-            });
-        }
-        self.refresh_eligibility(now);
-    }
-}
-
-impl Handler<Warmed> for SelectorActor {
-    type Result = ();
-
-    fn handle(&mut self, Warmed(msg): Warmed, _: &mut Context<Self>) {
-        self.holds.warmed(msg.booking);
-        if let Some(i) = self.views.iter().position(|v| v.id == msg.worker)
-            && self.meta[i].incarnation == msg.incarnation
-        {
-            // The Release at the end finds this dispatch gone and releases no credit.
-            self.ledger
-                .release(msg.worker, msg.booked_at, msg.credit_tokens);
-            self.views[i].credit = self.ledger.credit(msg.worker);
-        }
-    }
-}
-
-impl Handler<FleetChanged> for SelectorActor {
-    type Result = ();
-
-    fn handle(&mut self, msg: FleetChanged, _: &mut Context<Self>) {
-        self.apply_fleet(&msg.0);
-        self.fleet = Some(msg.0.clone());
-        let views = &self.views;
-        self.holds.forget_gone(|w| views.iter().any(|v| v.id == w));
-    }
-}
-
-impl Handler<LoadsPolled> for SelectorActor {
-    type Result = ();
-
-    fn handle(&mut self, msg: LoadsPolled, _: &mut Context<Self>) {
-        let LoadsPolled { worker: id, load } = msg;
-        let Some(v) = self.views.iter_mut().find(|v| v.id == id) else {
-            return;
-        };
-        // An unknown report is scored as unknown, never as the last good one; the credit
-        // stays until a report that covers it arrives.
-        if let Some(l) = &load {
-            self.ledger.on_report(id, Some(l.sampled_at));
-        }
-        v.load = load;
-        v.credit = self.ledger.credit(id);
-    }
-}
-
-impl Handler<GetViews> for SelectorActor {
-    type Result = MessageResult<GetViews>;
-
-    fn handle(&mut self, _: GetViews, _: &mut Context<Self>) -> Self::Result {
-        self.refresh_eligibility(self.now());
-        MessageResult(self.views.clone())
-    }
-}
-
-impl Handler<GetWorkerStates> for SelectorActor {
-    type Result = MessageResult<GetWorkerStates>;
-
-    fn handle(&mut self, _: GetWorkerStates, _: &mut Context<Self>) -> Self::Result {
-        let now = self.now();
-        self.refresh_eligibility(now);
-        let cfg = self.circuit;
-        let states = self
-            .views
-            .iter()
-            .zip(&mut self.meta)
-            .map(|(v, m)| WorkerState {
-                view: v.clone(),
-                circuit: m.circuit.state(&cfg, now),
-                recent_failures: m.circuit.recent_failures(),
-            })
-            .collect();
-        MessageResult(states)
-    }
-}
-
-/// Test builds only: makes the next decision panic, to show routing survives it.
-#[cfg(feature = "fault-injection")]
-#[derive(Message, Debug)]
-#[rtype(result = "()")]
-pub struct InjectPanic;
-
-#[cfg(feature = "fault-injection")]
-impl Handler<InjectPanic> for SelectorActor {
-    type Result = ();
-
-    fn handle(&mut self, _: InjectPanic, _: &mut Context<Self>) {
-        self.panic_next = true;
     }
 }

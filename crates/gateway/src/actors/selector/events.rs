@@ -1,0 +1,139 @@
+//! What the selector learns between decisions: requests that ended (their circuit
+//! outcome, their credit), fleet changes from the registry, load reports from the poller;
+//! and what it tells about its view.
+
+use actix::prelude::*;
+use kvgate_poller::LoadsPolled;
+use tokio::sync::watch;
+use tracing::warn;
+
+use super::{GetViews, GetWorkerStates, Release, SelectorActor, Warmed, WorkerState};
+use crate::actors::registry::{FleetChanged, WorkerFailed};
+
+impl Handler<Release> for SelectorActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Release, _: &mut Context<Self>) {
+        // Ended before its first byte (failed, or its client left): nobody waits longer.
+        self.holds.warmed(msg.booking);
+        let Some(i) = self.views.iter().position(|v| v.id == msg.worker) else {
+            return;
+        };
+        if self.meta[i].incarnation != msg.incarnation {
+            return;
+        }
+        self.ledger
+            .release(msg.worker, msg.booked_at, msg.credit_tokens);
+        let now = self.now();
+        let v = &mut self.views[i];
+        v.in_flight = v.in_flight.saturating_sub(1);
+        v.credit = self.ledger.credit(msg.worker);
+        let meta = &mut self.meta[i];
+        if meta
+            .circuit
+            .ended(&self.circuit, now, msg.outcome, msg.probe)
+        {
+            warn!(worker = %meta.url, "circuit open: repeated failures; no traffic until it is probed");
+            meta.down.send_replace(true);
+            meta.down = watch::channel(false).0;
+        }
+        if let (Some(reason), Some(registry)) = (msg.refused, &self.registry) {
+            registry.do_send(WorkerFailed {
+                worker: msg.worker,
+                incarnation: msg.incarnation,
+                reason,
+            });
+        }
+        self.refresh_eligibility(now);
+    }
+}
+
+impl Handler<Warmed> for SelectorActor {
+    type Result = ();
+
+    fn handle(&mut self, Warmed(msg): Warmed, _: &mut Context<Self>) {
+        self.holds.warmed(msg.booking);
+        if let Some(i) = self.views.iter().position(|v| v.id == msg.worker)
+            && self.meta[i].incarnation == msg.incarnation
+        {
+            // The Release at the end finds this dispatch gone and releases no credit.
+            self.ledger
+                .release(msg.worker, msg.booked_at, msg.credit_tokens);
+            self.views[i].credit = self.ledger.credit(msg.worker);
+        }
+    }
+}
+
+impl Handler<FleetChanged> for SelectorActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: FleetChanged, _: &mut Context<Self>) {
+        self.apply_fleet(&msg.0);
+        self.fleet = Some(msg.0.clone());
+        let views = &self.views;
+        self.holds.forget_gone(|w| views.iter().any(|v| v.id == w));
+    }
+}
+
+impl Handler<LoadsPolled> for SelectorActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: LoadsPolled, _: &mut Context<Self>) {
+        let LoadsPolled { worker: id, load } = msg;
+        let Some(v) = self.views.iter_mut().find(|v| v.id == id) else {
+            return;
+        };
+        // An unknown report is scored as unknown, never as the last good one; the credit
+        // stays until a report that covers it arrives.
+        if let Some(l) = &load {
+            self.ledger.on_report(id, Some(l.sampled_at));
+        }
+        v.load = load;
+        v.credit = self.ledger.credit(id);
+    }
+}
+
+impl Handler<GetViews> for SelectorActor {
+    type Result = MessageResult<GetViews>;
+
+    fn handle(&mut self, _: GetViews, _: &mut Context<Self>) -> Self::Result {
+        self.refresh_eligibility(self.now());
+        MessageResult(self.views.clone())
+    }
+}
+
+impl Handler<GetWorkerStates> for SelectorActor {
+    type Result = MessageResult<GetWorkerStates>;
+
+    fn handle(&mut self, _: GetWorkerStates, _: &mut Context<Self>) -> Self::Result {
+        let now = self.now();
+        self.refresh_eligibility(now);
+        let cfg = self.circuit;
+        let states = self
+            .views
+            .iter()
+            .zip(&mut self.meta)
+            .map(|(v, m)| WorkerState {
+                view: v.clone(),
+                circuit: m.circuit.state(&cfg, now),
+                recent_failures: m.circuit.recent_failures(),
+            })
+            .collect();
+        MessageResult(states)
+    }
+}
+
+/// Test builds only: makes the next decision panic, to show routing survives it.
+#[cfg(feature = "fault-injection")]
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct InjectPanic;
+
+#[cfg(feature = "fault-injection")]
+impl Handler<InjectPanic> for SelectorActor {
+    type Result = ();
+
+    fn handle(&mut self, _: InjectPanic, _: &mut Context<Self>) {
+        self.panic_next = true;
+    }
+}

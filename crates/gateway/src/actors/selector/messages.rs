@@ -1,0 +1,189 @@
+//! What the selector is asked and what it answers: the messages, the `Dispatch` handed to
+//! the HTTP side, and the `Booking` that gives its slot back.
+
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use kvgate_policies::{Decision, RequestFacts, WorkerId, WorkerView};
+use kvgate_poller::WorkerUrl;
+use thiserror::Error;
+use tokio::sync::watch;
+use tracing::Span;
+
+use super::{CircuitState, Hold, Outcome, SelectorActor};
+use crate::config::Secret;
+
+/// Why no worker could be chosen.
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum SelectError {
+    #[error("the model '{0}' is not served by any worker")]
+    UnknownModel(String),
+    #[error("no worker is registered")]
+    NoWorkers,
+    #[error("no healthy worker is available")]
+    NoHealthy,
+    #[error("every worker is at its waiting-request cap")]
+    Saturated,
+    /// A decision panicked; the selector rebuilt its state and the request may ask again.
+    #[error("the selector failed on this request and restarted")]
+    Restarted,
+}
+
+/// A worker chosen for one request.
+#[derive(Debug)]
+pub struct Dispatch {
+    pub worker: WorkerId,
+    pub url: WorkerUrl,
+    pub decision: Decision,
+    /// The slot on the worker: dropping it (the response ended, or this reply was never
+    /// delivered) releases the in-flight count and the credit.
+    pub booking: Booking,
+    /// Turns true when the worker is taken out (unhealthy or removed): a request waiting
+    /// on it that has sent nothing to its client can be tried elsewhere.
+    pub down: watch::Receiver<bool>,
+    /// The key the worker expects, sent in place of the client's `Authorization`.
+    pub worker_key: Option<Secret>,
+    /// Where the index recorded the prompt for this worker, so a failed attempt can be
+    /// taken back out: the index namespace and the units the worker held before.
+    pub recorded: Option<(String, usize)>,
+}
+
+/// One in-flight request on a worker, released on drop whatever ended it.
+#[derive(Debug)]
+pub struct Booking {
+    pub(super) selector: Addr<SelectorActor>,
+    pub(super) release: Option<Release>,
+    /// No byte of the answer yet: its prefill may still be running.
+    pub(super) prefilling: bool,
+}
+
+impl Booking {
+    /// How the request ended, for the worker's circuit breaker; the last call wins.
+    pub fn set_outcome(&mut self, outcome: Outcome) {
+        if let Some(r) = &mut self.release {
+            r.outcome = outcome;
+        }
+    }
+
+    /// The worker refused the connection: nothing listens there, so it is taken out now,
+    /// without waiting for its health checks.
+    pub fn refused(&mut self, reason: String) {
+        if let Some(r) = &mut self.release {
+            r.outcome = Outcome::Failure;
+            r.refused = Some(reason);
+        }
+    }
+
+    /// The worker sent the first byte of the answer: its prefill is done, so the prompt is
+    /// in its cache and its tokens no longer queue ahead of anyone. Called on every
+    /// streamed chunk; only the first call sends.
+    pub fn first_byte(&mut self) {
+        if std::mem::take(&mut self.prefilling)
+            && let Some(r) = &self.release
+        {
+            self.selector.do_send(Warmed(r.clone()));
+        }
+    }
+}
+
+impl Drop for Booking {
+    fn drop(&mut self) {
+        if let Some(r) = self.release.take() {
+            // do_send: a completion must never be lost to a full mailbox.
+            self.selector.do_send(r);
+        }
+    }
+}
+
+/// Asks for a worker; on success the worker's in-flight count is already raised and the
+/// caller must send [`Release`] when the response ends (dropping the dispatch's [`Booking`] does).
+#[derive(Message, Debug)]
+#[rtype(result = "Result<Selected, SelectError>")]
+pub struct Select {
+    pub facts: RequestFacts,
+    /// Workers to leave out (a retry elsewhere).
+    pub exclude: Vec<WorkerId>,
+    /// The request's span, so the selector's logs join the request's.
+    pub span: Span,
+    pub enqueued_at: Instant,
+    /// Whether the answer may be [`Selected::Hold`] (a held request's hold budget is not
+    /// spent yet).
+    pub may_hold: bool,
+    /// The request's first ask, whose lookup counts as traffic; a re-ask after a hold is
+    /// the same request and does not count again.
+    pub first: bool,
+    /// Which attempt of the request this is (1: the first); later ones are retries.
+    pub attempt: u32,
+}
+
+/// The answer to [`Select`].
+#[derive(Debug)]
+pub enum Selected {
+    Go(Dispatch),
+    Hold(Hold),
+}
+
+/// A streamed dispatch produced its first byte (see [`Booking::first_byte`]): requests
+/// holding on it may go, and its credit goes (what a worker has left of a request after
+/// its prefill is decode, which the credit does not price). It carries the dispatch's
+/// [`Release`], which still follows at the end for the in-flight count.
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct Warmed(pub Release);
+
+/// A dry run: the decision the policy would make now, with nothing dispatched or credited.
+#[derive(Message, Debug)]
+#[rtype(result = "Result<Decision, SelectError>")]
+pub struct Explain {
+    pub facts: RequestFacts,
+}
+
+/// A dispatched request finished (completed, failed or was abandoned by its client).
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct Release {
+    pub worker: WorkerId,
+    /// The registration the request was sent to; a release for an older one (the worker
+    /// was removed and added again meanwhile) must not lower the new one's count.
+    pub incarnation: u64,
+    /// The dispatch's booking, so its credit goes with it.
+    pub booked_at: Duration,
+    pub credit_tokens: u64,
+    /// Which dispatch this is, for the requests holding on it.
+    pub booking: u64,
+    /// Whether it was a probe of the worker's half-open circuit.
+    pub probe: bool,
+    pub outcome: Outcome,
+    /// Set when the worker refused the connection (see [`Booking::refused`]).
+    pub refused: Option<String>,
+}
+
+/// What the selector knows of one worker beyond its view, for `/workers`.
+#[derive(Debug, Clone)]
+pub struct WorkerState {
+    pub view: WorkerView,
+    pub circuit: CircuitState,
+    /// Failures inside the breaker's window.
+    pub recent_failures: usize,
+}
+
+/// Answers at once: the selector is alive and its mailbox moves (readiness).
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct Ping;
+
+impl Handler<Ping> for SelectorActor {
+    type Result = ();
+
+    fn handle(&mut self, _: Ping, _: &mut Context<Self>) {}
+}
+
+/// The selector's current per-worker views (inspection, tests).
+#[derive(Message, Debug)]
+#[rtype(result = "Vec<WorkerView>")]
+pub struct GetViews;
+
+/// The selector's current per-worker state, circuits included (for `/workers`).
+#[derive(Message, Debug)]
+#[rtype(result = "Vec<WorkerState>")]
+pub struct GetWorkerStates;
