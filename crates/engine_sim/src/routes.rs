@@ -24,6 +24,9 @@ use crate::{Fault, Flavor};
 
 type Answer = Result<HttpResponse, ApiError>;
 
+/// Largest request body an engine reads (kvgate's own default limit).
+const MAX_BODY: usize = 64 * 1024 * 1024;
+
 /// Binds one engine's server (one worker thread) on `host:port`; run it on an actix System.
 pub(crate) fn bind(
     engine: Arc<Engine>,
@@ -36,6 +39,8 @@ pub(crate) fn bind(
         let frozen = Data::clone(&data);
         App::new()
             .app_data(Data::clone(&data))
+            // actix's `Bytes` extractor stops at 256 KiB; an engine takes long prompts.
+            .app_data(web::PayloadConfig::new(MAX_BODY))
             // A frozen process: connections are accepted, nothing is ever answered.
             .wrap_fn(move |req, srv| {
                 // The simulator's own control routes stay up, so a test can thaw it.
