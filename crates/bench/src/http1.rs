@@ -55,10 +55,10 @@ impl RawClient {
             return Ok(true);
         }
         self.stream.set_nonblocking(true)?;
-        let gone = match self.stream.peek(&mut [0u8; 1]) {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => false,
-            _ => true,
-        };
+        let gone = !matches!(
+            self.stream.peek(&mut [0u8; 1]),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock
+        );
         self.stream.set_nonblocking(false)?;
         self.closed = gone;
         Ok(gone)

@@ -216,17 +216,19 @@ pub fn run(s: &SoakSettings) -> anyhow::Result<SoakReport> {
             }
             // Releases travel by message: give them a moment before reading the counts.
             actix_rt::time::sleep(Duration::from_millis(500)).await;
-            let mut r = report.borrow_mut();
-            r.rss_end_kib = rss_kib(pid);
-            r.seconds = started.elapsed().as_secs_f64();
+            let mut in_flight = 0;
             if let Ok(mut resp) = client.get(&workers_url).send().await
                 && let Ok(v) = resp.json::<serde_json::Value>().await
             {
-                r.in_flight_end = v["workers"]
+                in_flight = v["workers"]
                     .as_array()
                     .map(|ws| ws.iter().filter_map(|w| w["in_flight"].as_u64()).sum())
                     .unwrap_or(0);
             }
+            let mut r = report.borrow_mut();
+            r.rss_end_kib = rss_kib(pid);
+            r.seconds = started.elapsed().as_secs_f64();
+            r.in_flight_end = in_flight;
         }
     });
     drop(gw);
