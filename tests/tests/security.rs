@@ -31,6 +31,14 @@ async fn send(
     kvgate_tests::finish_reply(resp).await
 }
 
+/// `n` completions sent at once, their answers in order.
+async fn at_once(h: &Harness, n: usize) -> Vec<Reply> {
+    let url = h.url("/v1/completions");
+    let body = json!({"prompt": "x", "max_tokens": 1});
+    futures_util::future::join_all((0..n).map(|_| send("POST", &url, None, Some(body.clone()))))
+        .await
+}
+
 fn keyed(c: &mut GatewayConfig) {
     c.api_keys = vec![Secret::new("sk-client")];
     c.control_plane_api_keys = vec![Secret::new("ops:Ops:admin:sk-admin")];
@@ -208,20 +216,7 @@ async fn a_full_queue_is_429_with_retry_after_and_exactly_limit_plus_queue_are_s
     h.fleet
         .engine(0)
         .set_fault(Fault::Latency(Duration::from_millis(1500)));
-    let url = h.url("/v1/completions");
-    let all = futures_util::future::join_all((0..100).map(|_| {
-        let url = url.clone();
-        async move {
-            send(
-                "POST",
-                &url,
-                None,
-                Some(json!({"prompt": "x", "max_tokens": 1})),
-            )
-            .await
-        }
-    }))
-    .await;
+    let all = at_once(&h, 100).await;
     let ok = all.iter().filter(|r| r.status.as_u16() == 200).count();
     let refused: Vec<&Reply> = all.iter().filter(|r| r.status.as_u16() == 429).collect();
     assert_eq!((ok, refused.len()), (16, 84));
@@ -244,20 +239,7 @@ async fn a_queue_wait_past_its_timeout_is_503_with_retry_after() {
     h.fleet
         .engine(0)
         .set_fault(Fault::Latency(Duration::from_millis(1500)));
-    let url = h.url("/v1/completions");
-    let all = futures_util::future::join_all((0..3).map(|_| {
-        let url = url.clone();
-        async move {
-            send(
-                "POST",
-                &url,
-                None,
-                Some(json!({"prompt": "x", "max_tokens": 1})),
-            )
-            .await
-        }
-    }))
-    .await;
+    let all = at_once(&h, 3).await;
     let codes: Vec<u16> = all.iter().map(|r| r.status.as_u16()).collect();
     assert_eq!(codes.iter().filter(|c| **c == 200).count(), 1, "{codes:?}");
     for r in all.iter().filter(|r| r.status.as_u16() != 200) {

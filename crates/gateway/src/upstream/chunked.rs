@@ -131,3 +131,28 @@ pub(crate) fn encode_chunked(parts: &[&[u8]]) -> Vec<u8> {
     out.extend_from_slice(b"0\r\n\r\n");
     out
 }
+
+/// Decodes `wire` fed in the pieces `cuts` gives (positions, wrapped into its length): the
+/// data, and whether the body ended. For the tests.
+#[cfg(test)]
+pub(crate) fn decode_all(wire: &[u8], cuts: &[usize]) -> Result<(Vec<u8>, bool), UpstreamError> {
+    let mut dec = Chunked::default();
+    let mut buf = BytesMut::new();
+    let mut out = Vec::new();
+    let mut ends: Vec<usize> = cuts.iter().map(|c| c % (wire.len() + 1)).collect();
+    ends.push(wire.len());
+    ends.sort_unstable();
+    let mut at = 0;
+    for end in ends {
+        buf.extend_from_slice(&wire[at..end.max(at)]);
+        at = end.max(at);
+        loop {
+            match dec.step(&mut buf)? {
+                Step::Data(d) => out.extend_from_slice(&d),
+                Step::More => break,
+                Step::Done => return Ok((out, true)),
+            }
+        }
+    }
+    Ok((out, false))
+}

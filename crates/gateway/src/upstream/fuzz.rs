@@ -5,11 +5,10 @@
 //! reuse. `PROPTEST_CASES` sets the number of cases (256 by default; the long run is in
 //! docs/benchmarks.md).
 
-use bytes::BytesMut;
 use proptest::prelude::*;
 
 use super::UpstreamError;
-use super::chunked::{Chunked, Step};
+use super::chunked::decode_all;
 use super::head::{Framing, parse_head};
 
 /// A header line of the framing family, as a peer might send it.
@@ -130,28 +129,6 @@ fn chunked_body() -> impl Strategy<Value = (Vec<u8>, Vec<u8>, bool)> {
         })
 }
 
-fn decode(wire: &[u8], cuts: &[usize]) -> Result<(Vec<u8>, bool), UpstreamError> {
-    let mut dec = Chunked::default();
-    let mut buf = BytesMut::new();
-    let mut out = Vec::new();
-    let mut ends: Vec<usize> = cuts.iter().map(|c| c % (wire.len() + 1)).collect();
-    ends.push(wire.len());
-    ends.sort_unstable();
-    let mut at = 0;
-    for end in ends {
-        buf.extend_from_slice(&wire[at..end.max(at)]);
-        at = end.max(at);
-        loop {
-            match dec.step(&mut buf)? {
-                Step::Data(d) => out.extend_from_slice(&d),
-                Step::More => break,
-                Step::Done => return Ok((out, true)),
-            }
-        }
-    }
-    Ok((out, false))
-}
-
 proptest! {
     #[test]
     fn a_head_is_framed_one_way_or_not_reused(h in head(), extra in prop::collection::vec(any::<u8>(), 0..8)) {
@@ -192,8 +169,8 @@ proptest! {
         (wire, data, valid) in chunked_body(),
         cuts in prop::collection::vec(any::<usize>(), 0..10),
     ) {
-        let whole = decode(&wire, &[]);
-        let split = decode(&wire, &cuts);
+        let whole = decode_all(&wire, &[]);
+        let split = decode_all(&wire, &cuts);
         match (&whole, &split) {
             (Ok(a), Ok(b)) => {
                 prop_assert_eq!(a, b);
@@ -208,7 +185,7 @@ proptest! {
 
     #[test]
     fn arbitrary_bytes_never_panic_the_framing(bytes in prop::collection::vec(any::<u8>(), 0..1024), cuts in prop::collection::vec(any::<usize>(), 0..6)) {
-        let _ = decode(&bytes, &cuts);
+        let _ = decode_all(&bytes, &cuts);
         let _ = parse_head(&bytes);
         let mut h = b"HTTP/1.1 200 OK\r\n".to_vec();
         h.extend_from_slice(&bytes);

@@ -13,7 +13,7 @@ use bytes::{Bytes, BytesMut};
 use kvgate_poller::WorkerUrl;
 use proptest::prelude::*;
 
-use super::chunked::{Chunked, MAX_LINE, MAX_TRAILER, Step, encode_chunked};
+use super::chunked::{Chunked, MAX_LINE, MAX_TRAILER, decode_all, encode_chunked};
 use super::head::{Framing, parse_head};
 use super::*;
 
@@ -190,28 +190,6 @@ fn heads_say_how_the_body_ends() {
             "{bad:?}"
         );
     }
-}
-
-fn decode_all(wire: &[u8], cuts: &[usize]) -> Result<(Vec<u8>, bool), UpstreamError> {
-    let mut dec = Chunked::default();
-    let mut buf = BytesMut::new();
-    let mut out = Vec::new();
-    let mut at = 0;
-    let mut ends: Vec<usize> = cuts.iter().map(|c| c % (wire.len() + 1)).collect();
-    ends.push(wire.len());
-    ends.sort_unstable();
-    for end in ends {
-        buf.extend_from_slice(&wire[at..end.max(at)]);
-        at = end.max(at);
-        loop {
-            match dec.step(&mut buf)? {
-                Step::Data(d) => out.extend_from_slice(&d),
-                Step::More => break,
-                Step::Done => return Ok((out, true)),
-            }
-        }
-    }
-    Ok((out, false))
 }
 
 #[test]
