@@ -215,7 +215,7 @@ async fn a_full_queue_is_429_with_retry_after_and_exactly_limit_plus_queue_are_s
     // Every answer takes a while, so all 100 arrive while the first 8 run.
     h.fleet
         .engine(0)
-        .set_fault(Fault::Latency(Duration::from_millis(1500)));
+        .set_fault(Fault::Latency(Duration::from_secs(4)));
     let all = at_once(&h, 100).await;
     let ok = all.iter().filter(|r| r.status.as_u16() == 200).count();
     let refused: Vec<&Reply> = all.iter().filter(|r| r.status.as_u16() == 429).collect();
@@ -274,4 +274,52 @@ async fn the_rate_limit_is_per_client_key() {
     // Another key has its own bucket.
     let other = send("POST", &url, Some("sk-b"), Some(body)).await;
     assert_eq!(other.status.as_u16(), 200);
+}
+
+#[actix_rt::test]
+async fn a_gateway_key_is_never_forwarded_to_an_engine() {
+    use kvgate_tests::raw::{RawUpstream, Script};
+    let up = RawUpstream::start(Script {
+        status: 200,
+        content_type: "application/json",
+        chunks: vec![b"{}".to_vec()],
+        crash: false,
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(GatewayConfig {
+        worker_urls: vec![up.url.clone()],
+        api_keys: vec![Secret::new("sk-client")],
+        ..test_config(&dir)
+    })
+    .expect("gateway");
+    let r = send(
+        "POST",
+        &format!("{}/v1/completions", gw.url()),
+        Some("sk-client"),
+        Some(json!({"prompt": "x"})),
+    )
+    .await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    let seen = up.seen.lock().expect("seen").clone();
+    assert_eq!(seen.len(), 1);
+    let head = seen[0].0.to_ascii_lowercase();
+    assert!(!head.contains("authorization"), "{head}");
+    assert!(!head.contains("sk-client"), "{head}");
+    gw.stop();
+}
+
+#[test]
+fn user_role_entries_and_keys_with_spaces_are_refused() {
+    for (key, value) in [
+        ("control_plane_api_keys", "ops:Ops:user:sk-x"),
+        ("api_keys", "sk with space"),
+    ] {
+        let e = GatewayConfig::load(
+            None,
+            &std::collections::HashMap::new(),
+            vec![(key.to_owned(), vec![value.to_owned()].into())],
+        )
+        .expect_err("refused");
+        assert!(e.to_string().contains(key), "{e}");
+    }
 }

@@ -71,6 +71,12 @@ const FLAGS: &[(&str, &str, Kind, &str)] = &[
         "Longest wait to connect to a worker, seconds",
     ),
     (
+        "body-read-timeout-secs",
+        "body_read_timeout_secs",
+        Kind::Float,
+        "Time an admitted request has to send its body (408 after it), seconds",
+    ),
+    (
         "header-read-timeout-secs",
         "header_read_timeout_secs",
         Kind::Float,

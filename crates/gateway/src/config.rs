@@ -39,6 +39,13 @@ pub struct GatewayConfig {
     pub request_timeout: Duration,
     #[serde(rename = "connect_timeout_secs", with = "kvgate_policies::serde_secs")]
     pub connect_timeout: Duration,
+    /// Time a client has to send its request body once admitted (408 after it), so slow
+    /// uploads cannot hold the concurrency slots.
+    #[serde(
+        rename = "body_read_timeout_secs",
+        with = "kvgate_policies::serde_secs"
+    )]
+    pub body_read_timeout: Duration,
     /// Time a client has to send its request head; stalled connections are closed.
     #[serde(
         rename = "header_read_timeout_secs",
@@ -207,6 +214,7 @@ impl Default for GatewayConfig {
             request_timeout: Duration::from_secs(1800),
             connect_timeout: Duration::from_secs(10),
             header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(60),
             health_check_interval: Duration::from_secs(5),
             health_check_timeout: Duration::from_secs(3),
             health_failure_threshold: 3,
@@ -329,6 +337,7 @@ impl GatewayConfig {
             ("request_timeout_secs", self.request_timeout, false),
             ("connect_timeout_secs", self.connect_timeout, false),
             ("header_read_timeout_secs", self.header_read_timeout, false),
+            ("body_read_timeout_secs", self.body_read_timeout, false),
             (
                 "health_check_interval_secs",
                 self.health_check_interval,
@@ -419,16 +428,27 @@ impl GatewayConfig {
                 "must be a positive number (leave it out for no limit)",
             );
         }
+        let worker_key: Vec<Secret> = self.worker_api_key.iter().cloned().collect();
         for (key, keys) in [
             ("api_keys", &self.api_keys),
             ("control_plane_api_keys", &self.control_plane_api_keys),
+            ("worker_api_key", &worker_key),
         ] {
-            if keys
-                .iter()
-                .any(|k| crate::http::auth::key_part(k.expose()).is_empty())
-            {
-                return invalid(key, "a key must not be empty");
+            for k in keys {
+                if !crate::http::auth::usable_key(crate::http::auth::key_part(k.expose())) {
+                    return invalid(key, "a key must be non-empty visible ASCII");
+                }
             }
+        }
+        if self
+            .control_plane_api_keys
+            .iter()
+            .any(|k| crate::http::auth::user_role(k.expose()))
+        {
+            return invalid(
+                "control_plane_api_keys",
+                "a 'user' role entry is not an admin key: give client keys with --api-key",
+            );
         }
         if let Err(e) = crate::http::auth::AllowList::parse(&self.worker_allow) {
             return Err(ConfigError::Invalid {

@@ -244,10 +244,19 @@ async fn register(
     registry: &Addr<RegistryActor>,
     index: &Addr<IndexActor>,
     workers: Vec<(String, WorkerSource)>,
+    allow: &AllowList,
 ) {
     let adds = workers.into_iter().map(|(url, source)| {
         let registry = registry.clone();
         async move {
+            // A worker the API added before the restart is checked against today's list.
+            if source == WorkerSource::Api
+                && let Ok(u) = WorkerUrl::parse(&url)
+                && !allow.allows(&u).await
+            {
+                warn!(worker = %url, "not registered again: outside --worker-allow");
+                return;
+            }
             let r = registry
                 .send(AddWorker {
                     url: url.clone(),
@@ -361,7 +370,9 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         .selector
         .0
         .report_refusals_to(registry.clone().recipient());
-    register(&registry, &index, workers).await;
+    // Validated at load: an entry that does not parse was refused then.
+    let allow = AllowList::parse(&cfg.worker_allow).unwrap_or_default();
+    register(&registry, &index, workers, &allow).await;
     let lifecycle = Arc::new(Lifecycle::default());
     let admission = Arc::new(Admission::new(
         cfg.max_concurrent_requests,
@@ -376,6 +387,7 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         max_payload_size: cfg.max_payload_size,
         request_timeout: cfg.request_timeout,
         first_token_timeout: cfg.stream_first_token_timeout,
+        body_timeout: cfg.body_read_timeout,
         retry: RetryPolicy {
             attempts: if cfg.disable_retries {
                 1
@@ -388,8 +400,7 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         },
         admission: admission.clone(),
         keys: Keys::new(&cfg.api_keys, &cfg.control_plane_api_keys),
-        // Validated at load: an entry that does not parse was refused then.
-        allow: AllowList::parse(&cfg.worker_allow).unwrap_or_default(),
+        allow,
         grace: cfg.shutdown_grace_period,
         lifecycle: lifecycle.clone(),
     });
@@ -502,7 +513,10 @@ impl Gateway {
         while self.actors.admission.in_flight() > 0 && Instant::now() < until {
             std::thread::sleep(Duration::from_millis(20));
         }
-        self.stop();
+        // The grace is spent: what still runs is cut now rather than given it again.
+        let graceful = self.actors.admission.in_flight() == 0;
+        let mut this = self;
+        this.shutdown(graceful);
     }
 
     /// Inference requests inside the gateway now.

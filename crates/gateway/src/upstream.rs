@@ -56,7 +56,7 @@ pub enum UpstreamError {
     Status(u16),
     #[error("no first byte within {0:.1}s")]
     NoFirstToken(f64),
-    #[error("the worker was taken out (unhealthy, circuit open or removed) before it answered")]
+    #[error("the worker was taken out (unhealthy or removed) before it answered")]
     TakenOut,
 }
 

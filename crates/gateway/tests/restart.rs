@@ -396,7 +396,7 @@ fn sigterm_turns_readiness_off_at_once_and_lets_requests_in_flight_finish() {
     fleet
         .engine(0)
         .set_fault(kvgate_engine_sim::Fault::Latency(Duration::from_millis(
-            1500,
+            4000,
         )));
     let dir = tempfile::tempdir().expect("dir");
     let gw = Kvgate::start(

@@ -42,6 +42,11 @@ pub struct SoakReport {
     pub engine_restarts: u64,
     pub rss_start_kib: u64,
     pub rss_end_kib: u64,
+    /// The gateway's RSS once a minute, to tell a leak from the index filling up.
+    pub rss_every_minute_kib: Vec<u64>,
+    /// Units the prefix index held at the end (it grows with every new prompt up to
+    /// `--max-tree-size`).
+    pub index_units_end: u64,
     /// Summed over workers at the end, once the traffic is over.
     pub in_flight_end: u64,
 }
@@ -168,6 +173,7 @@ pub fn run(s: &SoakSettings) -> anyhow::Result<SoakReport> {
     gw.wait_ready(&["/readiness"], Duration::from_secs(30))?;
     let url = format!("{}/v1/chat/completions", gw.url());
     let workers_url = format!("{}/workers", gw.url());
+    let index_url = format!("{}/admin/index", gw.url());
     let pid = gw.pid();
     let report = Rc::new(RefCell::new(SoakReport::default()));
     let started = Instant::now();
@@ -180,6 +186,7 @@ pub fn run(s: &SoakSettings) -> anyhow::Result<SoakReport> {
                 .finish();
             let mut tick = actix_rt::time::interval(Duration::from_secs_f64(1.0 / s.rate));
             let mut next_restart = Instant::now() + s.restart_every;
+            let mut next_sample = Instant::now() + Duration::from_secs(60);
             let mut victim = 0;
             let mut i: u64 = 0;
             let mut tasks = Vec::new();
@@ -187,6 +194,10 @@ pub fn run(s: &SoakSettings) -> anyhow::Result<SoakReport> {
                 tick.tick().await;
                 if i == 50 {
                     report.borrow_mut().rss_start_kib = rss_kib(pid);
+                }
+                if Instant::now() >= next_sample {
+                    next_sample += Duration::from_secs(60);
+                    report.borrow_mut().rss_every_minute_kib.push(rss_kib(pid));
                 }
                 if Instant::now() >= next_restart {
                     next_restart += s.restart_every;
@@ -225,7 +236,17 @@ pub fn run(s: &SoakSettings) -> anyhow::Result<SoakReport> {
                     .map(|ws| ws.iter().filter_map(|w| w["in_flight"].as_u64()).sum())
                     .unwrap_or(0);
             }
+            let mut units = 0;
+            if let Ok(mut resp) = client.get(&index_url).send().await
+                && let Ok(v) = resp.json::<serde_json::Value>().await
+            {
+                units = v["models"]
+                    .as_array()
+                    .map(|ms| ms.iter().filter_map(|m| m["text_units"].as_u64()).sum())
+                    .unwrap_or(0);
+            }
             let mut r = report.borrow_mut();
+            r.index_units_end = units;
             r.rss_end_kib = rss_kib(pid);
             r.seconds = started.elapsed().as_secs_f64();
             r.in_flight_end = in_flight;

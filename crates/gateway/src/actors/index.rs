@@ -203,6 +203,22 @@ impl IndexActor {
         }
     }
 
+    fn forget(&mut self, msg: ForgetPrefix) {
+        let hash_mode = self.cfg.cache_index == CacheIndex::Hash;
+        let Some(m) = self.models.get_mut(&msg.model) else {
+            return;
+        };
+        let dropped = match (&msg.key, hash_mode) {
+            (RoutingText::Tokens(t), true) => m.hash.forget(t, 0, msg.worker, msg.keep),
+            (RoutingText::Tokens(t), false) => m.tokens.forget(t, msg.worker, msg.keep),
+            (RoutingText::Text(s), false) => m.text.forget(s.as_bytes(), msg.worker, msg.keep),
+            (RoutingText::Text(_), true) | (RoutingText::Empty, _) => 0,
+        };
+        if dropped > 0 {
+            self.dirty = true;
+        }
+    }
+
     /// Milliseconds on the shared monotonic clock (offset by `CLOCK_BASE`): LRU stamps.
     fn now(&self) -> u64 {
         CLOCK_BASE + self.epoch.elapsed().as_millis() as u64
@@ -417,19 +433,7 @@ impl Handler<ForgetPrefix> for IndexActor {
     type Result = ();
 
     fn handle(&mut self, msg: ForgetPrefix, _: &mut Context<Self>) {
-        let hash_mode = self.cfg.cache_index == CacheIndex::Hash;
-        let Some(m) = self.models.get_mut(&msg.model) else {
-            return;
-        };
-        let dropped = match (&msg.key, hash_mode) {
-            (RoutingText::Tokens(t), true) => m.hash.forget(t, 0, msg.worker, msg.keep),
-            (RoutingText::Tokens(t), false) => m.tokens.forget(t, msg.worker, msg.keep),
-            (RoutingText::Text(s), false) => m.text.forget(s.as_bytes(), msg.worker, msg.keep),
-            (RoutingText::Text(_), true) | (RoutingText::Empty, _) => 0,
-        };
-        if dropped > 0 {
-            self.dirty = true;
-        }
+        let _ = self.guarded(|s| s.forget(msg));
     }
 }
 

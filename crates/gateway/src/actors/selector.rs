@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use kvgate_policies::{
-    CreditLedger, Decision, DecisionNote, DecisionPath, HashRing, PolicyConfig, PrefixMatches,
-    RECENT_HALF_LIFE, RequestFacts, RoutingText, SelectInput, WorkerId, WorkerView,
+    CreditLedger, Decision, DecisionNote, DecisionPath, HashRing, MatchSource, PolicyConfig,
+    PrefixMatches, RECENT_HALF_LIFE, RequestFacts, RoutingText, SelectInput, WorkerId, WorkerView,
 };
 use kvgate_poller::WorkerUrl;
 use rand::SeedableRng;
@@ -355,10 +355,16 @@ impl SelectorActor {
         }
     }
 
-    /// A fresh state, as at startup, with the registry's last fleet applied.
+    /// A fresh state with the registry's last fleet applied. What the requests in flight
+    /// rely on is kept: each worker's in-flight count (their releases will come), its
+    /// down watch (they wait on it) and its circuit.
     fn restart(&mut self) {
-        self.views.clear();
-        self.meta.clear();
+        let kept: HashMap<WorkerId, (u64, Meta)> = self
+            .views
+            .drain(..)
+            .zip(self.meta.drain(..))
+            .map(|(v, m)| (v.id, (v.in_flight, m)))
+            .collect();
         self.by_model.clear();
         self.ledger = CreditLedger::new();
         self.ring = None;
@@ -366,6 +372,16 @@ impl SelectorActor {
         if let Some(fleet) = self.fleet.clone() {
             self.apply_fleet(&fleet);
         }
+        let mut kept = kept;
+        for (v, m) in self.views.iter_mut().zip(&mut self.meta) {
+            if let Some((in_flight, old)) = kept.remove(&v.id)
+                && old.incarnation == m.incarnation
+            {
+                v.in_flight = in_flight;
+                *m = old;
+            }
+        }
+        self.refresh_eligibility(self.now());
     }
 
     /// Decides and books the dispatch: in-flight and credit go up on the chosen worker.
@@ -378,9 +394,13 @@ impl SelectorActor {
         matches: Option<&PrefixMatches>,
         exclude: &[WorkerId],
         may_hold: bool,
+        attempt: u32,
     ) -> Result<Dispatched, SelectError> {
         self.seq = self.seq.wrapping_add(1);
-        let (idx, decision) = self.decide(facts, matches, exclude, self.seq)?;
+        let (idx, mut decision) = self.decide(facts, matches, exclude, self.seq)?;
+        if attempt > 1 {
+            decision.notes.push(DecisionNote::Retry { attempt });
+        }
         let idx = idx.ok_or(SelectError::NoHealthy)?;
         let worker = self.views[idx].id;
         if may_hold && let Some(rx) = self.holds.join(worker, &facts.key) {
@@ -406,20 +426,27 @@ impl SelectorActor {
             }
         }
         let now = self.now();
+        // What a failed attempt's record is taken back to. A hash probe names only the
+        // deepest boundary's holders, so every boundary down to it stays: only keys no
+        // worker held before are surely this record's.
+        let keep = match matches.map(|m| m.source) {
+            Some(MatchSource::Hash { boundary }) => boundary.unwrap_or(0),
+            _ => known,
+        };
         let recorded = decision
             .record_prefix
-            .then(|| (self.model_key(facts), known));
+            .then(|| (self.model_key(facts), keep));
         let meta = &mut self.meta[idx];
         let probe = meta.circuit.sent(&self.circuit, now);
         let v = &mut self.views[idx];
-        if probe {
+        if probe.is_some() {
             // A half-open circuit admits a bounded number of probes at once.
             v.eligible = meta.circuit.admits(&self.circuit, now);
             self.breakers_tripped = true;
         }
         v.in_flight += 1;
         v.credit = self.ledger.credit(v.id);
-        debug!(worker = %v.url, decision = %decision, probe, "selected");
+        debug!(worker = %v.url, decision = %decision, probe = probe.is_some(), "selected");
         let booking = Booking {
             selector: me,
             release: Some(Release {
@@ -476,15 +503,11 @@ impl Handler<Select> for SelectorActor {
         let Some(index) = self.index_for(&msg.facts) else {
             let _enter = span.enter();
             // Without an index nothing is recorded, so nothing warms and nothing holds.
-            let r = match self.guarded(|s| s.dispatch(me, &msg.facts, None, &msg.exclude, false)) {
-                Ok(Dispatched::Go(mut d)) => {
-                    if msg.attempt > 1 {
-                        d.decision.notes.push(DecisionNote::Retry {
-                            attempt: msg.attempt,
-                        });
-                    }
-                    Ok(Selected::Go(d))
-                }
+            let attempt = msg.attempt;
+            let r = match self
+                .guarded(|s| s.dispatch(me, &msg.facts, None, &msg.exclude, false, attempt))
+            {
+                Ok(Dispatched::Go(d)) => Ok(Selected::Go(d)),
                 Ok(Dispatched::Hold(_)) => Err(SelectError::NoHealthy),
                 Err(e) => Err(e),
             };
@@ -506,9 +529,10 @@ impl Handler<Select> for SelectorActor {
                 // The index is gone (shutdown): the facts went with it.
                 Err(_) => return Err(SelectError::NoHealthy),
             };
-            let dispatched =
-                act.guarded(|s| s.dispatch(me, &facts, matches.as_ref(), &exclude, may_hold))?;
-            let mut d = match dispatched {
+            let dispatched = act.guarded(|s| {
+                s.dispatch(me, &facts, matches.as_ref(), &exclude, may_hold, attempt)
+            })?;
+            let d = match dispatched {
                 Dispatched::Go(d) => d,
                 Dispatched::Hold(ready) => {
                     return Ok(Selected::Hold(Hold {
@@ -519,9 +543,6 @@ impl Handler<Select> for SelectorActor {
                     }));
                 }
             };
-            if attempt > 1 {
-                d.decision.notes.push(DecisionNote::Retry { attempt });
-            }
             if d.decision.record_prefix {
                 // do_send keeps order with the next lookup, which this actor sends later.
                 index.do_send(RecordPrefix {

@@ -125,13 +125,23 @@ impl Admission {
             Err(p) => p.into_inner(),
         };
         if buckets.len() >= MAX_BUCKETS && !buckets.contains_key(&key) {
-            buckets.retain(|_, b| b.tokens + rate * now.duration_since(b.at).as_secs_f64() < rate);
+            // Forget the full buckets (idle clients); if every one is busy, the oldest half.
+            let cap = rate.max(1.0);
+            buckets.retain(|_, b| b.tokens + rate * now.duration_since(b.at).as_secs_f64() < cap);
+            if buckets.len() >= MAX_BUCKETS {
+                let mut ages: Vec<Instant> = buckets.values().map(|b| b.at).collect();
+                ages.sort_unstable();
+                let cut = ages[ages.len() / 2];
+                buckets.retain(|_, b| b.at > cut);
+            }
         }
+        // A bucket holds a second's worth, and at least one request.
+        let cap = rate.max(1.0);
         let b = buckets.entry(key).or_insert(Bucket {
-            tokens: rate,
+            tokens: cap,
             at: now,
         });
-        b.tokens = (b.tokens + rate * now.duration_since(b.at).as_secs_f64()).min(rate.max(1.0));
+        b.tokens = (b.tokens + rate * now.duration_since(b.at).as_secs_f64()).min(cap);
         b.at = now;
         if b.tokens >= 1.0 {
             b.tokens -= 1.0;

@@ -21,6 +21,20 @@ pub fn key_part(entry: &str) -> &str {
     }
 }
 
+/// A key that can travel in a header as it is: visible ASCII, no spaces or controls.
+pub fn usable_key(k: &str) -> bool {
+    !k.is_empty() && k.bytes().all(|b| b.is_ascii_graphic())
+}
+
+/// Whether a `--control-plane-api-keys` entry is the reference's `id:name:user:key` form,
+/// which grants no admin rights.
+pub fn user_role(entry: &str) -> bool {
+    matches!(
+        entry.splitn(4, ':').collect::<Vec<_>>().as_slice(),
+        [_, _, "user", _]
+    )
+}
+
 /// Equality whose time depends only on the lengths, not on where the bytes differ.
 fn same(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
@@ -104,6 +118,11 @@ impl Keys {
                 "an admin key is required (Authorization: Bearer <key>)",
             )),
         }
+    }
+
+    /// Whether the gateway checks any key at all.
+    pub fn any(&self) -> bool {
+        !self.client.is_empty() || !self.admin.is_empty()
     }
 
     /// The key a rate limit counts a request under: its bearer token when keys are set.

@@ -34,6 +34,8 @@ pub enum ApiError {
     NoWorker { registered: bool },
     #[error("every worker is at its waiting-request cap; retry shortly")]
     Saturated,
+    #[error("the request body did not arrive within {0:.0} s")]
+    BodyTimeout(f64),
     #[error("routing failed on this request and restarted; retry it")]
     RoutingRestarted,
     #[error("{0}")]
@@ -77,6 +79,7 @@ impl ApiError {
             ApiError::NoWorker { .. } => ("service_unavailable", "no_available_workers"),
             ApiError::Saturated => ("rate_limit_error", "workers_saturated"),
             ApiError::RoutingRestarted => ("service_unavailable", "routing_restarted"),
+            ApiError::BodyTimeout(_) => ("invalid_request_error", "request_timeout"),
             ApiError::Unauthorized(_) => ("authentication_error", "invalid_api_key"),
             ApiError::Forbidden(_) => ("permission_error", "forbidden"),
             ApiError::WorkerNotAllowed(_) => ("permission_error", "worker_not_allowed"),
@@ -111,6 +114,7 @@ impl ResponseError for ApiError {
                 StatusCode::TOO_MANY_REQUESTS
             }
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::Forbidden(_) | ApiError::WorkerNotAllowed(_) => StatusCode::FORBIDDEN,
             ApiError::QueueTimeout { .. } | ApiError::RoutingRestarted => {
                 StatusCode::SERVICE_UNAVAILABLE

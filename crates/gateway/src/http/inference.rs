@@ -91,14 +91,19 @@ async fn proxy_request(
             .admit(state.keys.client_id(&req), peer)
             .await?,
     );
-    let body = read_body(&req, payload, state.max_payload_size).await?;
+    let body = actix_rt::time::timeout(
+        state.body_timeout,
+        read_body(&req, payload, state.max_payload_size),
+    )
+    .await
+    .map_err(|_| ApiError::BodyTimeout(state.body_timeout.as_secs_f64()))??;
     let mut facts = facts_of(endpoint, &req, &body)?;
     let request_id = req
         .extensions()
         .get::<RequestId>()
         .map(|r| r.0.clone())
         .unwrap_or_else(|| Arc::from(""));
-    let up = Upstream {
+    let mut up = Upstream {
         pool: &pool,
         path: endpoint.path(),
         request_id: &request_id,
@@ -107,6 +112,8 @@ async fn proxy_request(
         first_token_timeout: state.first_token_timeout,
         max_response: 256 * 1024 * 1024,
         stream: facts.stream,
+        pass_authorization: !state.keys.any(),
+        attempt: 1,
     };
     let mut exclude: Vec<WorkerId> = Vec::new();
     let mut last: Option<proxy::Failure> = None;
@@ -131,6 +138,7 @@ async fn proxy_request(
             }
         };
         let (worker, url, recorded) = (d.worker, d.url.clone(), d.recorded.clone());
+        up.attempt = attempt;
         let failure = match proxy::forward(&up, &req, body.clone(), d, &mut ticket).await {
             Ok(resp) => return Ok(resp),
             Err(f) => f,

@@ -97,6 +97,11 @@ pub struct Upstream<'a> {
     pub first_token_timeout: Duration,
     pub max_response: usize,
     pub stream: bool,
+    /// The client's `Authorization` goes to the worker only when the gateway checks no
+    /// keys of its own: a gateway key is never handed to an engine.
+    pub pass_authorization: bool,
+    /// Which attempt this is (1: the first); later ones say so in `x-kvgate-attempts`.
+    pub attempt: u32,
 }
 
 /// An attempt that failed with nothing sent to the client yet.
@@ -140,7 +145,11 @@ fn retryable_status(s: StatusCode) -> bool {
     matches!(s.as_u16(), 429 | 502 | 503 | 504)
 }
 
-/// Resolves once the worker is taken out (unhealthy, circuit open, removed).
+/// How long the body of a retryable error answer may take to arrive: it is kept only to
+/// give the client the worker's own words if no retry is left.
+const ERROR_BODY_WAIT: Duration = Duration::from_secs(5);
+
+/// Resolves once the worker is taken out (unhealthy or removed).
 async fn taken_out(down: &mut watch::Receiver<bool>) {
     loop {
         if *down.borrow_and_update() {
@@ -181,7 +190,7 @@ pub async fn forward(
     let mut headers: Vec<(&str, &[u8])> = Vec::with_capacity(FORWARDED.len() + 1);
     for name in &FORWARDED {
         // The worker's own key replaces the client's: never both.
-        if auth.is_some() && *name == header::AUTHORIZATION {
+        if (auth.is_some() || !up.pass_authorization) && *name == header::AUTHORIZATION {
             continue;
         }
         for v in req.headers().get_all(name) {
@@ -221,12 +230,20 @@ pub async fn forward(
     let mut builder = HttpResponse::build(status);
     copy_response_headers(resp.headers, &mut builder);
     if retryable_status(status) {
-        booking.set_outcome(Outcome::Failure);
+        // A 429 is the engine shedding load, not failing: it goes elsewhere, but it does
+        // not count against the engine's circuit.
+        if status != StatusCode::TOO_MANY_REQUESTS {
+            booking.set_outcome(Outcome::Failure);
+        }
         // Kept for the client in case no other worker can serve it.
-        let read = tokio::time::timeout_at(deadline, resp.body.collect(64 * 1024));
-        let text = match read.await {
-            Ok(Ok(b)) => b,
-            _ => Bytes::new(),
+        let by = deadline.min(tokio::time::Instant::now() + ERROR_BODY_WAIT);
+        let read = tokio::time::timeout_at(by, resp.body.collect(64 * 1024));
+        let text = tokio::select! {
+            r = read => match r {
+                Ok(Ok(b)) => b,
+                _ => Bytes::new(),
+            },
+            () = taken_out(&mut down) => Bytes::new(),
         };
         let error = ApiError::Upstream {
             worker: worker.to_string(),
@@ -285,6 +302,7 @@ pub async fn forward(
         };
         booking.set_outcome(outcome);
         builder.insert_header((header::CACHE_CONTROL, HeaderValue::from_static("no-cache")));
+        attempts_header(&mut builder, up.attempt);
         let mut relay = Relay {
             inner: body,
             guard: Some(booking),
@@ -325,7 +343,15 @@ pub async fn forward(
     };
     booking.set_outcome(outcome);
     drop(booking);
+    attempts_header(&mut builder, up.attempt);
     Ok(builder.body(body))
+}
+
+/// Says on an answer that retries were needed to get it (absent for a first attempt).
+fn attempts_header(builder: &mut HttpResponseBuilder, attempt: u32) {
+    if attempt > 1 {
+        builder.insert_header(("x-kvgate-attempts", attempt.to_string()));
+    }
 }
 
 fn taken_out_error(worker: &WorkerUrl) -> ApiError {
@@ -409,6 +435,10 @@ impl Relay {
     fn fail(&mut self, err: ApiError) -> Poll<Option<Result<Bytes, actix_web::Error>>> {
         warn!(worker = %self.worker, request_id = %self.request_id, error = %err, "upstream stream failed");
         self.done = true;
+        // A stream that breaks counts against its worker, first byte or not.
+        if let Some(g) = self.guard.as_mut() {
+            g.set_outcome(Outcome::Failure);
+        }
         self.guard = None;
         // An unfinished event is dropped: the client could not parse it anyway.
         self.partial.clear();

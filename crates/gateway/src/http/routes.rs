@@ -39,6 +39,7 @@ pub struct AppState {
     pub max_payload_size: usize,
     pub request_timeout: Duration,
     pub first_token_timeout: Duration,
+    pub body_timeout: Duration,
     pub retry: RetryPolicy,
     pub admission: Arc<Admission>,
     pub keys: Keys,
@@ -94,6 +95,10 @@ pub async fn health() -> HttpResponse {
 /// Ready when it serves: not shutting down, its routing actors answer, and some worker
 /// is ready.
 pub async fn readiness(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    if state.lifecycle.shutting_down.load(Ordering::Acquire) {
+        return Ok(HttpResponse::ServiceUnavailable()
+            .json(json!({"status": "not ready", "reason": "shutting down"})));
+    }
     let fleet = state.registry.send(ListWorkers).await?;
     let healthy = fleet.iter().filter(|w| w.healthy()).count();
     let body = |status: &str| json!({"status": status, "healthy_workers": healthy, "total_workers": fleet.len()});
@@ -105,9 +110,7 @@ pub async fn readiness(state: web::Data<AppState>) -> Result<HttpResponse, ApiEr
         ),
         (Ok(Ok(())), Ok(Ok(())))
     );
-    let reason = if state.lifecycle.shutting_down.load(Ordering::Acquire) {
-        Some("shutting down")
-    } else if !routing {
+    let reason = if !routing {
         Some("the routing actors do not answer")
     } else if healthy == 0 {
         Some("no healthy worker")
@@ -247,6 +250,14 @@ async fn add(
     api_key: Option<Secret>,
 ) -> Result<WorkerRecord, ApiError> {
     let parsed = WorkerUrl::parse(&url).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    if api_key
+        .as_ref()
+        .is_some_and(|k| !crate::http::auth::usable_key(k.expose()))
+    {
+        return Err(ApiError::BadRequest(
+            "api_key must be non-empty visible ASCII".into(),
+        ));
+    }
     if !state.allow.allows(&parsed).await {
         return Err(ApiError::WorkerNotAllowed(parsed.to_string()));
     }

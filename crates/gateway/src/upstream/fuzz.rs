@@ -7,7 +7,6 @@
 
 use proptest::prelude::*;
 
-use super::UpstreamError;
 use super::chunked::decode_all;
 use super::head::{Framing, parse_head};
 

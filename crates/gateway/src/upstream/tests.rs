@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
 use actix_web::http::StatusCode;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use kvgate_poller::WorkerUrl;
 use proptest::prelude::*;
 

@@ -66,6 +66,8 @@ pub struct Circuit {
     /// Probes in flight and successful probes (half-open).
     probing: u32,
     successes: u32,
+    /// Counts the half-open periods, so a probe of an earlier one decides nothing now.
+    period: u32,
 }
 
 impl Default for Circuit {
@@ -76,6 +78,7 @@ impl Default for Circuit {
             opened_at: Duration::ZERO,
             probing: 0,
             successes: 0,
+            period: 0,
         }
     }
 }
@@ -87,6 +90,7 @@ impl Circuit {
             self.state = CircuitState::HalfOpen;
             self.probing = 0;
             self.successes = 0;
+            self.period = self.period.wrapping_add(1);
         }
         self.state
     }
@@ -103,13 +107,13 @@ impl Circuit {
         }
     }
 
-    /// A request was sent; returns whether it is a probe of a half-open circuit.
-    pub fn sent(&mut self, cfg: &CircuitConfig, now: Duration) -> bool {
+    /// A request was sent; returns the half-open period it probes, if it is a probe.
+    pub fn sent(&mut self, cfg: &CircuitConfig, now: Duration) -> Option<u32> {
         let probe = cfg.enabled && self.state(cfg, now) == CircuitState::HalfOpen;
-        if probe {
+        probe.then(|| {
             self.probing += 1;
-        }
-        probe
+            self.period
+        })
     }
 
     /// Failures in the window (closed), for inspection.
@@ -123,15 +127,17 @@ impl Circuit {
         cfg: &CircuitConfig,
         now: Duration,
         outcome: Outcome,
-        probe: bool,
+        probe: Option<u32>,
     ) -> bool {
         if !cfg.enabled {
             return false;
         }
+        let state = self.state(cfg, now);
+        // Only a probe of this half-open period counts as one.
+        let probe = probe == Some(self.period) && state == CircuitState::HalfOpen;
         if probe {
             self.probing = self.probing.saturating_sub(1);
         }
-        let state = self.state(cfg, now);
         match (state, outcome) {
             (_, Outcome::Neutral) => false,
             (CircuitState::Closed, Outcome::Success) => false,
@@ -156,7 +162,9 @@ impl Circuit {
             (CircuitState::HalfOpen, Outcome::Success) => {
                 self.successes += 1;
                 if self.successes >= cfg.success_threshold {
+                    let period = self.period;
                     *self = Circuit::default();
+                    self.period = period;
                 }
                 false
             }
@@ -196,26 +204,28 @@ mod tests {
         };
         let mut c = Circuit::default();
         // Two failures, then one outside the window of the first: still closed.
-        assert!(!c.ended(&cfg, s(0), Outcome::Failure, false));
-        assert!(!c.ended(&cfg, s(1), Outcome::Failure, false));
-        assert!(!c.ended(&cfg, s(7), Outcome::Failure, false));
-        assert!(!c.ended(&cfg, s(8), Outcome::Failure, false));
+        assert!(!c.ended(&cfg, s(0), Outcome::Failure, None));
+        assert!(!c.ended(&cfg, s(1), Outcome::Failure, None));
+        assert!(!c.ended(&cfg, s(7), Outcome::Failure, None));
+        assert!(!c.ended(&cfg, s(8), Outcome::Failure, None));
         assert!(c.admits(&cfg, s(8)));
         assert!(
-            c.ended(&cfg, s(9), Outcome::Failure, false),
+            c.ended(&cfg, s(9), Outcome::Failure, None),
             "three within 5 s"
         );
         assert!(!c.admits(&cfg, s(18)), "open for 10 s");
         // Half-open: one probe at a time; the others go elsewhere.
         assert!(c.admits(&cfg, s(19)));
-        assert!(c.sent(&cfg, s(19)));
+        let probe = c.sent(&cfg, s(19));
+        assert!(probe.is_some());
         assert!(!c.admits(&cfg, s(19)));
         // A request sent before the circuit opened ends: it decides nothing.
-        assert!(!c.ended(&cfg, s(19), Outcome::Success, false));
+        assert!(!c.ended(&cfg, s(19), Outcome::Success, None));
         assert_eq!(c.state(&cfg, s(19)), CircuitState::HalfOpen);
-        assert!(!c.ended(&cfg, s(20), Outcome::Success, true));
-        assert!(c.admits(&cfg, s(20)) && c.sent(&cfg, s(20)));
-        assert!(!c.ended(&cfg, s(20), Outcome::Success, true));
+        assert!(!c.ended(&cfg, s(20), Outcome::Success, probe));
+        assert!(c.admits(&cfg, s(20)));
+        let probe = c.sent(&cfg, s(20));
+        assert!(!c.ended(&cfg, s(20), Outcome::Success, probe));
         assert_eq!(
             c.state(&cfg, s(20)),
             CircuitState::Closed,
@@ -223,12 +233,19 @@ mod tests {
         );
         // A failed probe opens it again at once.
         for t in 21..24 {
-            c.ended(&cfg, s(t), Outcome::Failure, false);
+            c.ended(&cfg, s(t), Outcome::Failure, None);
         }
-        assert!(c.admits(&cfg, s(33)) && c.sent(&cfg, s(33)));
-        assert!(c.ended(&cfg, s(33), Outcome::Failure, true));
-        assert_eq!(c.state(&cfg, s(33)), CircuitState::Open);
-        assert!(!c.admits(&cfg, s(42)));
+        assert!(c.admits(&cfg, s(33)));
+        let probe = c.sent(&cfg, s(33));
+        assert!(c.ended(&cfg, s(33), Outcome::Failure, probe));
+        // A probe of that earlier period, ending in the next one, decides nothing.
+        let late = probe;
+        assert!(c.admits(&cfg, s(44)));
+        let now_probe = c.sent(&cfg, s(44));
+        assert!(!c.ended(&cfg, s(44), Outcome::Failure, late));
+        assert_eq!(c.state(&cfg, s(44)), CircuitState::HalfOpen);
+        assert!(!c.admits(&cfg, s(44)), "its own probe is still out");
+        assert!(c.ended(&cfg, s(44), Outcome::Failure, now_probe));
     }
 
     #[test]
@@ -238,13 +255,13 @@ mod tests {
             ..CircuitConfig::default()
         };
         let mut c = Circuit::default();
-        assert!(!c.ended(&cfg, s(0), Outcome::Neutral, false));
+        assert!(!c.ended(&cfg, s(0), Outcome::Neutral, None));
         assert!(c.admits(&cfg, s(0)));
         let off = CircuitConfig {
             enabled: false,
             ..cfg
         };
-        assert!(!c.ended(&off, s(0), Outcome::Failure, false));
+        assert!(!c.ended(&off, s(0), Outcome::Failure, None));
         assert!(c.admits(&off, s(0)));
     }
 }

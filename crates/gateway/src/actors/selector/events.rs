@@ -4,7 +4,6 @@
 
 use actix::prelude::*;
 use kvgate_poller::LoadsPolled;
-use tokio::sync::watch;
 use tracing::warn;
 
 use super::{GetViews, GetWorkerStates, Release, SelectorActor, Warmed, WorkerState};
@@ -29,13 +28,12 @@ impl Handler<Release> for SelectorActor {
         v.in_flight = v.in_flight.saturating_sub(1);
         v.credit = self.ledger.credit(msg.worker);
         let meta = &mut self.meta[i];
+        // An open circuit stops new traffic; what already runs there goes on.
         if meta
             .circuit
             .ended(&self.circuit, now, msg.outcome, msg.probe)
         {
             warn!(worker = %meta.url, "circuit open: repeated failures; no traffic until it is probed");
-            meta.down.send_replace(true);
-            meta.down = watch::channel(false).0;
         }
         if let (Some(reason), Some(registry)) = (msg.refused, &self.registry) {
             registry.do_send(WorkerFailed {

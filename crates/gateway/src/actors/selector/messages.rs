@@ -151,8 +151,8 @@ pub struct Release {
     pub credit_tokens: u64,
     /// Which dispatch this is, for the requests holding on it.
     pub booking: u64,
-    /// Whether it was a probe of the worker's half-open circuit.
-    pub probe: bool,
+    /// The half-open period of the worker's circuit it probes, if it is a probe.
+    pub probe: Option<u32>,
     pub outcome: Outcome,
     /// Set when the worker refused the connection (see [`Booking::refused`]).
     pub refused: Option<String>,
