@@ -2,7 +2,7 @@
 """Instructions per proxied request, counted by callgrind: repeatable where timings are not.
 
     python3 crates/bench/scripts/proxy_instructions.py [--requests N] [--nginx] [--top K]
-        [--inclusive PATTERN ...] BIN [BIN ...]
+        [--inclusive PATTERN ...] [--body-kib N] [--policy P] [--unique] BIN [BIN ...]
 
 Starts one fixed-response simulated engine (target/release/kvgate-sim), then, one at a
 time, each `kvgate` binary BIN (and with --nginx, nginx as a reverse proxy) under
@@ -16,7 +16,9 @@ K functions with the most instructions of their own; with --inclusive, the instr
 per request of each function whose name contains PATTERN, callees included (the splits
 in docs/benchmarks.md come from `--inclusive proxy_request --inclusive ContextFut
 --inclusive new_request_id --inclusive parse_head ...`). Loopback only; needs valgrind (and
-nginx for --nginx). Used in docs/benchmarks.md.
+nginx for --nginx). With --body-kib N the user message is N KiB of text (the body of
+`kvgate-bench proxy --body-kib N`), with --unique each request's text starts with its own
+number, and the figures are also given per KiB of body. Used in docs/benchmarks.md.
 """
 import argparse
 import collections
@@ -54,10 +56,28 @@ def wait_ready(port, path, deadline=60.0):
     sys.exit(f"nothing answered 200 on port {port}{path} within {deadline:.0f} s")
 
 
-def send(port, n):
+def body_of(kib, unique, i):
+    """The request body: the small one, or a chat message of `kib` KiB of text."""
+    if kib is None:
+        return BODY
+    words = b"the quick brown fox jumps over the lazy dog "
+    text = (words * (kib * 1024 // len(words) + 1))[:kib * 1024]
+    if unique:
+        tag = b"%010d " % i
+        text = tag + text[len(tag):]
+    return (b'{"model":"kvgate-sim-model","messages":[{"role":"user","content":"' + text +
+            b'"}],"max_tokens":1}')
+
+
+SENT = [0]
+
+
+def send(port, n, kib=None, unique=False):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     for _ in range(n):
-        c.request("POST", "/v1/chat/completions", BODY, {"Content-Type": "application/json"})
+        SENT[0] += 1
+        c.request("POST", "/v1/chat/completions", body_of(kib, unique, SENT[0]),
+                  {"Content-Type": "application/json"})
         r = c.getresponse()
         body = r.read()
         if r.status != 200:
@@ -100,16 +120,18 @@ def summarise(path, n, top):
     return total / n, (total - memset) / n, mallocs / n, own.most_common(top), incl
 
 
-def profile(name, label, argv, port, ready_path, n, top, workdir, inclusive=()):
+def profile(name, label, argv, port, ready_path, n, top, workdir, inclusive=(), kib=None,
+            unique=False):
     out = os.path.join(workdir, f"{name}.out")
     cmd = ["valgrind", "--tool=callgrind", "--compress-strings=no", "--compress-pos=no",
            f"--callgrind-out-file={out}"] + argv
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_ready(port, ready_path)
-        send(port, WARMUP)
+        warmup = WARMUP if kib is None else max(20, WARMUP // kib)
+        send(port, warmup, kib, unique)
         control("-z", proc.pid)
-        send(port, n)
+        send(port, n, kib, unique)
         control("-d", proc.pid)
     finally:
         proc.terminate()
@@ -123,13 +145,15 @@ def profile(name, label, argv, port, ready_path, n, top, workdir, inclusive=()):
     ir, ir_no_memset, mallocs, hot, incl = summarise(os.path.join(workdir, dumps[0]), n, top)
     print(f"{label}: {ir:,.0f} Ir/request, {ir_no_memset:,.0f} without memset, "
           f"{mallocs:.1f} malloc calls/request")
+    if kib is not None:
+        print(f"  per KiB of body: {ir / kib:,.0f} Ir, {ir_no_memset / kib:,.0f} without memset")
     for f, c in hot:
-        print(f"  {c / n:>8,.0f}  {f[:110]}")
+        print(f"  {c / n:>10,.0f}  {f[:110]}")
     for pattern in inclusive:
         matches = [(f, c) for f, c in incl.items() if pattern in f]
         matches.sort(key=lambda fc: -fc[1])
         for f, c in matches[:3]:
-            print(f"  inclusive {c / n:>8,.0f}  {f[:100]}")
+            print(f"  inclusive {c / n:>10,.0f}  {f[:100]}")
 
 
 def main():
@@ -141,6 +165,9 @@ def main():
     ap.add_argument("--inclusive", action="append", default=[], metavar="PATTERN",
                     help="also print the inclusive cost of functions whose name contains it")
     ap.add_argument("--sim", default="target/release/kvgate-sim")
+    ap.add_argument("--body-kib", type=int, help="a user message of N KiB of text")
+    ap.add_argument("--unique", action="store_true", help="a different prompt each request")
+    ap.add_argument("--policy", default="round_robin", help="kvgate's --policy")
     a = ap.parse_args()
     for tool in ["valgrind", "callgrind_control"] + (["nginx"] if a.nginx else []):
         if shutil.which(tool) is None:
@@ -157,10 +184,10 @@ def main():
         upstream = f"http://127.0.0.1:{sim_port}"
         for i, b in enumerate(a.bins):
             port = free_port()
-            argv = [b, "--port", str(port), "--worker-urls", upstream, "--policy", "round_robin",
+            argv = [b, "--port", str(port), "--worker-urls", upstream, "--policy", a.policy,
                     "--log-level", "warn", "--data-dir", os.path.join(work, f"data{i}")]
             profile(f"kvgate{i}", b, argv, port, "/readiness", a.requests, a.top, work,
-                    a.inclusive)
+                    a.inclusive, a.body_kib, a.unique)
         if a.nginx:
             port = free_port()
             conf = os.path.join(work, "nginx.conf")

@@ -36,7 +36,7 @@ pub use workload::{
     BYTES_PER_TOKEN, Message, Plan, PlannedRequest, Session, UnknownWorkload, WorkloadKind,
     WorkloadSpec,
 };
-pub use wrk::{WrkParseError, WrkReport, parse_wrk, post_script};
+pub use wrk::{WrkParseError, WrkReport, lua_string, parse_wrk, post_script};
 
 #[cfg(test)]
 mod tests;

@@ -11,6 +11,7 @@ use anyhow::{Context as _, bail};
 use clap::{Args, Parser, Subcommand};
 use kvgate_bench::{Plan, RunReport, WorkloadKind, WorkloadSpec, table, workload_chart};
 use kvgate_engine_sim::SimConfig;
+use kvgate_policies::PolicyKind;
 
 use run::driver::Arrival;
 use run::workload::{PolicyChoice, Settings, Target, run_target};
@@ -34,6 +35,31 @@ enum Cmd {
     /// A long run of mixed traffic with engines killed and restarted: what is lost, and
     /// whether memory and in-flight counts stay flat.
     Soak(SoakArgs),
+    /// The gateway's resident memory per request in flight, for large prompts held by a
+    /// slow engine.
+    Inflight(InflightArgs),
+}
+
+#[derive(Debug, Args)]
+struct InflightArgs {
+    /// Each request's user message, in KiB.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    body_kib: u64,
+    /// Requests in flight at once.
+    #[arg(long, default_value_t = 32)]
+    requests: usize,
+    /// Seconds the engine holds each request.
+    #[arg(long, default_value_t = 5)]
+    hold_secs: u64,
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    #[arg(long, default_value = "cache_aware")]
+    policy: PolicyKind,
+    /// The `kvgate` binary (default: the release one beside this binary).
+    #[arg(long)]
+    kvgate_bin: Option<PathBuf>,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -159,9 +185,27 @@ struct ProxyArgs {
     /// small one ("Hello!", 91 bytes in all), to measure the cost of larger prompt bodies.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=32768))]
     body_kib: Option<u64>,
+    /// With --body-kib or --sweep-kib: a different prompt on every request (each starts
+    /// with its own tag), so every request inserts into kvgate's prefix tree.
+    #[arg(long)]
+    unique: bool,
+    /// kvgate's policies, comma-separated, one target each (`kvgate` for round_robin,
+    /// `kvgate-<policy>` for the others).
+    #[arg(long, value_delimiter = ',', default_value = "round_robin")]
+    policies: Vec<PolicyKind>,
+    /// kvgate's --max-tree-size (units per model and tree).
+    #[arg(long)]
+    max_tree_size: Option<u64>,
+    /// Run the whole comparison at each of these body sizes (KiB, comma-separated) and
+    /// draw the cost curve: `proxy-curve.json` and `proxy-curve.svg`.
+    #[arg(long, value_delimiter = ',', conflicts_with = "body_kib",
+          value_parser = clap::value_parser!(u64).range(1..=32768))]
+    sweep_kib: Vec<u64>,
 }
 
 fn main() -> anyhow::Result<()> {
+    // The in-process engines and gateways get the allocator settings kvgate runs with.
+    kvgate_gateway::keep_freed_memory();
     // The in-process gateways log only when asked, e.g.
     // KVGATE_BENCH_LOG=kvgate_gateway::actors::selector=debug for every routing decision.
     if let Ok(filter) = std::env::var("KVGATE_BENCH_LOG") {
@@ -175,6 +219,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::Proxy(a) => proxy(a),
         Cmd::Chart(a) => redraw(a),
         Cmd::Soak(a) => soak(a),
+        Cmd::Inflight(a) => inflight(a),
     }
 }
 
@@ -198,6 +243,31 @@ fn soak(a: SoakArgs) -> anyhow::Result<()> {
     let r = run::soak::run(&settings)?;
     println!("{}", serde_json::to_string_pretty(&r)?);
     println!("\nwrote {}/soak.json", a.out.display());
+    Ok(())
+}
+
+fn inflight(a: InflightArgs) -> anyhow::Result<()> {
+    let Some(kvgate_bin) = a.kvgate_bin.clone().or_else(release_kvgate) else {
+        bail!(
+            "no release kvgate beside this binary: build it (cargo build --release -p kvgate-gateway --bin kvgate) or give --kvgate-bin"
+        );
+    };
+    if a.requests == 0 || a.rounds == 0 || a.hold_secs == 0 {
+        bail!("--requests, --rounds and --hold-secs must be at least 1");
+    }
+    let settings = run::inflight::InflightSettings {
+        kvgate_bin,
+        policy: a.policy,
+        // The range above keeps this well inside usize.
+        kib: a.body_kib as usize,
+        requests: a.requests,
+        hold: Duration::from_secs(a.hold_secs),
+        rounds: a.rounds,
+        out: a.out.clone(),
+    };
+    let r = run::inflight::run(&settings)?;
+    println!("{}", serde_json::to_string_pretty(&r)?);
+    println!("\nwrote {}/inflight.json", a.out.display());
     Ok(())
 }
 
@@ -343,31 +413,75 @@ fn workload(a: WorkloadArgs) -> anyhow::Result<()> {
 fn proxy(a: ProxyArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let kvgate_bin = a.kvgate_bin.clone().or_else(release_kvgate);
-    let settings = run::proxy::ProxySettings {
+    // The ranges above keep the sizes well inside usize.
+    let settings = |kib: Option<u64>| run::proxy::ProxySettings {
         duration: Duration::from_secs(a.duration_secs),
         connections: a.connections,
         latency_requests: a.latency_requests,
         warmup: a.warmup,
         out: a.out.clone(),
-        kvgate_bin,
+        kvgate_bin: kvgate_bin.clone(),
         baseline_bin: a.baseline_bin.clone(),
         use_wrk: !a.no_wrk,
         skip_smg: a.no_smg,
         skip_nginx: a.no_nginx,
-        // The range above keeps this well inside usize.
-        body: run::proxy::request_body(a.body_kib.map(|k| k as usize)).into(),
+        body: run::proxy::BodySpec {
+            kib: kib.map(|k| k as usize),
+            unique: a.unique,
+        },
+        policies: a.policies.clone(),
+        max_tree_size: a.max_tree_size,
     };
     let before = machine();
-    let rows = run::proxy::run(&settings)?;
+    if a.sweep_kib.is_empty() {
+        let rows = run::proxy::run(&settings(a.body_kib))?;
+        let after = machine();
+        print!("{}", run::proxy::table(&rows));
+        println!("before: {before}\nafter:  {after}");
+        let json =
+            serde_json::json!({"machine_before": before, "machine_after": after, "rows": rows});
+        write(
+            &a.out.join("proxy.json"),
+            &serde_json::to_string_pretty(&json)?,
+        )?;
+        println!("\nwrote {}/proxy.json", a.out.display());
+        return Ok(());
+    }
+    let mut points = Vec::new();
+    for &kib in &a.sweep_kib {
+        let s = settings(Some(kib));
+        eprintln!("proxy: sweep at {}", s.body.describe());
+        let rows = run::proxy::run(&s)?;
+        print!("{} KiB\n{}", kib, run::proxy::table(&rows));
+        points.push(run::proxy::curve::CurvePoint {
+            kib: kib as usize,
+            body_bytes: s.body.len(),
+            rows,
+        });
+    }
     let after = machine();
-    print!("{}", run::proxy::table(&rows));
+    print!("\n{}", run::proxy::curve::table(&points));
     println!("before: {before}\nafter:  {after}");
-    let json = serde_json::json!({"machine_before": before, "machine_after": after, "rows": rows});
+    let subtitle = format!(
+        "{} connections for req/s, {} sequential requests for p50{}; {after}",
+        a.connections,
+        a.latency_requests,
+        if a.unique { "; unique prompts" } else { "" }
+    );
     write(
-        &a.out.join("proxy.json"),
+        &a.out.join("proxy-curve.svg"),
+        &run::proxy::curve::chart(&points, &subtitle),
+    )?;
+    let json =
+        serde_json::json!({"machine_before": before, "machine_after": after, "points": points});
+    write(
+        &a.out.join("proxy-curve.json"),
         &serde_json::to_string_pretty(&json)?,
     )?;
-    println!("\nwrote {}/proxy.json", a.out.display());
+    println!(
+        "\nwrote {0}/proxy-curve.json and {0}/proxy-curve.svg",
+        a.out.display()
+    );
     Ok(())
 }
 

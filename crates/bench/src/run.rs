@@ -2,6 +2,7 @@
 
 pub mod child;
 pub mod driver;
+pub mod inflight;
 pub mod proxy;
 pub mod soak;
 pub mod workload;

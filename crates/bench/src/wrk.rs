@@ -86,7 +86,7 @@ pub fn post_script(body: &str) -> String {
 }
 
 /// A Lua long string needs no escaping as long as its closing bracket does not occur.
-fn lua_string(s: &str) -> String {
+pub fn lua_string(s: &str) -> String {
     let mut level = 0;
     while s.contains(&format!("]{}]", "=".repeat(level))) {
         level += 1;

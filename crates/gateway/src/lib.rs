@@ -8,11 +8,14 @@
 //! the request path on disk or on another worker: snapshots go to the `kvgate-store`
 //! writer thread, load reports come from the `kvgate-poller` actor.
 //!
-//! Embedding it: build a [`GatewayConfig`] and start a [`Gateway`] on its own thread.
+//! Embedding it: build a [`GatewayConfig`] and start a [`Gateway`] on its own thread. A
+//! process that proxies long prompts should call [`keep_freed_memory`] first, as the
+//! `kvgate` binary does.
 //!
 //! ```no_run
 //! use kvgate_gateway::{Gateway, GatewayConfig};
 //!
+//! kvgate_gateway::keep_freed_memory();
 //! let mut cfg = GatewayConfig::default();
 //! cfg.port = 0; // let the OS pick
 //! cfg.worker_urls = vec!["http://127.0.0.1:8000".into()];
@@ -26,11 +29,13 @@
 //! `default-features = false`.
 
 mod actors;
+mod alloc;
 mod config;
 mod http;
 mod server;
 mod upstream;
 
+pub use alloc::keep_freed_memory;
 pub use config::{ConfigError, GatewayConfig, Overrides, Secret};
 pub use http::error::ApiError;
 pub use server::{Gateway, StartError};

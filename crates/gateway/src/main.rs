@@ -8,6 +8,7 @@ use tracing_subscriber::EnvFilter;
 
 mod cli;
 
+
 fn init_logging(cfg: &GatewayConfig) {
     let filter = EnvFilter::try_from_env("RUST_LOG")
         // The HTTP server's own start/stop lines are noise at info.
@@ -41,6 +42,7 @@ fn wait_for_signal() -> anyhow::Result<()> {
 }
 
 fn main() -> anyhow::Result<()> {
+    kvgate_gateway::keep_freed_memory();
     let matches = cli::command().get_matches();
     let (file, overrides) = cli::parse(&matches);
     let env: HashMap<String, String> = std::env::vars().collect();

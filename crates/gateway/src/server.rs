@@ -403,6 +403,7 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         allow,
         grace: cfg.shutdown_grace_period,
         lifecycle: lifecycle.clone(),
+        reads_prompt: cfg.policy.kind.reads_prompt(),
     });
     let server = http_server(cfg, listener, state, routing)?;
     info!(%addr, policy = %cfg.policy.kind, workers = cfg.worker_urls.len(), "kvgate listening");

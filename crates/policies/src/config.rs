@@ -89,6 +89,19 @@ impl PolicyKind {
         matches!(self, PolicyKind::CacheAware)
     }
 
+    /// Whether the policy reads the prompt (its text or tokens, or their length). The others
+    /// route on the fleet and the routing key alone, so the gateway need not build the
+    /// routing text for them.
+    pub fn reads_prompt(self) -> bool {
+        matches!(
+            self,
+            PolicyKind::CacheAware
+                | PolicyKind::PrefixHash
+                | PolicyKind::LeastLoad
+                | PolicyKind::PowerOfTwo
+        )
+    }
+
     /// Whether the policies read load reports (so the poller must run).
     pub fn needs_loads(self) -> bool {
         matches!(

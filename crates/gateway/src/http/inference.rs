@@ -51,8 +51,13 @@ fn routing_key(req: &HttpRequest) -> Option<String> {
         .map(str::to_owned)
 }
 
-fn facts_of(endpoint: Endpoint, req: &HttpRequest, body: &[u8]) -> Result<RequestFacts, ApiError> {
-    let mut facts = request_facts(endpoint, body)?;
+fn facts_of(
+    endpoint: Endpoint,
+    req: &HttpRequest,
+    body: &[u8],
+    prompt: bool,
+) -> Result<RequestFacts, ApiError> {
+    let mut facts = request_facts(endpoint, body, prompt)?;
     facts.routing_key = routing_key(req);
     Ok(facts)
 }
@@ -97,7 +102,7 @@ async fn proxy_request(
     )
     .await
     .map_err(|_| ApiError::BodyTimeout(state.body_timeout.as_secs_f64()))??;
-    let mut facts = facts_of(endpoint, &req, &body)?;
+    let mut facts = facts_of(endpoint, &req, &body, state.reads_prompt)?;
     let request_id = req
         .extensions()
         .get::<RequestId>()
@@ -126,7 +131,7 @@ async fn proxy_request(
             // the fresh state (a second failure is this request's own answer).
             Err(SelectError::Restarted) if !restarted => {
                 restarted = true;
-                facts = facts_of(endpoint, &req, &body)?;
+                facts = facts_of(endpoint, &req, &body, state.reads_prompt)?;
                 continue;
             }
             // Every worker left was tried: the client gets the last failure, not a 503.
@@ -143,7 +148,7 @@ async fn proxy_request(
             Ok(resp) => return Ok(resp),
             Err(f) => f,
         };
-        let next = facts_of(endpoint, &req, &body)?;
+        let next = facts_of(endpoint, &req, &body, state.reads_prompt)?;
         if let Some((model, keep)) = recorded {
             // Nothing of the failed attempt stays in the index.
             state.index.do_send(ForgetPrefix {

@@ -91,7 +91,10 @@ enum Prompt<'a> {
 }
 
 impl Prompt<'_> {
-    fn into_routing(self) -> RoutingText {
+    fn into_routing(self, keep: bool) -> RoutingText {
+        if !keep {
+            return RoutingText::Empty;
+        }
         match self {
             Prompt::Text(t) => RoutingText::Text(t.into_owned()),
             // A batch goes to one worker; its prompts are recorded as one sequence.
@@ -114,53 +117,81 @@ fn json_error(e: serde_json::Error) -> ApiError {
 /// gateway nor the engine behind it ever walks them.
 pub const MAX_JSON_DEPTH: usize = 128;
 
-/// A byte scan for nesting depth outside strings (the JSON itself is validated by serde).
+/// Bytes that change the depth outside strings, or start one.
+const STRUCTURAL: [bool; 256] = {
+    let mut t = [false; 256];
+    t[b'"' as usize] = true;
+    t[b'[' as usize] = true;
+    t[b'{' as usize] = true;
+    t[b']' as usize] = true;
+    t[b'}' as usize] = true;
+    t
+};
+
+/// A scan for nesting depth outside strings (the JSON itself is validated by serde).
+/// Strings, where a prompt's bytes are, are skipped with `memchr`, not byte by byte.
 fn too_deep(body: &[u8]) -> bool {
-    let (mut depth, mut in_str, mut esc) = (0usize, false, false);
-    for &b in body {
-        if in_str {
-            match (esc, b) {
-                (true, _) => esc = false,
-                (false, b'\\') => esc = true,
-                (false, b'"') => in_str = false,
-                _ => {}
-            }
+    let (mut depth, mut i) = (0usize, 0usize);
+    while i < body.len() {
+        let b = body[i];
+        i += 1;
+        if !STRUCTURAL[b as usize] {
             continue;
         }
         match b {
-            b'"' => in_str = true,
+            b'"' => loop {
+                match memchr::memchr2(b'"', b'\\', &body[i..]) {
+                    None => return false,
+                    Some(k) if body[i + k] == b'"' => {
+                        i += k + 1;
+                        break;
+                    }
+                    // An escape: whatever follows the backslash is not the string's end.
+                    Some(k) => i += k + 2,
+                }
+                if i >= body.len() {
+                    return false;
+                }
+            },
             b'[' | b'{' => {
                 depth += 1;
                 if depth > MAX_JSON_DEPTH {
                     return true;
                 }
             }
-            b']' | b'}' => depth = depth.saturating_sub(1),
-            _ => {}
+            _ => depth = depth.saturating_sub(1),
         }
     }
     false
 }
 
-/// Extracts the routing facts of a request body for `endpoint`.
-pub fn request_facts(endpoint: Endpoint, body: &[u8]) -> Result<RequestFacts, ApiError> {
-    // serde_json skips unread strings without checking them: check the whole body once.
-    if let Err(e) = std::str::from_utf8(body) {
-        return Err(ApiError::InvalidJson(format!("the body is not UTF-8: {e}")));
-    }
-    if too_deep(body) {
+/// Extracts the routing facts of a request body for `endpoint`. Without `prompt` the body
+/// is checked as fully but the prompt is left out (`RoutingText::Empty`): the policy
+/// does not read it, and a long prompt is not copied for nothing.
+pub fn request_facts(
+    endpoint: Endpoint,
+    body: &[u8],
+    prompt: bool,
+) -> Result<RequestFacts, ApiError> {
+    // serde_json skips unread strings without checking them: check the whole body once,
+    // then parse it as a `str`, which serde does not check again.
+    let body = match std::str::from_utf8(body) {
+        Ok(b) => b,
+        Err(e) => return Err(ApiError::InvalidJson(format!("the body is not UTF-8: {e}"))),
+    };
+    if too_deep(body.as_bytes()) {
         return Err(ApiError::InvalidJson(format!(
             "nesting deeper than {MAX_JSON_DEPTH} levels"
         )));
     }
     // Reject non-objects early: untagged enums would otherwise give vague messages.
-    let first = body.iter().find(|b| !b.is_ascii_whitespace());
-    if first != Some(&b'{') {
+    let first = body.bytes().find(|b| !b.is_ascii_whitespace());
+    if first != Some(b'{') {
         return Err(if first.is_none() {
             ApiError::InvalidJson("empty body".into())
         } else {
             // Let serde report invalid JSON as such; valid JSON that is not an object is a 400.
-            match serde_json::from_slice::<serde::de::IgnoredAny>(body) {
+            match serde_json::from_str::<serde::de::IgnoredAny>(body) {
                 Err(e) => json_error(e),
                 Ok(_) => ApiError::BadRequest("request body must be a JSON object".into()),
             }
@@ -168,29 +199,33 @@ pub fn request_facts(endpoint: Endpoint, body: &[u8]) -> Result<RequestFacts, Ap
     }
     match endpoint {
         Endpoint::Chat => {
-            let b: ChatBody<'_> = serde_json::from_slice(body).map_err(json_error)?;
+            let b: ChatBody<'_> = serde_json::from_str(body).map_err(json_error)?;
             Ok(RequestFacts {
                 model: b.model.map(Cow::into_owned),
-                key: RoutingText::Text(render_chat(&b.messages)),
+                key: if prompt {
+                    RoutingText::Text(render_chat(&b.messages))
+                } else {
+                    RoutingText::Empty
+                },
                 routing_key: None,
                 stream: b.stream.unwrap_or(false),
             })
         }
         Endpoint::Completions => {
-            let b: CompletionBody<'_> = serde_json::from_slice(body).map_err(json_error)?;
+            let b: CompletionBody<'_> = serde_json::from_str(body).map_err(json_error)?;
             Ok(RequestFacts {
                 model: b.model.map(Cow::into_owned),
-                key: b.prompt.into_routing(),
+                key: b.prompt.into_routing(prompt),
                 routing_key: None,
                 stream: b.stream.unwrap_or(false),
             })
         }
         Endpoint::Generate => {
-            let b: GenerateBody<'_> = serde_json::from_slice(body).map_err(json_error)?;
+            let b: GenerateBody<'_> = serde_json::from_str(body).map_err(json_error)?;
             let key = match (b.text, b.input_ids) {
-                (Some(t), _) => t.into_routing(),
+                (Some(t), _) => t.into_routing(prompt),
                 (None, Some(ids @ (Prompt::Tokens(_) | Prompt::TokenLists(_)))) => {
-                    ids.into_routing()
+                    ids.into_routing(prompt)
                 }
                 (None, Some(_)) => {
                     return Err(ApiError::BadRequest(
@@ -216,7 +251,22 @@ pub fn request_facts(endpoint: Endpoint, body: &[u8]) -> Result<RequestFacts, Ap
 /// Chat as routing text: each message's role and content, in order, so conversations that
 /// differ only in roles do not look identical.
 fn render_chat(messages: &[Message<'_>]) -> String {
-    let mut out = String::new();
+    // Sized up front: a long prompt is copied once, not regrown.
+    let len: usize = messages
+        .iter()
+        .map(|m| {
+            let content = match &m.content {
+                Some(Content::Text(t)) => t.len(),
+                Some(Content::Parts(parts)) => parts
+                    .iter()
+                    .map(|p| p.text.as_ref().map_or(0, |t| t.len()))
+                    .sum(),
+                None => 0,
+            };
+            m.role.len() + content + 6
+        })
+        .sum();
+    let mut out = String::with_capacity(len);
     for m in messages {
         let _ = writeln!(out, "<|{}|>", m.role);
         match &m.content {

@@ -47,6 +47,8 @@ pub struct AppState {
     /// Longest drain of a worker removed through the API, and of the gateway at SIGTERM.
     pub grace: Duration,
     pub lifecycle: Arc<Lifecycle>,
+    /// Whether the policy reads the prompt; without it the routing text is not built.
+    pub reads_prompt: bool,
 }
 
 /// Whether the gateway is on its way out (SIGTERM): readiness says so at once.
@@ -65,16 +67,18 @@ pub(crate) async fn read_body(
     mut payload: web::Payload,
     limit: usize,
 ) -> Result<Bytes, ApiError> {
-    if let Some(len) = req
+    let declared = req
         .headers()
         .get(actix_web::http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if let Some(len) = declared
         && len > limit as u64
     {
         return Err(ApiError::PayloadTooLarge { size: len, limit });
     }
-    let mut buf = BytesMut::new();
+    // The declared length sizes the buffer once: no regrowth, no copies, no slack.
+    let mut buf = BytesMut::with_capacity(declared.map_or(0, |n| n as usize));
     while let Some(chunk) = payload.next().await {
         let chunk = chunk.map_err(|e| ApiError::BadRequest(format!("reading the body: {e}")))?;
         if buf.len() + chunk.len() > limit {

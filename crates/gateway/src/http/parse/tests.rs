@@ -4,7 +4,7 @@ use proptest::prelude::*;
 use super::*;
 
 fn check(endpoint: Endpoint, body: &str, key: RoutingText, model: Option<&str>, stream: bool) {
-    let facts = request_facts(endpoint, body.as_bytes()).unwrap();
+    let facts = request_facts(endpoint, body.as_bytes(), true).unwrap();
     assert_eq!(facts.key, key, "body: {body}");
     assert_eq!(facts.model.as_deref(), model);
     assert_eq!(facts.stream, stream);
@@ -82,23 +82,38 @@ fn extracts_routing_facts() {
 }
 
 #[test]
+fn without_the_prompt_the_rest_is_read_and_the_key_is_empty() {
+    let body = br#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let f = request_facts(Endpoint::Chat, body, false).unwrap();
+    assert_eq!(f.key, RoutingText::Empty);
+    assert_eq!(f.model.as_deref(), Some("m"));
+    assert!(f.stream);
+    let f = request_facts(Endpoint::Generate, br#"{"input_ids":[1,2]}"#, false).unwrap();
+    assert_eq!(f.key, RoutingText::Empty);
+    assert!(request_facts(Endpoint::Generate, br#"{"input_ids":"x"}"#, false).is_err());
+}
+
+#[test]
 fn roles_are_part_of_the_key() {
     let a = request_facts(
         Endpoint::Chat,
-        br#"{"messages":[{"role":"user","content":"x"}]}"#,
-    )
+        br#"{"messages":[{"role":"user","content":"x"}]}"#, true)
     .unwrap();
     let b = request_facts(
         Endpoint::Chat,
-        br#"{"messages":[{"role":"assistant","content":"x"}]}"#,
-    )
+        br#"{"messages":[{"role":"assistant","content":"x"}]}"#, true)
     .unwrap();
     assert_ne!(a.key, b.key);
 }
 
 fn check_err(endpoint: Endpoint, body: &[u8], want_json_error: bool) {
+    // A policy that does not read the prompt gets the same checks.
+    assert_eq!(
+        request_facts(endpoint, body, false).err().map(|e| e.to_string()),
+        request_facts(endpoint, body, true).err().map(|e| e.to_string()),
+    );
     let shown: String = String::from_utf8_lossy(body).chars().take(120).collect();
-    match request_facts(endpoint, body) {
+    match request_facts(endpoint, body, true) {
         Err(ApiError::InvalidJson(_)) => assert!(want_json_error, "{shown:?}"),
         Err(ApiError::BadRequest(_)) => assert!(!want_json_error, "{shown:?}"),
         other => panic!("expected a 400 for {shown:?}, got {other:?}"),
@@ -138,21 +153,62 @@ fn rejects_bad_bodies_cleanly() {
     check_err(Endpoint::Chat, deep_obj.as_bytes(), true);
     // Brackets inside strings are not nesting.
     let in_string = format!("{{\"prompt\":\"{}\"}}", "[".repeat(1000));
-    assert!(request_facts(Endpoint::Completions, in_string.as_bytes()).is_ok());
+    assert!(request_facts(Endpoint::Completions, in_string.as_bytes(), true).is_ok());
+}
+
+/// The depth scan byte by byte, as the model the skipping scan must agree with.
+fn too_deep_bytewise(body: &[u8]) -> bool {
+    let (mut depth, mut in_str, mut esc) = (0usize, false, false);
+    for &b in body {
+        if in_str {
+            match (esc, b) {
+                (true, _) => esc = false,
+                (false, b'\\') => esc = true,
+                (false, b'"') => in_str = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_str = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > MAX_JSON_DEPTH {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    false
 }
 
 proptest! {
     #[test]
+    fn the_depth_scan_agrees_with_a_byte_by_byte_one(
+        parts in prop::collection::vec(prop_oneof![
+            Just("[".to_string()), Just("{".to_string()), Just("]".to_string()),
+            Just("}".to_string()), Just("\"".to_string()), Just("\\".to_string()),
+            Just("\\\"".to_string()), "[a-z ,:]{0,4}",
+            Just("[".repeat(MAX_JSON_DEPTH)),
+        ], 0..60)
+    ) {
+        let body = parts.concat();
+        prop_assert_eq!(too_deep(body.as_bytes()), too_deep_bytewise(body.as_bytes()), "{}", body);
+    }
+
+    #[test]
     fn arbitrary_bytes_never_panic(body in proptest::collection::vec(any::<u8>(), 0..512)) {
         for e in [Endpoint::Chat, Endpoint::Completions, Endpoint::Generate] {
-            let _ = request_facts(e, &body);
+            let _ = request_facts(e, &body, true);
         }
     }
 
     #[test]
     fn arbitrary_json_never_panics(s in "\\{(\"(model|messages|prompt|text|input_ids|stream|role|content)\"|[\\[\\]{}:,0-9]|\"[a-z]{0,3}\"|true|null){0,40}") {
         for e in [Endpoint::Chat, Endpoint::Completions, Endpoint::Generate] {
-            let _ = request_facts(e, s.as_bytes());
+            let _ = request_facts(e, s.as_bytes(), true);
         }
     }
 }
@@ -199,7 +255,7 @@ proptest! {
             body["model"] = serde_json::json!(m);
         }
         let bytes = serde_json::to_vec(&body).map_err(|e| TestCaseError::fail(e.to_string()))?;
-        let facts = request_facts(Endpoint::Chat, &bytes).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let facts = request_facts(Endpoint::Chat, &bytes, true).map_err(|e| TestCaseError::fail(e.to_string()))?;
         let mut want = String::new();
         for (r, c) in &msgs {
             want.push_str(&format!("<|{r}|>\n"));
@@ -221,7 +277,7 @@ proptest! {
         prop_assert_eq!(facts.model, model);
         let at = cut.index(bytes.len());
         if at > 0 && at < bytes.len() {
-            prop_assert!(request_facts(Endpoint::Chat, &bytes[..at]).is_err());
+            prop_assert!(request_facts(Endpoint::Chat, &bytes[..at], true).is_err());
         }
     }
 
@@ -230,10 +286,10 @@ proptest! {
     fn token_prompts_route_on_their_tokens(lists in prop::collection::vec(prop::collection::vec(any::<u32>(), 1..8), 1..4)) {
         let flat: Vec<u32> = lists.concat();
         let one = serde_json::to_vec(&serde_json::json!({"prompt": flat})).unwrap_or_default();
-        prop_assert_eq!(request_facts(Endpoint::Completions, &one).map(|f| f.key).ok(), Some(RoutingText::Tokens(flat.clone())));
+        prop_assert_eq!(request_facts(Endpoint::Completions, &one, true).map(|f| f.key).ok(), Some(RoutingText::Tokens(flat.clone())));
         let many = serde_json::to_vec(&serde_json::json!({"prompt": lists})).unwrap_or_default();
-        prop_assert_eq!(request_facts(Endpoint::Completions, &many).map(|f| f.key).ok(), Some(RoutingText::Tokens(flat.clone())));
+        prop_assert_eq!(request_facts(Endpoint::Completions, &many, true).map(|f| f.key).ok(), Some(RoutingText::Tokens(flat.clone())));
         let ids = serde_json::to_vec(&serde_json::json!({"input_ids": flat})).unwrap_or_default();
-        prop_assert_eq!(request_facts(Endpoint::Generate, &ids).map(|f| f.key).ok(), Some(RoutingText::Tokens(flat)));
+        prop_assert_eq!(request_facts(Endpoint::Generate, &ids, true).map(|f| f.key).ok(), Some(RoutingText::Tokens(flat)));
     }
 }
