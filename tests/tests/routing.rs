@@ -289,6 +289,7 @@ async fn shared_prefix_pair(hold: Duration) -> (u64, f64) {
     let facts = kvgate_gateway::testing::request_facts(
         kvgate_gateway::testing::Endpoint::Chat,
         body.to_string().as_bytes(),
+        true,
     )
     .expect("a valid chat body");
     let d =

@@ -8,7 +8,6 @@ use tracing_subscriber::EnvFilter;
 
 mod cli;
 
-
 fn init_logging(cfg: &GatewayConfig) {
     let filter = EnvFilter::try_from_env("RUST_LOG")
         // The HTTP server's own start/stop lines are noise at info.

@@ -101,7 +101,11 @@ pub fn run(s: &InflightSettings) -> anyhow::Result<InflightReport> {
         let mut c = RawClient::connect(addr, Duration::from_secs(10))?;
         for _ in 0..4 {
             sent += 1;
-            let r = c.request("POST", "/v1/chat/completions", spec.make('a', sent).as_bytes())?;
+            let r = c.request(
+                "POST",
+                "/v1/chat/completions",
+                spec.make('a', sent).as_bytes(),
+            )?;
             if r.status != 200 {
                 bail!("warm-up answered {}", r.status);
             }

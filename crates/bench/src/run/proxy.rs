@@ -289,13 +289,7 @@ fn start_nginx(
         conf.display().to_string(),
     ];
     let log = s.out.join(format!("{name}.log"));
-    let mut c = ChildServer::spawn(
-        name,
-        bin,
-        &args,
-        &log,
-        format!("http://127.0.0.1:{port}"),
-    )?;
+    let mut c = ChildServer::spawn(name, bin, &args, &log, format!("http://127.0.0.1:{port}"))?;
     c.wait_ready(&["/health"], Duration::from_secs(10))?;
     Ok(Up {
         name: name.into(),
@@ -497,7 +491,11 @@ fn closed_loop(
             let stop = Arc::clone(&stop);
             let body = body.clone();
             // Lanes 'A'.. and 'a'..: unique bodies of two threads never coincide.
-            let lane = char::from(if i < 26 { b'A' + i as u8 } else { b'a' + (i % 26) as u8 });
+            let lane = char::from(if i < 26 {
+                b'A' + i as u8
+            } else {
+                b'a' + (i % 26) as u8
+            });
             std::thread::spawn(move || {
                 let mut sender = Sender::new(&body, lane);
                 let mut lat = Vec::new();

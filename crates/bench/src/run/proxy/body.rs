@@ -92,7 +92,11 @@ mod tests {
         assert_eq!(text.len(), 256 * 1024);
         assert_eq!(v["model"], "kvgate-sim-model");
         assert_eq!(v["max_tokens"], 1);
-        assert_eq!(body, BodySpec::fixed(Some(256)).make('w', 8), "fixed is fixed");
+        assert_eq!(
+            body,
+            BodySpec::fixed(Some(256)).make('w', 8),
+            "fixed is fixed"
+        );
     }
 
     #[test]

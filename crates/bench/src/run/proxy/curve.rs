@@ -191,9 +191,14 @@ pub fn chart(points: &[CurvePoint], subtitle: &str) -> String {
         r##"<text x="10" y="34" fill="#555">{}</text>"##,
         escape(subtitle)
     );
-    panel(&mut s, 0.0, "req/s at saturation (higher is better)", points, &names, |r| {
-        Some(r.req_per_sec)
-    });
+    panel(
+        &mut s,
+        0.0,
+        "req/s at saturation (higher is better)",
+        points,
+        &names,
+        |r| Some(r.req_per_sec),
+    );
     panel(
         &mut s,
         W,

@@ -97,11 +97,15 @@ fn without_the_prompt_the_rest_is_read_and_the_key_is_empty() {
 fn roles_are_part_of_the_key() {
     let a = request_facts(
         Endpoint::Chat,
-        br#"{"messages":[{"role":"user","content":"x"}]}"#, true)
+        br#"{"messages":[{"role":"user","content":"x"}]}"#,
+        true,
+    )
     .unwrap();
     let b = request_facts(
         Endpoint::Chat,
-        br#"{"messages":[{"role":"assistant","content":"x"}]}"#, true)
+        br#"{"messages":[{"role":"assistant","content":"x"}]}"#,
+        true,
+    )
     .unwrap();
     assert_ne!(a.key, b.key);
 }
@@ -109,8 +113,12 @@ fn roles_are_part_of_the_key() {
 fn check_err(endpoint: Endpoint, body: &[u8], want_json_error: bool) {
     // A policy that does not read the prompt gets the same checks.
     assert_eq!(
-        request_facts(endpoint, body, false).err().map(|e| e.to_string()),
-        request_facts(endpoint, body, true).err().map(|e| e.to_string()),
+        request_facts(endpoint, body, false)
+            .err()
+            .map(|e| e.to_string()),
+        request_facts(endpoint, body, true)
+            .err()
+            .map(|e| e.to_string()),
     );
     let shown: String = String::from_utf8_lossy(body).chars().take(120).collect();
     match request_facts(endpoint, body, true) {
