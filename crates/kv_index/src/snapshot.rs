@@ -110,8 +110,21 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
         cursor: &mut SnapshotCursor,
         max_records: usize,
     ) -> Vec<SnapshotRecord<E, T>> {
+        self.snapshot_chunk_within(cursor, max_records, usize::MAX)
+    }
+
+    /// As [`snapshot_chunk`](Self::snapshot_chunk), and the chunk ends once its edges
+    /// hold `max_units` units (it always takes one record), so a tree of long prompts is
+    /// copied out a bounded piece at a time.
+    pub fn snapshot_chunk_within(
+        &self,
+        cursor: &mut SnapshotCursor,
+        max_records: usize,
+        max_units: usize,
+    ) -> Vec<SnapshotRecord<E, T>> {
         let mut out = Vec::new();
-        while out.len() < max_records {
+        let mut units = 0usize;
+        while out.len() < max_records && (out.is_empty() || units < max_units) {
             let Some(p) = cursor.stack.pop() else {
                 break;
             };
@@ -126,6 +139,7 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
                 .collect();
             let index = cursor.next_record;
             cursor.next_record += 1;
+            units = units.saturating_add(edge.len());
             out.push(SnapshotRecord {
                 parent: p.parent_record,
                 edge,

@@ -93,8 +93,10 @@ impl Persister {
 
 /// Starts the writer thread on `store`.
 pub fn spawn(store: Store) -> std::io::Result<(Persister, JoinHandle<()>)> {
-    // Bounded: a slow disk makes snapshots skip, never memory grow.
-    let (tx, rx) = crossbeam_channel::bounded(64);
+    // Bounded: a slow disk pauses snapshots, never makes memory grow. A chunk holds up to
+    // 1 MiB of edges, so a handful queued keeps the writer busy without copying out a
+    // whole tree of long prompts ahead of it.
+    let (tx, rx) = crossbeam_channel::bounded(8);
     let (reg_tx, reg_rx) = crossbeam_channel::unbounded();
     let stats = Arc::new(PersistStats::default());
     if let Ok(Some(h)) = store.header() {

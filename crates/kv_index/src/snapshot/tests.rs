@@ -114,6 +114,31 @@ fn chunks_concatenate_to_the_whole() {
 }
 
 #[test]
+fn chunks_bounded_by_units_hold_at_least_one_record_and_rebuild_the_tree() {
+    let mut tree = text_tree(&[]);
+    let long = |c: char, n: usize| c.to_string().repeat(n);
+    for (i, p) in [long('a', 300), long('b', 50), long('c', 50), long('d', 700)]
+        .iter()
+        .enumerate()
+    {
+        tree.insert(p.as_bytes(), i as u64, i as u64);
+    }
+    let whole = tree.snapshot();
+    let mut cursor = tree.snapshot_cursor();
+    let mut snap = TreeSnapshot::new(cursor.page_size());
+    let mut sizes = Vec::new();
+    while !cursor.is_done() {
+        let chunk = tree.snapshot_chunk_within(&mut cursor, 100, 100);
+        assert!(!chunk.is_empty());
+        sizes.push(chunk.iter().map(|r| r.edge.len()).collect::<Vec<_>>());
+        snap.records.extend(chunk);
+    }
+    assert_eq!(snap, whole);
+    // A chunk closes once it holds 100 units; a longer edge is a chunk of its own.
+    assert_eq!(sizes, vec![vec![300], vec![50, 50], vec![700]]);
+}
+
+#[test]
 fn restore_repairs_tenant_sets() {
     // Tenant 2 appears on the child only, as a fuzzy chunked snapshot can produce.
     let snap = TreeSnapshot {

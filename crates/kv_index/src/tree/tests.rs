@@ -724,3 +724,23 @@ fn forget_undoes_one_record_and_keeps_what_the_tenant_held_before() {
     assert_eq!(t.forget(b"shared head, then one", 9, 0), 0);
     assert_eq!(t.tenant_units(1), 21);
 }
+
+proptest! {
+    #[test]
+    fn common_prefix_agrees_with_unit_by_unit_at_every_block_edge(
+        len in 0usize..10_000,
+        cut in 0usize..10_000,
+        tail in 0usize..100,
+    ) {
+        let a: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        let mut b = a.clone();
+        if cut < len {
+            b[cut] ^= 1;
+        }
+        b.truncate(len.saturating_sub(tail));
+        prop_assert_eq!(super::common_prefix(&a, &b), lcp(&a, &b));
+        let ta: Vec<u32> = a.iter().map(|&x| u32::from(x)).collect();
+        let tb: Vec<u32> = b.iter().map(|&x| u32::from(x)).collect();
+        prop_assert_eq!(super::common_prefix(&ta, &tb), lcp(&a, &b));
+    }
+}

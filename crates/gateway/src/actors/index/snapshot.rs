@@ -20,6 +20,11 @@ use super::{IndexActor, Known, ModelIndex, hash_config, tree_config};
 /// millisecond.
 const CHUNK_RECORDS: usize = 8192;
 
+/// Bytes of edges per chunk: a tree of long prompts has few records, each a long edge, and
+/// a chunk of 8192 of them would copy the whole tree out at once (and again as it is
+/// encoded and written), several times its size in resident memory during a snapshot.
+const CHUNK_BYTES: usize = 1 << 20;
+
 /// Which of a model's indexes the job is writing, and where it stands in it.
 #[derive(Debug)]
 enum Stage {
@@ -52,7 +57,8 @@ fn tree_records<E: KeyUnit>(
     cursor: &mut Option<SnapshotCursor>,
 ) -> (Vec<SnapshotRecord<E, WorkerId>>, bool) {
     let c = cursor.get_or_insert_with(|| tree.snapshot_cursor());
-    let records = tree.snapshot_chunk(c, CHUNK_RECORDS);
+    let units = CHUNK_BYTES / std::mem::size_of::<E>().max(1);
+    let records = tree.snapshot_chunk_within(c, CHUNK_RECORDS, units);
     let done = c.is_done();
     if done {
         *cursor = None;
