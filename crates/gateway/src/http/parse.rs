@@ -9,6 +9,9 @@ use serde::Deserialize;
 
 use crate::http::error::ApiError;
 
+mod fast;
+use fast::{FastBody, FastPrompt, Shape};
+
 /// The inference routes kvgate proxies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
@@ -197,6 +200,20 @@ pub fn request_facts(
             }
         });
     }
+    let shape = match endpoint {
+        Endpoint::Chat => Shape::Chat,
+        Endpoint::Completions => Shape::Completion,
+        Endpoint::Generate => Shape::Generate,
+    };
+    if let Some(facts) = fast::scan(body, shape).and_then(|b| fast_facts(b, prompt)) {
+        return Ok(facts);
+    }
+    serde_facts(endpoint, body, prompt)
+}
+
+/// The facts as serde reads them: the reference for the fast path, and the answer (with
+/// serde's error messages) wherever the fast path is unsure.
+fn serde_facts(endpoint: Endpoint, body: &str, prompt: bool) -> Result<RequestFacts, ApiError> {
     match endpoint {
         Endpoint::Chat => {
             let b: ChatBody<'_> = serde_json::from_str(body).map_err(json_error)?;
@@ -246,6 +263,62 @@ pub fn request_facts(
             })
         }
     }
+}
+
+impl FastPrompt<'_> {
+    fn into_routing(self, keep: bool) -> RoutingText {
+        if !keep {
+            return RoutingText::Empty;
+        }
+        match self {
+            FastPrompt::Text(t) => RoutingText::Text(t.into_owned()),
+            FastPrompt::Texts(ts) => RoutingText::Text(ts.join("\n")),
+            FastPrompt::Tokens(t) => RoutingText::Tokens(t),
+            FastPrompt::TokenLists(ls) => RoutingText::Tokens(ls.concat()),
+        }
+    }
+
+    fn is_tokens(&self) -> bool {
+        matches!(self, FastPrompt::Tokens(_) | FastPrompt::TokenLists(_))
+    }
+}
+
+/// The facts of a body the fast path read, as serde's path gives them; `None` where that
+/// path would answer an error (a required field missing, ids that are not ids).
+fn fast_facts(b: FastBody<'_>, prompt: bool) -> Option<RequestFacts> {
+    let key = if let Some(messages) = b.messages {
+        if !prompt {
+            RoutingText::Empty
+        } else {
+            let len: usize = messages
+                .iter()
+                .map(|m| m.role.len() + 6 + m.content.iter().map(|c| c.len()).sum::<usize>())
+                .sum();
+            let mut out = String::with_capacity(len);
+            for m in &messages {
+                let _ = writeln!(out, "<|{}|>", m.role);
+                for c in &m.content {
+                    out.push_str(c);
+                }
+                out.push('\n');
+            }
+            RoutingText::Text(out)
+        }
+    } else if let Some(p) = b.prompt {
+        p.into_routing(prompt)
+    } else {
+        match (b.text, b.input_ids) {
+            (Some(t), _) => t.into_routing(prompt),
+            (None, Some(ids)) if ids.is_tokens() => ids.into_routing(prompt),
+            _ => return None,
+        }
+    };
+    Some(RequestFacts {
+        model: b.model.map(Cow::into_owned),
+        key,
+        routing_key: None,
+        stream: b.stream.unwrap_or(false),
+    })
 }
 
 /// Chat as routing text: each message's role and content, in order, so conversations that

@@ -301,3 +301,174 @@ proptest! {
         prop_assert_eq!(request_facts(Endpoint::Generate, &ids, true).map(|f| f.key).ok(), Some(RoutingText::Tokens(flat)));
     }
 }
+
+/// A JSON value built from the pieces that matter to the fast path: the known field names,
+/// every kind of string (escapes, surrogates, control characters), token-like numbers and
+/// numbers that are not, nulls, and nesting.
+fn json_piece() -> impl Strategy<Value = String> {
+    let leaf = prop_oneof![
+        Just("null".to_string()),
+        Just("true".to_string()),
+        Just("false".to_string()),
+        Just("0".to_string()),
+        Just("17".to_string()),
+        Just("4294967295".to_string()),
+        Just("4294967296".to_string()),
+        Just("-3".to_string()),
+        Just("1.5".to_string()),
+        Just("2e3".to_string()),
+        Just("01".to_string()),
+        Just("\"user\"".to_string()),
+        Just("\"caf\u{e9} \\\" \\\\ \\/ \\n \\u00e9 \\ud83d\\ude00\"".to_string()),
+        Just("\"\\ud83d\"".to_string()),
+        Just("\"\\x\"".to_string()),
+        Just("\"tab\there\"".to_string()),
+        Just("\"\"".to_string()),
+        "\"[a-z ]{0,12}\"",
+    ];
+    let key = prop_oneof![
+        Just("model"),
+        Just("stream"),
+        Just("messages"),
+        Just("prompt"),
+        Just("text"),
+        Just("input_ids"),
+        Just("role"),
+        Just("content"),
+        Just("type"),
+        Just("max_tokens"),
+    ];
+    leaf.prop_recursive(5, 48, 6, move |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..5).prop_map(|v| format!("[{}]", v.join(","))),
+            prop::collection::vec((key.clone(), inner), 0..5).prop_map(|v| {
+                let members: Vec<String> = v
+                    .into_iter()
+                    .map(|(k, x)| format!("\"{k}\" : {x}"))
+                    .collect();
+                format!("{{{}}}", members.join(", "))
+            }),
+        ]
+    })
+}
+
+/// Strings of every kind, most of them valid.
+fn json_string() -> impl Strategy<Value = String> {
+    prop_oneof![
+        4 => "\"[a-z ]{0,12}\"",
+        2 => Just("\"caf\u{e9} \\\" \\\\ \\/ \\n \\u00e9 \\ud83d\\ude00 \\t\"".to_string()),
+        1 => Just("\"\\ud83d\"".to_string()),
+        1 => Just("\"\\x\"".to_string()),
+        1 => Just("\"tab\there\"".to_string()),
+    ]
+}
+
+/// A body the fast path should mostly read: a known shape, with pieces mixed in.
+fn body_shape() -> impl Strategy<Value = String> {
+    let content = prop_oneof![
+        4 => json_string(),
+        1 => Just("null".to_string()),
+        1 => Just("[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"image\"},{\"text\":null}]".to_string()),
+        1 => json_piece(),
+    ];
+    let role = prop_oneof![4 => json_string(), 1 => Just("5".to_string())];
+    let message = (role, content).prop_map(|(r, c)| format!("{{\"role\":{r},\"content\":{c}}}"));
+    let tokens = prop::collection::vec(
+        prop_oneof![8 => (0u32..100_000).prop_map(|t| t.to_string()), 1 => json_piece()],
+        0..4,
+    )
+    .prop_map(|v| format!("[{}]", v.join(",")));
+    let prompt = prop_oneof![
+        3 => json_string(),
+        2 => tokens.clone(),
+        1 => prop::collection::vec(tokens.clone(), 0..3).prop_map(|v| format!("[{}]", v.join(","))),
+        1 => prop::collection::vec(json_string(), 0..3).prop_map(|v| format!("[{}]", v.join(","))),
+        1 => json_piece(),
+    ];
+    let stream = prop_oneof![
+        3 => Just("true".to_string()),
+        2 => Just("false".to_string()),
+        1 => Just("null".to_string()),
+        1 => json_piece(),
+    ];
+    prop_oneof![
+        3 => (prop::collection::vec(message, 0..3), json_piece(), stream.clone()).prop_map(|(m, x, st)| format!(
+            "{{\"model\":\"m\",\"messages\":[{}],\"extra\":{x},\"stream\":{st}}}",
+            m.join(",")
+        )),
+        2 => (prompt.clone(), stream).prop_map(|(p, x)| format!("{{\"prompt\":{p},\"stream\":{x}}}")),
+        2 => (prompt.clone(), tokens).prop_map(|(t, i)| format!("{{\"text\":{t},\"input_ids\":{i}}}")),
+        1 => (tokens_or_piece(), json_piece()).prop_map(|(i, x)| format!("{{\"input_ids\":{i},\"sampling_params\":{x}}}")),
+        1 => json_piece(),
+    ]
+}
+
+fn tokens_or_piece() -> impl Strategy<Value = String> {
+    prop_oneof![
+        2 => prop::collection::vec(0u32..1000, 0..4).prop_map(|v| format!("{v:?}")),
+        1 => json_piece(),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+    #[test]
+    fn the_fast_path_reads_what_serde_reads_and_accepts_nothing_serde_refuses(
+        body in body_shape(),
+        cut in any::<prop::sample::Index>(),
+        do_cut in any::<bool>(),
+        dup in any::<bool>(),
+    ) {
+        let mut body = body;
+        if dup && body.starts_with('{') && body.len() > 2 {
+            // A second copy of the members: duplicate fields.
+            let inner = body[1..body.len() - 1].to_string();
+            body = format!("{{{inner},{inner}}}");
+        }
+        if do_cut {
+            let mut at = cut.index(body.len() + 1);
+            while !body.is_char_boundary(at) {
+                at -= 1;
+            }
+            body.truncate(at);
+        }
+        for (endpoint, shape) in [
+            (Endpoint::Chat, fast::Shape::Chat),
+            (Endpoint::Completions, fast::Shape::Completion),
+            (Endpoint::Generate, fast::Shape::Generate),
+        ] {
+            for prompt in [true, false] {
+                if let Some(f) = fast::scan(&body, shape).and_then(|b| fast_facts(b, prompt)) {
+                    let s = serde_facts(endpoint, &body, prompt);
+                    prop_assert!(s.is_ok(), "fast accepted what serde refuses: {body} ({:?})", s.err().map(|e| e.to_string()));
+                    prop_assert_eq!(Some(f), s.ok(), "{}", body);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_fast_path_reads_the_common_shapes() {
+    let yes = |shape, body: &str| fast::scan(body, shape).and_then(|b| fast_facts(b, true));
+    let chat = r#"{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"q\n"}]}],"max_tokens":8,"stream":true}"#;
+    assert!(yes(fast::Shape::Chat, chat).is_some());
+    assert!(
+        yes(
+            fast::Shape::Completion,
+            r#"{"prompt":[1,2,3],"max_tokens":1}"#
+        )
+        .is_some()
+    );
+    assert!(
+        yes(
+            fast::Shape::Generate,
+            r#" {"text":"hi","sampling_params":{"temperature":0.5}} "#
+        )
+        .is_some()
+    );
+    // Left to serde: a duplicate field, a lone surrogate, an empty prompt list.
+    assert!(yes(fast::Shape::Chat, r#"{"messages":[],"messages":[]}"#).is_none());
+    assert!(yes(fast::Shape::Completion, r#"{"prompt":"\ud800"}"#).is_none());
+    assert!(yes(fast::Shape::Completion, r#"{"prompt":[]}"#).is_none());
+}
