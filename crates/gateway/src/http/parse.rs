@@ -10,7 +10,7 @@ use serde::Deserialize;
 use crate::http::error::ApiError;
 
 mod fast;
-use fast::{FastBody, FastPrompt, Shape};
+use fast::{FastBody, Shape};
 
 /// The inference routes kvgate proxies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -265,24 +265,6 @@ fn serde_facts(endpoint: Endpoint, body: &str, prompt: bool) -> Result<RequestFa
     }
 }
 
-impl FastPrompt<'_> {
-    fn into_routing(self, keep: bool) -> RoutingText {
-        if !keep {
-            return RoutingText::Empty;
-        }
-        match self {
-            FastPrompt::Text(t) => RoutingText::Text(t.into_owned()),
-            FastPrompt::Texts(ts) => RoutingText::Text(ts.join("\n")),
-            FastPrompt::Tokens(t) => RoutingText::Tokens(t),
-            FastPrompt::TokenLists(ls) => RoutingText::Tokens(ls.concat()),
-        }
-    }
-
-    fn is_tokens(&self) -> bool {
-        matches!(self, FastPrompt::Tokens(_) | FastPrompt::TokenLists(_))
-    }
-}
-
 /// The facts of a body the fast path read, as serde's path gives them; `None` where that
 /// path would answer an error (a required field missing, ids that are not ids).
 fn fast_facts(b: FastBody<'_>, prompt: bool) -> Option<RequestFacts> {
@@ -309,7 +291,9 @@ fn fast_facts(b: FastBody<'_>, prompt: bool) -> Option<RequestFacts> {
     } else {
         match (b.text, b.input_ids) {
             (Some(t), _) => t.into_routing(prompt),
-            (None, Some(ids)) if ids.is_tokens() => ids.into_routing(prompt),
+            (None, Some(ids @ (Prompt::Tokens(_) | Prompt::TokenLists(_)))) => {
+                ids.into_routing(prompt)
+            }
             _ => return None,
         }
     };

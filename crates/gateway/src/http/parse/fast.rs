@@ -9,18 +9,12 @@
 
 use std::borrow::Cow;
 
+use super::Prompt;
+
 /// Not sure: let serde decide.
 pub(super) struct Unsure;
 
 type R<T> = Result<T, Unsure>;
-
-/// What a prompt field held.
-pub(super) enum FastPrompt<'a> {
-    Text(Cow<'a, str>),
-    Texts(Vec<Cow<'a, str>>),
-    Tokens(Vec<u32>),
-    TokenLists(Vec<Vec<u32>>),
-}
 
 /// One chat message: its role and the text of its content, in parts.
 pub(super) struct FastMessage<'a> {
@@ -34,9 +28,9 @@ pub(super) struct FastBody<'a> {
     pub model: Option<Cow<'a, str>>,
     pub stream: Option<bool>,
     pub messages: Option<Vec<FastMessage<'a>>>,
-    pub prompt: Option<FastPrompt<'a>>,
-    pub text: Option<FastPrompt<'a>>,
-    pub input_ids: Option<FastPrompt<'a>>,
+    pub prompt: Option<Prompt<'a>>,
+    pub text: Option<Prompt<'a>>,
+    pub input_ids: Option<Prompt<'a>>,
 }
 
 /// Which top-level fields the endpoint reads (the others are validated and skipped).
@@ -313,9 +307,9 @@ impl<'a> Scan<'a> {
     }
 
     /// A prompt in one of its four shapes; an empty or mixed list is left to serde.
-    fn prompt(&mut self) -> R<FastPrompt<'a>> {
+    fn prompt(&mut self) -> R<Prompt<'a>> {
         match self.peek()? {
-            b'"' => return self.string().map(FastPrompt::Text),
+            b'"' => return self.string().map(Prompt::Text),
             b'[' => {}
             _ => return Err(Unsure),
         }
@@ -330,16 +324,16 @@ impl<'a> Scan<'a> {
                     v.push(s.string()?);
                     Ok(())
                 })?;
-                FastPrompt::Texts(v)
+                Prompt::Texts(v)
             }
-            b'0'..=b'9' => FastPrompt::Tokens(self.tokens()?),
+            b'0'..=b'9' => Prompt::Tokens(self.tokens()?),
             b'[' => {
                 let mut v = Vec::new();
                 self.array(|s| {
                     v.push(s.tokens()?);
                     Ok(())
                 })?;
-                FastPrompt::TokenLists(v)
+                Prompt::TokenLists(v)
             }
             _ => return Err(Unsure),
         };
