@@ -10,7 +10,6 @@ use serde::Deserialize;
 use crate::http::error::ApiError;
 
 mod fast;
-use fast::{FastBody, Shape};
 
 /// The inference routes kvgate proxies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -200,45 +199,42 @@ pub fn request_facts(
             }
         });
     }
-    let shape = match endpoint {
-        Endpoint::Chat => Shape::Chat,
-        Endpoint::Completions => Shape::Completion,
-        Endpoint::Generate => Shape::Generate,
+    let parsed = match fast::scan(body, endpoint) {
+        Some(b) => b,
+        None => serde_body(endpoint, body)?,
     };
-    if let Some(facts) = fast::scan(body, shape).and_then(|b| fast_facts(b, prompt)) {
-        return Ok(facts);
-    }
-    serde_facts(endpoint, body, prompt)
+    facts_of(parsed, prompt)
 }
 
-/// The facts as serde reads them: the reference for the fast path, and the answer (with
+/// A body of one of the three shapes, read by the fast path or by serde.
+enum Body<'a> {
+    Chat(ChatBody<'a>),
+    Completion(CompletionBody<'a>),
+    Generate(GenerateBody<'a>),
+}
+
+/// The body as serde reads it: the reference for the fast path, and the answer (with
 /// serde's error messages) wherever the fast path is unsure.
-fn serde_facts(endpoint: Endpoint, body: &str, prompt: bool) -> Result<RequestFacts, ApiError> {
-    match endpoint {
-        Endpoint::Chat => {
-            let b: ChatBody<'_> = serde_json::from_str(body).map_err(json_error)?;
-            Ok(RequestFacts {
-                model: b.model.map(Cow::into_owned),
-                key: if prompt {
-                    RoutingText::Text(render_chat(&b.messages))
-                } else {
-                    RoutingText::Empty
-                },
-                routing_key: None,
-                stream: b.stream.unwrap_or(false),
-            })
+fn serde_body(endpoint: Endpoint, body: &str) -> Result<Body<'_>, ApiError> {
+    Ok(match endpoint {
+        Endpoint::Chat => Body::Chat(serde_json::from_str(body).map_err(json_error)?),
+        Endpoint::Completions => Body::Completion(serde_json::from_str(body).map_err(json_error)?),
+        Endpoint::Generate => Body::Generate(serde_json::from_str(body).map_err(json_error)?),
+    })
+}
+
+fn facts_of(body: Body<'_>, prompt: bool) -> Result<RequestFacts, ApiError> {
+    let (model, stream, key) = match body {
+        Body::Chat(b) => {
+            let key = if prompt {
+                RoutingText::Text(render_chat(&b.messages))
+            } else {
+                RoutingText::Empty
+            };
+            (b.model, b.stream, key)
         }
-        Endpoint::Completions => {
-            let b: CompletionBody<'_> = serde_json::from_str(body).map_err(json_error)?;
-            Ok(RequestFacts {
-                model: b.model.map(Cow::into_owned),
-                key: b.prompt.into_routing(prompt),
-                routing_key: None,
-                stream: b.stream.unwrap_or(false),
-            })
-        }
-        Endpoint::Generate => {
-            let b: GenerateBody<'_> = serde_json::from_str(body).map_err(json_error)?;
+        Body::Completion(b) => (b.model, b.stream, b.prompt.into_routing(prompt)),
+        Body::Generate(b) => {
             let key = match (b.text, b.input_ids) {
                 (Some(t), _) => t.into_routing(prompt),
                 (None, Some(ids @ (Prompt::Tokens(_) | Prompt::TokenLists(_)))) => {
@@ -255,53 +251,14 @@ fn serde_facts(endpoint: Endpoint, body: &str, prompt: bool) -> Result<RequestFa
                     ));
                 }
             };
-            Ok(RequestFacts {
-                model: b.model.map(Cow::into_owned),
-                key,
-                routing_key: None,
-                stream: b.stream.unwrap_or(false),
-            })
-        }
-    }
-}
-
-/// The facts of a body the fast path read, as serde's path gives them; `None` where that
-/// path would answer an error (a required field missing, ids that are not ids).
-fn fast_facts(b: FastBody<'_>, prompt: bool) -> Option<RequestFacts> {
-    let key = if let Some(messages) = b.messages {
-        if !prompt {
-            RoutingText::Empty
-        } else {
-            let len: usize = messages
-                .iter()
-                .map(|m| m.role.len() + 6 + m.content.iter().map(|c| c.len()).sum::<usize>())
-                .sum();
-            let mut out = String::with_capacity(len);
-            for m in &messages {
-                let _ = writeln!(out, "<|{}|>", m.role);
-                for c in &m.content {
-                    out.push_str(c);
-                }
-                out.push('\n');
-            }
-            RoutingText::Text(out)
-        }
-    } else if let Some(p) = b.prompt {
-        p.into_routing(prompt)
-    } else {
-        match (b.text, b.input_ids) {
-            (Some(t), _) => t.into_routing(prompt),
-            (None, Some(ids @ (Prompt::Tokens(_) | Prompt::TokenLists(_)))) => {
-                ids.into_routing(prompt)
-            }
-            _ => return None,
+            (b.model, b.stream, key)
         }
     };
-    Some(RequestFacts {
-        model: b.model.map(Cow::into_owned),
+    Ok(RequestFacts {
+        model: model.map(Cow::into_owned),
         key,
         routing_key: None,
-        stream: b.stream.unwrap_or(false),
+        stream: stream.unwrap_or(false),
     })
 }
 

@@ -9,36 +9,24 @@
 
 use std::borrow::Cow;
 
-use super::Prompt;
+use super::{
+    Body, ChatBody, CompletionBody, Content, Endpoint, GenerateBody, Message, Part, Prompt,
+};
 
 /// Not sure: let serde decide.
 pub(super) struct Unsure;
 
 type R<T> = Result<T, Unsure>;
 
-/// One chat message: its role and the text of its content, in parts.
-pub(super) struct FastMessage<'a> {
-    pub role: Cow<'a, str>,
-    pub content: Vec<Cow<'a, str>>,
-}
-
-/// The routing fields of a body.
+/// The top-level fields read so far; assembled into the endpoint's body at the end.
 #[derive(Default)]
-pub(super) struct FastBody<'a> {
-    pub model: Option<Cow<'a, str>>,
-    pub stream: Option<bool>,
-    pub messages: Option<Vec<FastMessage<'a>>>,
-    pub prompt: Option<Prompt<'a>>,
-    pub text: Option<Prompt<'a>>,
-    pub input_ids: Option<Prompt<'a>>,
-}
-
-/// Which top-level fields the endpoint reads (the others are validated and skipped).
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum Shape {
-    Chat,
-    Completion,
-    Generate,
+struct Fields<'a> {
+    model: Option<Cow<'a, str>>,
+    stream: Option<bool>,
+    messages: Option<Vec<Message<'a>>>,
+    prompt: Option<Prompt<'a>>,
+    text: Option<Prompt<'a>>,
+    input_ids: Option<Prompt<'a>>,
 }
 
 struct Scan<'a> {
@@ -340,11 +328,11 @@ impl<'a> Scan<'a> {
         Ok(p)
     }
 
-    fn message(&mut self) -> R<FastMessage<'a>> {
+    fn message(&mut self) -> R<Message<'a>> {
         if self.peek()? != b'{' {
             return Err(Unsure);
         }
-        let (mut role, mut content, mut seen_content) = (None, Vec::new(), false);
+        let (mut role, mut content, mut seen_content) = (None, None, false);
         self.object(|s, key| match key {
             "role" if role.is_none() => {
                 role = Some(s.string()?);
@@ -352,98 +340,128 @@ impl<'a> Scan<'a> {
             }
             "content" if !seen_content => {
                 seen_content = true;
-                match s.peek()? {
-                    b'n' => s.literal(b"null"),
-                    b'"' => {
-                        content.push(s.string()?);
-                        Ok(())
+                content = match s.peek()? {
+                    b'n' => s.literal(b"null").map(|()| None)?,
+                    b'"' => Some(Content::Text(s.string()?)),
+                    b'[' => {
+                        let mut parts = Vec::new();
+                        s.array(|s| {
+                            parts.push(s.part()?);
+                            Ok(())
+                        })?;
+                        Some(Content::Parts(parts))
                     }
-                    b'[' => s.array(|s| {
-                        if s.peek()? != b'{' {
-                            return Err(Unsure);
-                        }
-                        let mut seen_text = false;
-                        s.object(|s, key| match key {
-                            "text" if !seen_text => {
-                                seen_text = true;
-                                if let Some(t) = s.opt_string()? {
-                                    content.push(t);
-                                }
-                                Ok(())
-                            }
-                            "text" => Err(Unsure),
-                            _ => s.skip(),
-                        })
-                    }),
-                    _ => Err(Unsure),
-                }
+                    _ => return Err(Unsure),
+                };
+                Ok(())
             }
             "role" | "content" => Err(Unsure),
             _ => s.skip(),
         })?;
-        Ok(FastMessage {
+        Ok(Message {
             role: role.ok_or(Unsure)?,
             content,
         })
     }
+
+    /// One part of a message's content: an object whose `text` (if any) is read.
+    fn part(&mut self) -> R<Part<'a>> {
+        if self.peek()? != b'{' {
+            return Err(Unsure);
+        }
+        let (mut text, mut seen_text) = (None, false);
+        self.object(|s, key| match key {
+            "text" if !seen_text => {
+                seen_text = true;
+                text = s.opt_string()?;
+                Ok(())
+            }
+            "text" => Err(Unsure),
+            _ => s.skip(),
+        })?;
+        Ok(Part { text })
+    }
 }
 
-/// The routing fields of `body` for `shape`, or `None` when serde should decide.
-pub(super) fn scan(body: &str, shape: Shape) -> Option<FastBody<'_>> {
+/// `body` read as `endpoint`'s body, or `None` when serde should decide.
+pub(super) fn scan(body: &str, endpoint: Endpoint) -> Option<Body<'_>> {
+    use Endpoint::{Chat, Completions, Generate};
     let mut s = Scan {
         s: body,
         b: body.as_bytes(),
         i: 0,
         depth: 0,
     };
-    let mut out = FastBody::default();
+    let mut f = Fields::default();
     let (mut seen_model, mut seen_stream) = (false, false);
     let (mut seen_text, mut seen_ids) = (false, false);
-    s.object(|s, key| match (key, shape) {
+    s.object(|s, key| match (key, endpoint) {
         ("model", _) if !seen_model => {
             seen_model = true;
-            out.model = s.opt_string()?;
+            f.model = s.opt_string()?;
             Ok(())
         }
         ("stream", _) if !seen_stream => {
             seen_stream = true;
-            out.stream = s.opt_bool()?;
+            f.stream = s.opt_bool()?;
             Ok(())
         }
-        ("messages", Shape::Chat) if out.messages.is_none() => {
+        ("messages", Chat) if f.messages.is_none() => {
             let mut v = Vec::new();
             s.array(|s| {
                 v.push(s.message()?);
                 Ok(())
             })?;
-            out.messages = Some(v);
+            f.messages = Some(v);
             Ok(())
         }
-        ("prompt", Shape::Completion) if out.prompt.is_none() => {
-            out.prompt = Some(s.prompt()?);
+        ("prompt", Completions) if f.prompt.is_none() => {
+            f.prompt = Some(s.prompt()?);
             Ok(())
         }
-        ("text", Shape::Generate) if !seen_text => {
+        ("text", Generate) if !seen_text => {
             seen_text = true;
             if !s.null()? {
-                out.text = Some(s.prompt()?);
+                f.text = Some(s.prompt()?);
             }
             Ok(())
         }
-        ("input_ids", Shape::Generate) if !seen_ids => {
+        ("input_ids", Generate) if !seen_ids => {
             seen_ids = true;
             if !s.null()? {
-                out.input_ids = Some(s.prompt()?);
+                f.input_ids = Some(s.prompt()?);
             }
             Ok(())
         }
         ("model" | "stream", _)
-        | ("messages", Shape::Chat)
-        | ("prompt", Shape::Completion)
-        | ("text" | "input_ids", Shape::Generate) => Err(Unsure),
+        | ("messages", Chat)
+        | ("prompt", Completions)
+        | ("text" | "input_ids", Generate) => Err(Unsure),
         _ => s.skip(),
     })
     .ok()?;
     s.ws();
-    (s.i == s.b.len()).then_some(out)
+    if s.i != s.b.len() {
+        return None;
+    }
+    let (model, stream) = (f.model, f.stream);
+    // A required field missing is serde's to report.
+    Some(match endpoint {
+        Chat => Body::Chat(ChatBody {
+            model,
+            stream,
+            messages: f.messages?,
+        }),
+        Completions => Body::Completion(CompletionBody {
+            model,
+            stream,
+            prompt: f.prompt?,
+        }),
+        Generate => Body::Generate(GenerateBody {
+            model,
+            stream,
+            text: f.text,
+            input_ids: f.input_ids,
+        }),
+    })
 }

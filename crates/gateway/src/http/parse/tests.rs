@@ -432,16 +432,18 @@ proptest! {
             }
             body.truncate(at);
         }
-        for (endpoint, shape) in [
-            (Endpoint::Chat, fast::Shape::Chat),
-            (Endpoint::Completions, fast::Shape::Completion),
-            (Endpoint::Generate, fast::Shape::Generate),
-        ] {
+        for endpoint in [Endpoint::Chat, Endpoint::Completions, Endpoint::Generate] {
             for prompt in [true, false] {
-                if let Some(f) = fast::scan(&body, shape).and_then(|b| fast_facts(b, prompt)) {
-                    let s = serde_facts(endpoint, &body, prompt);
-                    prop_assert!(s.is_ok(), "fast accepted what serde refuses: {body} ({:?})", s.err().map(|e| e.to_string()));
-                    prop_assert_eq!(Some(f), s.ok(), "{}", body);
+                if let Some(b) = fast::scan(&body, endpoint) {
+                    prop_assert!(
+                        serde_body(endpoint, &body).is_ok(),
+                        "fast accepted what serde refuses: {}", body
+                    );
+                    let f = facts_of(b, prompt).map_err(|e| e.to_string());
+                    let s = serde_body(endpoint, &body)
+                        .and_then(|b| facts_of(b, prompt))
+                        .map_err(|e| e.to_string());
+                    prop_assert_eq!(f, s, "{}", body);
                 }
             }
         }
@@ -450,25 +452,26 @@ proptest! {
 
 #[test]
 fn the_fast_path_reads_the_common_shapes() {
-    let yes = |shape, body: &str| fast::scan(body, shape).and_then(|b| fast_facts(b, true));
+    let read = |endpoint, body: &str| fast::scan(body, endpoint).map(|b| facts_of(b, true).ok());
     let chat = r#"{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"q\n"}]}],"max_tokens":8,"stream":true}"#;
-    assert!(yes(fast::Shape::Chat, chat).is_some());
-    assert!(
-        yes(
-            fast::Shape::Completion,
-            r#"{"prompt":[1,2,3],"max_tokens":1}"#
-        )
-        .is_some()
-    );
-    assert!(
-        yes(
-            fast::Shape::Generate,
-            r#" {"text":"hi","sampling_params":{"temperature":0.5}} "#
-        )
-        .is_some()
-    );
-    // Left to serde: a duplicate field, a lone surrogate, an empty prompt list.
-    assert!(yes(fast::Shape::Chat, r#"{"messages":[],"messages":[]}"#).is_none());
-    assert!(yes(fast::Shape::Completion, r#"{"prompt":"\ud800"}"#).is_none());
-    assert!(yes(fast::Shape::Completion, r#"{"prompt":[]}"#).is_none());
+    let f = read(Endpoint::Chat, chat)
+        .flatten()
+        .expect("read by the fast path");
+    assert_eq!(f.key, text("<|system|>\nbe brief\n<|user|>\nq\n\n"));
+    assert!(f.stream);
+    let f = read(
+        Endpoint::Completions,
+        r#"{"prompt":[1,2,3],"max_tokens":1}"#,
+    )
+    .flatten();
+    assert_eq!(f.map(|f| f.key), Some(RoutingText::Tokens(vec![1, 2, 3])));
+    let generate = r#" {"text":"hi","sampling_params":{"temperature":0.5}} "#;
+    let f = read(Endpoint::Generate, generate).flatten();
+    assert_eq!(f.map(|f| f.key), Some(text("hi")));
+    // Left to serde: a duplicate field, a lone surrogate, an empty prompt list, a missing
+    // required field.
+    assert!(read(Endpoint::Chat, r#"{"messages":[],"messages":[]}"#).is_none());
+    assert!(read(Endpoint::Completions, r#"{"prompt":"\ud800"}"#).is_none());
+    assert!(read(Endpoint::Completions, r#"{"prompt":[]}"#).is_none());
+    assert!(read(Endpoint::Chat, r#"{"model":"m"}"#).is_none());
 }
