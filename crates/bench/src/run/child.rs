@@ -20,6 +20,42 @@ pub struct ChildServer {
 }
 
 impl ChildServer {
+    /// The `kvgate` binary `bin` on a free loopback port in front of `workers`, with its
+    /// state in `data`, logging warnings to `log`, `extra` flags added; ready once
+    /// `/readiness` answers.
+    pub fn kvgate(
+        bin: &Path,
+        workers: &[String],
+        data: &Path,
+        extra: &[&str],
+        log: &Path,
+    ) -> anyhow::Result<ChildServer> {
+        let port = free_port()?.to_string();
+        let mut args: Vec<String> = [
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port,
+            "--log-level",
+            "warn",
+        ]
+        .map(String::from)
+        .to_vec();
+        args.extend(["--data-dir".into(), data.display().to_string()]);
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        args.push("--worker-urls".into());
+        args.extend(workers.iter().cloned());
+        let mut gw = ChildServer::spawn(
+            "kvgate",
+            bin,
+            &args,
+            log,
+            format!("http://127.0.0.1:{port}"),
+        )?;
+        gw.wait_ready(&["/readiness"], Duration::from_secs(30))?;
+        Ok(gw)
+    }
+
     /// Starts `program args...` with stdout and stderr in `log`; `url` is where it listens.
     pub fn spawn(
         name: &str,
@@ -118,4 +154,14 @@ pub fn which(name: &str) -> Option<PathBuf> {
             p.metadata()
                 .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
         })
+}
+
+/// A process's resident memory, from `/proc`.
+pub fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
 }

@@ -11,8 +11,8 @@ use kvgate_engine_sim::{Fault, SimConfig, SimFleet};
 use kvgate_policies::PolicyKind;
 use serde::Serialize;
 
-use super::child::{ChildServer, free_port};
-use super::proxy::{BodySpec, rss_kib};
+use super::child::{ChildServer, rss_kib};
+use super::proxy::BodySpec;
 
 #[derive(Debug, Clone)]
 pub struct InflightSettings {
@@ -55,35 +55,17 @@ pub fn run(s: &InflightSettings) -> anyhow::Result<InflightReport> {
         ..SimConfig::default()
     };
     let fleet = SimFleet::start(1, sim).context("starting the engine")?;
-    let port = free_port()?;
     let data = tempfile::tempdir()?;
-    let mut args: Vec<String> = [
-        "--host",
-        "127.0.0.1",
-        "--port",
-        &port.to_string(),
-        "--policy",
-        &s.policy.to_string(),
-        "--log-level",
-        "warn",
-        "--max-payload-size",
-        &(s.kib * 1024 + (1 << 20)).to_string(),
-        "--data-dir",
-    ]
-    .map(String::from)
-    .to_vec();
-    args.push(data.path().display().to_string());
-    args.push("--worker-urls".into());
-    args.extend(fleet.urls());
     std::fs::create_dir_all(&s.out)?;
-    let mut gw = ChildServer::spawn(
-        "kvgate",
+    let policy = s.policy.to_string();
+    let limit = (s.kib * 1024 + (1 << 20)).to_string();
+    let gw = ChildServer::kvgate(
         &s.kvgate_bin,
-        &args,
+        &fleet.urls(),
+        data.path(),
+        &["--policy", &policy, "--max-payload-size", &limit],
         &s.out.join("inflight-kvgate.log"),
-        format!("http://127.0.0.1:{port}"),
     )?;
-    gw.wait_ready(&["/readiness"], Duration::from_secs(30))?;
     let pid = gw.pid();
     let addr = socket_addr(gw.url()).context("gateway address")?;
     let rss = || rss_kib(pid).context("reading the gateway's RSS");

@@ -14,7 +14,7 @@ use kvgate_engine_sim::{SimConfig, SimFleet};
 use kvgate_policies::PolicyKind;
 use serde::Serialize;
 
-use super::child::which;
+use super::child::{rss_kib, which};
 
 mod body;
 pub mod curve;
@@ -187,16 +187,6 @@ pub fn run(s: &ProxySettings) -> anyhow::Result<Vec<ProxyRow>> {
         }
     }
     Ok(rows)
-}
-
-/// A process's resident memory, from `/proc`.
-pub fn rss_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
 }
 
 /// One sender's bodies: the same string every time, or a new unique one each request.

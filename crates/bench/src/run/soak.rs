@@ -13,7 +13,7 @@ use futures_util::StreamExt;
 use kvgate_engine_sim::{SimConfig, SimFleet};
 use serde::Serialize;
 
-use super::child::{ChildServer, free_port};
+use super::child::{ChildServer, rss_kib};
 
 #[derive(Debug, Clone)]
 pub struct SoakSettings {
@@ -49,18 +49,6 @@ pub struct SoakReport {
     pub index_units_end: u64,
     /// Summed over workers at the end, once the traffic is over.
     pub in_flight_end: u64,
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.split_whitespace().next())
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0)
 }
 
 enum Kind {
@@ -143,34 +131,20 @@ pub fn run(s: &SoakSettings) -> anyhow::Result<SoakReport> {
         ..SimConfig::default()
     };
     let mut fleet = SimFleet::start(s.engines, sim).context("starting engines")?;
-    let port = free_port()?;
     let data = tempfile::tempdir()?;
-    let mut args: Vec<String> = [
-        "--port",
-        &port.to_string(),
-        "--health-check-interval-secs",
-        "1",
-        "--health-check-timeout-secs",
-        "1",
-        "--log-level",
-        "warn",
-        "--data-dir",
-    ]
-    .iter()
-    .map(|a| (*a).to_owned())
-    .collect();
-    args.push(data.path().display().to_string());
-    args.push("--worker-urls".into());
-    args.extend(fleet.urls());
     std::fs::create_dir_all(&s.out)?;
-    let mut gw = ChildServer::spawn(
-        "kvgate",
+    let gw = ChildServer::kvgate(
         &s.kvgate_bin,
-        &args,
+        &fleet.urls(),
+        data.path(),
+        &[
+            "--health-check-interval-secs",
+            "1",
+            "--health-check-timeout-secs",
+            "1",
+        ],
         &s.out.join("soak-kvgate.log"),
-        format!("http://127.0.0.1:{port}"),
     )?;
-    gw.wait_ready(&["/readiness"], Duration::from_secs(30))?;
     let url = format!("{}/v1/chat/completions", gw.url());
     let workers_url = format!("{}/workers", gw.url());
     let index_url = format!("{}/admin/index", gw.url());
@@ -193,11 +167,14 @@ pub fn run(s: &SoakSettings) -> anyhow::Result<SoakReport> {
             while started.elapsed() < s.duration {
                 tick.tick().await;
                 if i == 50 {
-                    report.borrow_mut().rss_start_kib = rss_kib(pid);
+                    report.borrow_mut().rss_start_kib = rss_kib(pid).unwrap_or(0);
                 }
                 if Instant::now() >= next_sample {
                     next_sample += Duration::from_secs(60);
-                    report.borrow_mut().rss_every_minute_kib.push(rss_kib(pid));
+                    report
+                        .borrow_mut()
+                        .rss_every_minute_kib
+                        .push(rss_kib(pid).unwrap_or(0));
                 }
                 if Instant::now() >= next_restart {
                     next_restart += s.restart_every;
@@ -247,7 +224,7 @@ pub fn run(s: &SoakSettings) -> anyhow::Result<SoakReport> {
             }
             let mut r = report.borrow_mut();
             r.index_units_end = units;
-            r.rss_end_kib = rss_kib(pid);
+            r.rss_end_kib = rss_kib(pid).unwrap_or(0);
             r.seconds = started.elapsed().as_secs_f64();
             r.in_flight_end = in_flight;
         }
