@@ -75,7 +75,10 @@ fn serve(conn: TcpStream, script: &Script, requests: &AtomicU64, seen: &Seen) {
                 r#"{"object":"list","data":[{"id":"raw-model","object":"model","owned_by":"sglang"}]}"#,
             ),
             "/health" => json(&mut out, "200 OK", "{}"),
-            p if p.contains("server_info") => json(&mut out, "404 Not Found", "{}"),
+            // Load polls are not inference requests: an engine without load reports.
+            p if p.contains("server_info") || p.starts_with("/v1/loads") || p == "/metrics" => {
+                json(&mut out, "404 Not Found", "{}")
+            }
             _ => {
                 if let Ok(mut s) = seen.lock() {
                     s.push((head, body));

@@ -137,6 +137,7 @@ async fn vllm_and_older_sglang_workers_are_detected_and_polled() {
         1,
         SimConfig {
             flavor: Flavor::SglangLegacy,
+            enable_metrics: true,
             ..SimConfig::default()
         },
     )

@@ -1,7 +1,7 @@
 //! Cache- and load-aware routing end to end: real gateway, simulated engines, real polls.
 
 use futures_util::StreamExt;
-use kvgate_engine_sim::SimConfig;
+use kvgate_engine_sim::{SimConfig, Tokenizer};
 use kvgate_gateway::testing::GetViews;
 use kvgate_policies::{PolicyKind, WorkerView};
 use kvgate_poller::PollNow;
@@ -13,7 +13,8 @@ use serde_json::json;
 fn sim() -> SimConfig {
     SimConfig {
         max_running_requests: 16,
-        idle_gen_throughput_residual: Some(0.36),
+        initial_gen_throughput: 0.36,
+        enable_cache_report: true,
         ..SimConfig::default()
     }
 }
@@ -249,6 +250,8 @@ async fn a_routing_key_sticks_to_one_worker() {
 async fn shared_prefix_pair(hold: Duration) -> (u64, f64) {
     let slow = SimConfig {
         decode_step_base: Duration::from_millis(500),
+        // Word pieces would share the template's "<|" between the prompts.
+        tokenizer: Tokenizer::FourBytes,
         ..sim()
     };
     let h = Harness::start(1, slow, |c| {

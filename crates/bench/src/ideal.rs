@@ -1,12 +1,18 @@
-//! The best hit rate a workload allows: every request served by an engine that already holds
-//! what it shares with earlier requests of its group, the first of each group cold.
+//! The best hit rate a run allows: an upper bound, computed from what was sent and answered.
+//!
+//! A request can be served from cache at most the tokens its prompt shares with the prompt
+//! plus answer of some request sent before it (an engine caches only what it computed),
+//! page-aligned, no more than the engine's pool holds, and never its last token (an engine
+//! recomputes at least one). Any routing, on any fleet of engines with that page size and
+//! pool, reaches at most this; a real engine reaches less (its answer's last token has no
+//! KV, the cache evicts, concurrent requests miss what is still prefilling).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::ops::Bound;
 
 use serde::{Deserialize, Serialize};
 
-use crate::workload::{BYTES_PER_TOKEN, Message, Plan};
+use crate::workload::Message;
 
 /// Prompt and cached tokens, summed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -26,81 +32,76 @@ impl Tokens {
     }
 }
 
-/// Both ideals of one plan.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Ideal {
-    /// Sharing within a group only (the targets' ideal).
-    pub group: Tokens,
-    /// Sharing with any earlier request: one engine with an unbounded cache.
-    pub any: Tokens,
+impl std::ops::Add for Tokens {
+    type Output = Tokens;
+
+    fn add(self, o: Tokens) -> Tokens {
+        Tokens {
+            prompt: self.prompt + o.prompt,
+            cached: self.cached + o.cached,
+        }
+    }
 }
 
-/// The prompt text the simulator renders for a chat (its template: `<|role|>\ncontent\n`
-/// per message, then the assistant header). Keep in step with the simulator's tokenizer.
+/// The prompt text the simulator renders for a chat, by its own template.
 pub fn render_chat(messages: &[Message]) -> String {
-    let mut out = String::new();
-    for m in messages {
-        out.push_str("<|");
-        out.push_str(&m.role);
-        out.push_str("|>\n");
-        out.push_str(&m.content);
-        out.push('\n');
+    kvgate_engine_sim::tokenizer::render_chat(
+        messages
+            .iter()
+            .map(|m| (m.role.as_str(), m.content.as_str())),
+    )
+}
+
+/// One request of a run, in the order it was sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sent {
+    /// The rendered prompt.
+    pub prompt: String,
+    /// The answer's text (empty when it failed).
+    pub answer: String,
+}
+
+/// What an engine can keep: its page size and its KV pool, in tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineShape {
+    pub page_size: usize,
+    pub pool_tokens: usize,
+}
+
+/// The upper bound over `sent`, tokenized with `encode` (the engines' tokenizer).
+pub fn upper_bound(sent: &[Sent], shape: EngineShape, encode: &dyn Fn(&str) -> Vec<u32>) -> Tokens {
+    let page = shape.page_size.max(1);
+    // Each earlier request's prompt + answer, by text, so the closest one is a neighbour.
+    let mut earlier: BTreeSet<String> = BTreeSet::new();
+    let mut out = Tokens::default();
+    for s in sent {
+        let prompt = encode(&s.prompt);
+        let shared = closest(&earlier, &s.prompt)
+            .map(|other| common_len(&prompt, &encode(other)))
+            .unwrap_or(0);
+        let cap = shared
+            .min(shape.pool_tokens)
+            .min(prompt.len().saturating_sub(1));
+        out.prompt += prompt.len() as u64;
+        out.cached += (cap / page * page) as u64;
+        earlier.insert(format!("{}{}", s.prompt, s.answer));
     }
-    out.push_str("<|assistant|>\n");
     out
 }
 
-/// Tokens of `text` for the simulator: one per 4 bytes, a partial last chunk is one more.
-pub fn token_count(text: &str) -> usize {
-    text.len().div_ceil(BYTES_PER_TOKEN)
-}
-
-/// Computes both ideals of `plan` with the engines' page size (cached prefixes are whole
-/// pages), taking requests in plan order.
-pub fn ideal(plan: &Plan, page_size: usize) -> Ideal {
-    let texts: Vec<(usize, String)> = plan
-        .requests()
-        .map(|r| (r.group, render_chat(&r.messages)))
-        .collect();
-    let mut by_group: HashMap<usize, BTreeSet<&str>> = HashMap::new();
-    let mut all: BTreeSet<&str> = BTreeSet::new();
-    let mut out = Ideal::default();
-    for (group, text) in &texts {
-        let prompt = token_count(text) as u64;
-        let seen = by_group.entry(*group).or_default();
-        let in_group = shared_tokens(seen, text, page_size) as u64;
-        let anywhere = shared_tokens(&all, text, page_size) as u64;
-        seen.insert(text);
-        all.insert(text);
-        out.group.prompt += prompt;
-        out.group.cached += in_group.min(prompt);
-        out.any.prompt += prompt;
-        out.any.cached += anywhere.min(prompt);
-    }
-    out
-}
-
-/// Page-aligned tokens `text` shares with the best of `seen`. In sorted order the longest
-/// common prefix with a set is found at one of the two neighbours.
-fn shared_tokens(seen: &BTreeSet<&str>, text: &str, page_size: usize) -> usize {
+/// The member of `seen` with the longest common text prefix with `text`: in sorted order it
+/// is one of the two neighbours.
+fn closest<'a>(seen: &'a BTreeSet<String>, text: &str) -> Option<&'a str> {
     let mut before = seen.range::<str, _>((Bound::Unbounded, Bound::Included(text)));
     let after = seen.range::<str, _>((Bound::Excluded(text), Bound::Unbounded));
-    let best = before
+    before
         .next_back()
         .into_iter()
         .chain(after.take(1))
-        .map(|other| common_tokens(text, other))
-        .max()
-        .unwrap_or(0);
-    best.checked_div(page_size)
-        .map_or(best, |pages| pages * page_size)
+        .max_by_key(|other| common_len(text.as_bytes(), other.as_bytes()))
+        .map(String::as_str)
 }
 
-/// Leading tokens two texts have in common: whole 4-byte chunks before the first difference.
-fn common_tokens(a: &str, b: &str) -> usize {
-    if a == b {
-        return token_count(a);
-    }
-    let bytes = a.bytes().zip(b.bytes()).take_while(|(x, y)| x == y).count();
-    bytes / BYTES_PER_TOKEN
+fn common_len<T: PartialEq>(a: &[T], b: &[T]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }

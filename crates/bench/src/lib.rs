@@ -4,19 +4,27 @@
 //!
 //! The `kvgate-bench` binary drives them: `workload` starts a fresh simulated fleet and
 //! gateway per policy and replays a plan; `proxy` measures what a proxy hop adds. This
-//! library starts nothing, binds nothing and never touches the gateway's internals; the
-//! ideal it computes mirrors the simulator's chat template and 4-bytes-per-token tokenizer.
+//! library starts nothing, binds nothing and never touches the gateway's internals. The
+//! ideal is computed from what a run sent and received, with the engines' tokenizer passed
+//! in, and renders chats with the simulator's template.
 //!
 //! ```
-//! use kvgate_bench::{Plan, WorkloadKind, WorkloadSpec, ideal};
+//! use kvgate_bench::{EngineShape, Plan, Sent, WorkloadKind, WorkloadSpec, render_chat, upper_bound};
 //!
 //! let spec = WorkloadSpec { groups: 2, prompts_per_group: 4, ..WorkloadSpec::new(WorkloadKind::SharedPrefix) };
 //! let plan = Plan::build(&spec);
 //! assert_eq!(plan.len(), 8);
 //! assert_eq!(plan, Plan::build(&spec)); // seeded
+//! let sent: Vec<Sent> = plan
+//!     .requests()
+//!     .map(|r| Sent { prompt: render_chat(&r.messages), answer: String::new() })
+//!     .collect();
+//! // A byte per token, for the example.
+//! let bytes = |t: &str| t.bytes().map(u32::from).collect::<Vec<u32>>();
+//! let shape = EngineShape { page_size: 1, pool_tokens: 200_000 };
 //! // All but the first prompt of each group could reuse its ~1000-token system prompt.
-//! let best = ideal(&plan, 16).group.rate();
-//! assert!(best > 0.7 && best < 0.75, "{best}");
+//! let best = upper_bound(&sent, shape, &bytes).rate();
+//! assert!(best > 0.7 && best < 0.76, "{best}");
 //! ```
 
 mod http1;
@@ -28,13 +36,12 @@ mod workload;
 mod wrk;
 
 pub use http1::{RawClient, RawResponse, socket_addr};
-pub use ideal::{Ideal, Tokens, ideal, render_chat, token_count};
+pub use ideal::{EngineShape, Sent, Tokens, render_chat, upper_bound};
 pub use report::{RunReport, Targets, reference_p99, table, workload_chart};
 pub use stats::{Summary, percentile, split_ratio};
 pub use svg::{Bar, Panel, chart, escape};
 pub use workload::{
-    BYTES_PER_TOKEN, Message, Plan, PlannedRequest, Session, UnknownWorkload, WorkloadKind,
-    WorkloadSpec,
+    Message, Plan, PlannedRequest, Session, UnknownWorkload, WORD_BYTES, WorkloadKind, WorkloadSpec,
 };
 pub use wrk::{WrkParseError, WrkReport, lua_string, parse_wrk, post_script};
 

@@ -143,6 +143,24 @@ struct WorkloadArgs {
     prefill_tokens_per_sec: f64,
     #[arg(long, default_value_t = 10.0)]
     decode_step_base_ms: f64,
+    #[arg(long, default_value_t = 0.5)]
+    decode_step_per_req_ms: f64,
+    /// Tokens per KV page on the engines (SGLang's default is 1).
+    #[arg(long, default_value_t = 1)]
+    page_size: usize,
+    /// Multi-turn: each conversation has its own system prompt (nothing shared between
+    /// conversations).
+    #[arg(long)]
+    private_system: bool,
+    /// Start the traffic this many ms after the gateway answers, whatever it has learned by
+    /// then (a fresh start); by default kvgate first waits for a load report from every
+    /// engine and smg gets 1 s.
+    #[arg(long)]
+    start_after_ms: Option<u64>,
+    /// The `gen_throughput` each idle engine shows at start (a stale value left by earlier
+    /// probes or traffic), comma-separated, repeated over the engines in order.
+    #[arg(long, value_delimiter = ',', default_value = "0.36")]
+    idle_gauges: Vec<f64>,
     /// Cap on requests per run.
     #[arg(long, default_value_t = 10_000)]
     max_requests: usize,
@@ -320,13 +338,28 @@ fn workload(a: WorkloadArgs) -> anyhow::Result<()> {
         Some(other) => bail!("unknown --reference '{other}' (expected smg)"),
     };
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    if a.idle_gauges.is_empty() || a.idle_gauges.iter().any(|g| !(g.is_finite() && *g >= 0.0)) {
+        bail!("--idle-gauges takes non-negative numbers");
+    }
     let sim = SimConfig {
         max_running_requests: a.max_running_requests,
         prefill_tokens_per_sec: a.prefill_tokens_per_sec,
         decode_step_base: Duration::try_from_secs_f64(a.decode_step_base_ms / 1e3)
             .context("--decode-step-base-ms")?,
-        idle_gen_throughput_residual: Some(0.36),
+        decode_step_per_req: Duration::try_from_secs_f64(a.decode_step_per_req_ms / 1e3)
+            .context("--decode-step-per-req-ms")?,
+        page_size: a.page_size,
+        // The hit rate is read from the answers, as from a real engine with its cache report on.
+        enable_cache_report: true,
         ..SimConfig::default()
+    };
+    let sims = |n: usize| -> Vec<SimConfig> {
+        (0..n)
+            .map(|i| SimConfig {
+                initial_gen_throughput: a.idle_gauges[i % a.idle_gauges.len()],
+                ..sim.clone()
+            })
+            .collect()
     };
     let mut targets: Vec<Target> = a.policies.iter().cloned().map(Target::Kvgate).collect();
     if let Some(bin) = smg {
@@ -347,6 +380,7 @@ fn workload(a: WorkloadArgs) -> anyhow::Result<()> {
             turns: a.turns,
             burst_size: a.burst_size,
             max_tokens: a.max_tokens,
+            private_system: a.private_system,
             seed: a.seed,
         };
         let mut plan = Plan::build(&spec);
@@ -365,15 +399,19 @@ fn workload(a: WorkloadArgs) -> anyhow::Result<()> {
             Arrival::Closed(c) => format!("closed loop, {c} in flight"),
             Arrival::Poisson(r) => format!("Poisson {r}/s"),
         };
+        let start = match a.start_after_ms {
+            Some(ms) => format!(", traffic {ms} ms after the gateway starts"),
+            None => String::new(),
+        };
         let subtitle = format!(
-            "{} requests, {engines} engines x {} slots, {load}, seed {}",
+            "{} requests, {engines} engines x {} slots, {load}{start}, seed {}",
             plan.len(),
             a.max_running_requests,
             a.seed
         );
         let settings = Settings {
-            engines,
-            sim: sim.clone(),
+            sims: sims(engines),
+            start_after: a.start_after_ms.map(Duration::from_millis),
             arrival,
             seed: a.seed,
             max_wall: Duration::from_secs(a.max_run_secs),

@@ -1,15 +1,15 @@
 //! Workload plans: seeded prompt texts grouped into sessions whose requests go in order.
 //!
-//! Every text is ASCII and a multiple of 4 bytes, so N tokens of text are exactly 4N bytes
-//! for the simulator's tokenizer.
+//! Every text is ASCII words of three letters and a space, N of them for "N tokens"; how
+//! many tokens that really is depends on the engine's tokenizer.
 
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
-/// Bytes per token of the simulated engines' tokenizer.
-pub const BYTES_PER_TOKEN: usize = 4;
+/// Bytes of one word of plan text (three letters and a space).
+pub const WORD_BYTES: usize = 4;
 
 /// The traffic shapes the benchmark knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -17,7 +17,8 @@ pub const BYTES_PER_TOKEN: usize = 4;
 pub enum WorkloadKind {
     /// G groups × P prompts; a group's prompts share one system prompt.
     SharedPrefix,
-    /// Conversations that re-send their history each turn; all share one system prompt.
+    /// Conversations that re-send their history each turn; all share one system prompt,
+    /// or each has its own (`WorkloadSpec::private_system`).
     MultiTurn,
     /// Unrelated short prompts sent all at once.
     Burst,
@@ -77,6 +78,9 @@ pub struct WorkloadSpec {
     pub burst_size: usize,
     /// Completion length asked of every request (`max_tokens`).
     pub max_tokens: usize,
+    /// Multi-turn: each conversation has its own system prompt, so nothing is shared
+    /// between conversations.
+    pub private_system: bool,
     pub seed: u64,
 }
 
@@ -93,6 +97,7 @@ impl WorkloadSpec {
             turns: 4,
             burst_size: 32,
             max_tokens: 16,
+            private_system: false,
             seed: 42,
         }
     }
@@ -207,10 +212,15 @@ fn shared_prefix(spec: &WorkloadSpec, rng: &mut SmallRng) -> Vec<Session> {
 }
 
 fn multi_turn(spec: &WorkloadSpec, rng: &mut SmallRng) -> Vec<Session> {
-    let system = text(rng, spec.system_tokens);
+    let shared = text(rng, spec.system_tokens);
     (0..spec.conversations)
         .map(|c| {
-            let mut history = vec![Message::new("system", system.clone())];
+            let system = if spec.private_system {
+                text(rng, spec.system_tokens)
+            } else {
+                shared.clone()
+            };
+            let mut history = vec![Message::new("system", system)];
             let mut requests = Vec::with_capacity(spec.turns);
             for _ in 0..spec.turns {
                 history.push(Message::new("user", text(rng, spec.question_tokens)));
@@ -218,8 +228,7 @@ fn multi_turn(spec: &WorkloadSpec, rng: &mut SmallRng) -> Vec<Session> {
                     group: c,
                     messages: history.clone(),
                 });
-                // The client keeps a reply of the asked length; its text does not matter to
-                // a cache that holds prompt pages, and a fixed one keeps the plan seeded.
+                // A placeholder: the replay re-sends the engine's real answer in its place.
                 history.push(Message::new("assistant", text(rng, spec.max_tokens)));
             }
             Session { requests }
@@ -241,9 +250,9 @@ fn singles(n: usize, tokens: usize, rng: &mut SmallRng) -> Vec<Session> {
 /// `tokens` tokens of seeded text: three random letters and a space per token, so two texts
 /// part ways within their first token.
 fn text(rng: &mut SmallRng, tokens: usize) -> String {
-    let mut s = String::with_capacity(tokens * BYTES_PER_TOKEN);
+    let mut s = String::with_capacity(tokens * WORD_BYTES);
     for _ in 0..tokens {
-        for _ in 0..BYTES_PER_TOKEN - 1 {
+        for _ in 0..WORD_BYTES - 1 {
             s.push(char::from(b'a' + rng.gen_range(0..26u8)));
         }
         s.push(' ');

@@ -6,10 +6,9 @@ use std::time::Instant;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::SimConfig;
 use crate::error::ApiError;
 use crate::scheduler::{Event, Finish};
-use crate::tokenizer;
+use crate::{SimConfig, Tokenizer, tokenizer};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Api {
@@ -27,7 +26,8 @@ pub(crate) struct Request {
     pub(crate) stream: bool,
     pub(crate) include_usage: bool,
     pub(crate) rid: Option<String>,
-    pub(crate) dp_rank: Option<usize>,
+    /// `routed_dp_rank` as sent (signed, so a negative one is refused with SGLang's words).
+    pub(crate) dp_rank: Option<i64>,
     pub(crate) model: Option<String>,
 }
 
@@ -38,9 +38,9 @@ struct Common {
     stream: Option<bool>,
     stream_options: Option<StreamOptions>,
     rid: Option<String>,
-    routed_dp_rank: Option<usize>,
+    routed_dp_rank: Option<i64>,
     /// Deprecated alias of `routed_dp_rank`.
-    data_parallel_rank: Option<usize>,
+    data_parallel_rank: Option<i64>,
     model: Option<String>,
 }
 
@@ -121,18 +121,19 @@ pub(crate) fn json_body<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, Api
 
 /// Parses and checks an inference body, tokenizing its prompt.
 pub(crate) fn parse(api: Api, body: &[u8], cfg: &SimConfig) -> Result<Request, ApiError> {
+    let kind = cfg.tokenizer;
     let (prompts, max_new, common) = match api {
         Api::Generate => {
             let b: GenerateBody = json_body(body)?;
             let prompts = match (b.text, b.input_ids) {
-                (Some(p), None) | (None, Some(p)) => batch(p),
+                (Some(p), None) | (None, Some(p)) => batch(kind, p),
                 _ => return Err(bad("Either text or input_ids should be provided.")),
             };
             (prompts, b.sampling_params.max_new_tokens, b.common)
         }
         Api::Completion => {
             let b: CompletionBody = json_body(body)?;
-            let prompts = batch(b.prompt.ok_or_else(|| bad("prompt is required"))?);
+            let prompts = batch(kind, b.prompt.ok_or_else(|| bad("prompt is required"))?);
             (prompts, b.max_tokens, b.common)
         }
         Api::Chat => {
@@ -145,7 +146,7 @@ pub(crate) fn parse(api: Api, body: &[u8], cfg: &SimConfig) -> Result<Request, A
                 .collect();
             let text = tokenizer::render_chat(texts.iter().map(|(r, c)| (r.as_str(), c.as_str())));
             let max_new = b.max_completion_tokens.or(b.max_tokens);
-            (vec![tokenizer::encode(&text)], max_new, b.common)
+            (vec![kind.encode(&text)], max_new, b.common)
         }
     };
     let stream = common.stream.unwrap_or(false);
@@ -191,15 +192,28 @@ fn check_prompt(prompt: &[u32], max_new_tokens: usize, cfg: &SimConfig) -> Resul
             max_new_tokens
         )));
     }
+    // SGLang clamps to its KV pool too; a request that could never be admitted is refused
+    // here, in the same words, rather than left waiting forever.
+    if prompt.len() + max_new_tokens > cfg.cache_capacity_tokens {
+        return Err(bad(format!(
+            "Requested token count exceeds the KV cache capacity (max_total_num_tokens) of {} \
+             tokens. You requested a total of {} tokens: {} tokens from the input messages and \
+             {} tokens for the completion.",
+            cfg.cache_capacity_tokens,
+            prompt.len() + max_new_tokens,
+            prompt.len(),
+            max_new_tokens
+        )));
+    }
     Ok(())
 }
 
 /// The prompts of a body: one, or each element of a list.
-fn batch(prompt: Prompt) -> Vec<Vec<u32>> {
+fn batch(kind: Tokenizer, prompt: Prompt) -> Vec<Vec<u32>> {
     match prompt {
-        Prompt::Text(t) => vec![tokenizer::encode(&t)],
+        Prompt::Text(t) => vec![kind.encode(&t)],
         Prompt::Ids(ids) => vec![ids],
-        Prompt::Texts(v) => v.iter().map(|t| tokenizer::encode(t)).collect(),
+        Prompt::Texts(v) => v.iter().map(|t| kind.encode(t)).collect(),
         Prompt::IdLists(v) => v,
     }
 }
@@ -224,6 +238,8 @@ pub(crate) struct Reply {
     model: String,
     created: u64,
     include_usage: bool,
+    /// `enable_cache_report`: OpenAI usage carries `prompt_tokens_details`.
+    cache_report: bool,
     started: Instant,
     prompt_tokens: usize,
     cached_tokens: usize,
@@ -248,6 +264,7 @@ impl Reply {
             model,
             created: crate::engine::unix_now() as u64,
             include_usage,
+            cache_report: false,
             started: Instant::now(),
             prompt_tokens,
             cached_tokens: 0,
@@ -256,6 +273,12 @@ impl Reply {
             finish: None,
             index: 0,
         }
+    }
+
+    /// With `prompt_tokens_details` in its usage (`enable_cache_report`).
+    pub(crate) fn cache_report(mut self, on: bool) -> Self {
+        self.cache_report = on;
+        self
     }
 
     /// The reply to the `index`-th prompt of a batch.
@@ -275,12 +298,11 @@ impl Reply {
                 self.cached_tokens = cached_tokens;
                 None
             }
-            Event::Token { id, finish } => {
-                let piece = tokenizer::piece(id);
-                self.text.push_str(piece);
+            Event::Token { id, text, finish } => {
+                self.text.push_str(text);
                 self.output_ids.push(id);
                 self.finish = finish;
-                Some(piece)
+                Some(text)
             }
             Event::Done(finish) => {
                 self.finish = Some(finish);
@@ -319,7 +341,7 @@ impl Reply {
             };
             chunks.push(self.chunk(last, Some(finish)));
             if self.include_usage {
-                chunks.push(self.usage_chunk(self.usage()));
+                chunks.push(self.usage_chunk(self.counts()));
             }
         }
         chunks
@@ -395,15 +417,15 @@ impl Reply {
     }
 
     /// The closing stream chunk that carries only `usage`.
-    pub(crate) fn usage_chunk(&self, usage: Value) -> Value {
+    pub(crate) fn usage_chunk(&self, usage: Usage) -> Value {
         let mut chunk = self.chunk(Value::Null, None);
         chunk["choices"] = json!([]);
-        chunk["usage"] = usage;
+        chunk["usage"] = usage.json(self.cache_report);
         chunk
     }
 
     fn usage(&self) -> Value {
-        self.counts().json()
+        self.counts().json(self.cache_report)
     }
 
     pub(crate) fn counts(&self) -> Usage {
@@ -432,13 +454,16 @@ impl Usage {
         }
     }
 
-    /// The OpenAI `usage` object.
-    pub(crate) fn json(self) -> Value {
+    /// The OpenAI `usage` object. As in SGLang's usage processor, `prompt_tokens_details`
+    /// is `{"cached_tokens": n}` only with the cache report on and a hit (`n > 0`), else null.
+    pub(crate) fn json(self, cache_report: bool) -> Value {
+        let details =
+            (cache_report && self.cached > 0).then(|| json!({"cached_tokens": self.cached}));
         json!({
             "prompt_tokens": self.prompt,
             "completion_tokens": self.completion,
             "total_tokens": self.prompt + self.completion,
-            "prompt_tokens_details": {"cached_tokens": self.cached},
+            "prompt_tokens_details": details,
         })
     }
 }

@@ -1,163 +1,285 @@
-//! A rank's page-granular prefix cache with LRU eviction.
+//! A rank's prefix cache: a page-granular radix tree over token ids, as SGLang's.
 //!
-//! A page is `page_size` tokens keyed by a hash chained to its parent page, so a key names the
-//! whole prefix up to that page. Touching a prefix stamps every page on it with one tick, so a
-//! parent is never older than its children; ties evict the deeper page first. Eviction
-//! therefore only ever removes leaves and a cached prefix stays reachable from its root.
+//! Each node adds whole pages of tokens to its parent's prefix; children are keyed by their
+//! first page. A running request locks the node its prefix ends at, which locks every node up
+//! to the root: locked nodes are never evicted. Unlocked leaves form an LRU set; evicting
+//! one may make its parent an evictable leaf, so eviction trims prefixes from their ends and
+//! a cached prefix always stays reachable from the root. Matching and inserting cost one
+//! child lookup per node on the path plus a comparison of the tokens, so a long prompt is
+//! cheap even at page size 1.
 
-use std::cmp::Reverse;
 use std::collections::{BTreeSet, HashMap};
 
-use xxhash_rust::xxh3::Xxh3;
+/// A node of the tree; [`ROOT`] is the empty prefix.
+pub(crate) type NodeId = usize;
+pub(crate) const ROOT: NodeId = 0;
+
+#[derive(Debug, Default)]
+struct Node {
+    parent: NodeId,
+    /// Whole pages this node adds to its parent's prefix.
+    tokens: Vec<u32>,
+    /// Children by their first page.
+    children: HashMap<Box<[u32]>, NodeId>,
+    last_used: u64,
+    /// Locks held through this node (by requests whose prefix ends here or below).
+    lock: u32,
+    /// The `last_used` this node is filed under in `leaves`, while it is an evictable leaf.
+    filed: Option<u64>,
+}
 
 #[derive(Debug)]
 pub(crate) struct PrefixCache {
     page_size: usize,
-    capacity_pages: usize,
-    pages: HashMap<u64, Page>,
-    /// Eviction order: oldest tick first, deeper first within a tick.
-    lru: BTreeSet<(u64, Reverse<usize>, u64)>,
+    nodes: Vec<Option<Node>>,
+    free: Vec<NodeId>,
+    /// Unlocked leaves, least recently used first.
+    leaves: BTreeSet<(u64, NodeId)>,
     tick: u64,
+    tokens: usize,
+    locked_tokens: usize,
 }
 
+/// Where a walk down the tree stopped.
 #[derive(Debug, Clone, Copy)]
-struct Page {
-    last_used: u64,
-    depth: usize,
+struct Walk {
+    /// Tokens matched (whole pages).
+    matched: usize,
+    /// The last node matched whole.
+    node: NodeId,
+    /// A child matched only in part: it and how many of its tokens.
+    partial: Option<(NodeId, usize)>,
 }
 
 impl PrefixCache {
-    pub(crate) fn new(page_size: usize, capacity_tokens: usize) -> Self {
+    pub(crate) fn new(page_size: usize) -> Self {
         Self {
-            page_size,
-            capacity_pages: capacity_tokens / page_size.max(1),
-            pages: HashMap::new(),
-            lru: BTreeSet::new(),
+            page_size: page_size.max(1),
+            nodes: vec![Some(Node::default())],
+            free: Vec::new(),
+            leaves: BTreeSet::new(),
             tick: 0,
+            tokens: 0,
+            locked_tokens: 0,
         }
     }
 
-    /// Cached tokens at the start of `tokens` (whole pages), without touching the LRU order.
+    /// Cached tokens at the start of `tokens` (whole pages), touching nothing.
     pub(crate) fn peek(&self, tokens: &[u32]) -> usize {
-        self.page_keys(tokens)
-            .take_while(|key| self.pages.contains_key(key))
-            .count()
-            * self.page_size
+        self.walk(tokens).matched
     }
 
-    /// Cached tokens at the start of `tokens`; marks the matched pages as just used.
-    pub(crate) fn match_prefix(&mut self, tokens: &[u32]) -> usize {
-        self.tick += 1;
-        let keys: Vec<u64> = self
-            .page_keys(tokens)
-            .take_while(|key| self.pages.contains_key(key))
-            .collect();
-        for &key in &keys {
-            self.touch(key);
+    /// Cached tokens at the start of `tokens` and the node that prefix ends at (split so it
+    /// ends exactly there, ready to lock); marks the prefix as just used.
+    pub(crate) fn match_prefix(&mut self, tokens: &[u32]) -> (usize, NodeId) {
+        let walk = self.walk(tokens);
+        let node = match walk.partial {
+            Some((child, k)) => self.split(child, k),
+            None => walk.node,
+        };
+        self.touch(node);
+        (walk.matched, node)
+    }
+
+    /// Stores every whole page of `tokens`; returns the node their prefix ends at. Never
+    /// evicts: the caller keeps the pool within its budget.
+    pub(crate) fn insert(&mut self, tokens: &[u32]) -> NodeId {
+        let whole = tokens.len() / self.page_size * self.page_size;
+        let tokens = &tokens[..whole];
+        let walk = self.walk(tokens);
+        let mut node = match walk.partial {
+            Some((child, k)) => self.split(child, k),
+            None => walk.node,
+        };
+        if walk.matched < whole {
+            let rest = &tokens[walk.matched..];
+            let key: Box<[u32]> = rest[..self.page_size].into();
+            let leaf = self.alloc(Node {
+                parent: node,
+                tokens: rest.to_vec(),
+                ..Node::default()
+            });
+            self.node_mut(node).children.insert(key, leaf);
+            self.tokens += rest.len();
+            self.refile(node);
+            node = leaf;
         }
-        keys.len() * self.page_size
+        self.touch(node);
+        node
     }
 
-    /// Stores every whole page of `tokens`, then evicts least recently used pages beyond capacity.
-    pub(crate) fn insert(&mut self, tokens: &[u32]) {
-        self.tick += 1;
-        let keys: Vec<u64> = self.page_keys(tokens).collect();
-        for (depth, key) in keys.into_iter().enumerate() {
-            if self.pages.contains_key(&key) {
-                self.touch(key);
-            } else {
-                let page = Page {
-                    last_used: self.tick,
-                    depth,
-                };
-                self.pages.insert(key, page);
-                self.lru.insert((page.last_used, Reverse(depth), key));
+    /// Locks the prefix ending at `node` against eviction.
+    pub(crate) fn lock(&mut self, node: NodeId) {
+        let mut id = node;
+        while id != ROOT {
+            let n = self.node_mut(id);
+            n.lock += 1;
+            let (first, len, parent) = (n.lock == 1, n.tokens.len(), n.parent);
+            if first {
+                self.locked_tokens += len;
             }
+            self.refile(id);
+            id = parent;
         }
-        while self.pages.len() > self.capacity_pages {
-            let Some((_, _, key)) = self.lru.pop_first() else {
+    }
+
+    /// Releases one [`Self::lock`] of `node`.
+    pub(crate) fn unlock(&mut self, node: NodeId) {
+        let mut id = node;
+        while id != ROOT {
+            let n = self.node_mut(id);
+            n.lock = n.lock.saturating_sub(1);
+            let (last, len, parent) = (n.lock == 0, n.tokens.len(), n.parent);
+            if last {
+                self.locked_tokens -= len;
+            }
+            self.refile(id);
+            id = parent;
+        }
+    }
+
+    /// Evicts unlocked leaves, least recently used first, until `tokens` are freed or nothing
+    /// is evictable; returns the tokens freed (whole nodes, so possibly more).
+    pub(crate) fn evict(&mut self, tokens: usize) -> usize {
+        let mut freed = 0;
+        while freed < tokens {
+            let Some((_, id)) = self.leaves.pop_first() else {
                 break;
             };
-            self.pages.remove(&key);
+            let Some(node) = self.nodes[id].take() else {
+                continue;
+            };
+            self.free.push(id);
+            freed += node.tokens.len();
+            self.tokens -= node.tokens.len();
+            let (parent, ps) = (node.parent, self.page_size);
+            self.node_mut(parent).children.remove(&node.tokens[..ps]);
+            self.refile(parent);
         }
+        freed
     }
 
+    /// Empties the cache. Only while nothing holds a lock: ids handed out become invalid.
     pub(crate) fn clear(&mut self) {
-        self.pages.clear();
-        self.lru.clear();
+        *self = Self::new(self.page_size);
     }
 
-    /// Tokens resident in the cache.
+    /// Tokens resident.
     pub(crate) fn tokens(&self) -> usize {
-        self.pages.len() * self.page_size
+        self.tokens
     }
 
-    fn touch(&mut self, key: u64) {
-        if let Some(page) = self.pages.get_mut(&key) {
-            self.lru.remove(&(page.last_used, Reverse(page.depth), key));
-            page.last_used = self.tick;
-            self.lru.insert((page.last_used, Reverse(page.depth), key));
+    /// Tokens in locked nodes (held by running requests).
+    pub(crate) fn locked_tokens(&self) -> usize {
+        self.locked_tokens
+    }
+
+    fn walk(&self, tokens: &[u32]) -> Walk {
+        let ps = self.page_size;
+        let mut walk = Walk {
+            matched: 0,
+            node: ROOT,
+            partial: None,
+        };
+        while let Some(page) = tokens.get(walk.matched..walk.matched + ps) {
+            let Some(&child) = self.node(walk.node).children.get(page) else {
+                break;
+            };
+            let have = &self.node(child).tokens;
+            let want = &tokens[walk.matched..];
+            let common = have.iter().zip(want).take_while(|(a, b)| a == b).count() / ps * ps;
+            walk.matched += common;
+            if common < have.len() {
+                walk.partial = Some((child, common));
+                break;
+            }
+            walk.node = child;
+        }
+        walk
+    }
+
+    /// Splits `child` after its first `k` tokens (whole pages, `0 < k < len`); returns the
+    /// new upper node. `child` keeps its id for the lower part, so locks on it stay valid.
+    fn split(&mut self, child: NodeId, k: usize) -> NodeId {
+        let ps = self.page_size;
+        let c = self.node_mut(child);
+        let lower = c.tokens.split_off(k);
+        let upper_tokens = std::mem::replace(&mut c.tokens, lower);
+        let (parent, last_used, lock) = (c.parent, c.last_used, c.lock);
+        let mut children = HashMap::new();
+        children.insert(self.node(child).tokens[..ps].into(), child);
+        let key: Box<[u32]> = upper_tokens[..ps].into();
+        let upper = self.alloc(Node {
+            parent,
+            tokens: upper_tokens,
+            children,
+            last_used,
+            lock,
+            filed: None,
+        });
+        self.node_mut(child).parent = upper;
+        self.node_mut(parent).children.insert(key, upper);
+        upper
+    }
+
+    /// Stamps the path from `node` to the root as just used, so a parent is never older
+    /// than its children.
+    fn touch(&mut self, node: NodeId) {
+        self.tick += 1;
+        let mut id = node;
+        while id != ROOT {
+            let tick = self.tick;
+            let n = self.node_mut(id);
+            n.last_used = tick;
+            let parent = n.parent;
+            self.refile(id);
+            id = parent;
         }
     }
 
-    /// Chained keys of the whole pages of `tokens`.
-    fn page_keys<'a>(&self, tokens: &'a [u32]) -> impl Iterator<Item = u64> + 'a {
-        let mut parent = 0u64;
-        tokens.chunks_exact(self.page_size).map(move |page| {
-            let mut hasher = Xxh3::with_seed(parent);
-            for token in page {
-                hasher.update(&token.to_le_bytes());
+    /// Files `id` in `leaves` exactly while it is an unlocked leaf.
+    fn refile(&mut self, id: NodeId) {
+        if id == ROOT {
+            return;
+        }
+        let n = self.node_mut(id);
+        let want = (n.lock == 0 && n.children.is_empty()).then_some(n.last_used);
+        let was = std::mem::replace(&mut n.filed, want);
+        if was != want {
+            if let Some(t) = was {
+                self.leaves.remove(&(t, id));
             }
-            parent = hasher.digest();
-            parent
-        })
+            if let Some(t) = want {
+                self.leaves.insert((t, id));
+            }
+        }
+    }
+
+    fn alloc(&mut self, node: Node) -> NodeId {
+        match self.free.pop() {
+            Some(id) => {
+                self.nodes[id] = Some(node);
+                id
+            }
+            None => {
+                self.nodes.push(Some(node));
+                self.nodes.len() - 1
+            }
+        }
+    }
+
+    fn node(&self, id: NodeId) -> &Node {
+        self.nodes[id]
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("node {id} is live"))
+    }
+
+    fn node_mut(&mut self, id: NodeId) -> &mut Node {
+        self.nodes[id]
+            .as_mut()
+            .unwrap_or_else(|| unreachable!("node {id} is live"))
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn seq(start: u32, len: u32) -> Vec<u32> {
-        (start..start + len).collect()
-    }
-
-    #[test]
-    fn matches_whole_pages_of_a_stored_prefix() {
-        let mut cache = PrefixCache::new(4, 64);
-        let prompt = seq(0, 10);
-        assert_eq!(cache.match_prefix(&prompt), 0);
-        cache.insert(&prompt);
-        assert_eq!(cache.tokens(), 8);
-        assert_eq!(cache.match_prefix(&prompt), 8);
-        assert_eq!(cache.peek(&seq(0, 6)), 4);
-        // Same tokens after a different first page share nothing: keys are chained.
-        let mut other = seq(100, 4);
-        other.extend(seq(4, 4));
-        assert_eq!(cache.peek(&other), 0);
-    }
-
-    #[test]
-    fn evicts_least_recently_used_prefix_first() {
-        let mut cache = PrefixCache::new(4, 16);
-        let (a, b, c) = (seq(0, 8), seq(100, 8), seq(200, 8));
-        cache.insert(&a);
-        cache.insert(&b);
-        assert_eq!(cache.match_prefix(&a), 8); // a is now the most recent
-        cache.insert(&c);
-        assert_eq!(cache.tokens(), 16);
-        assert_eq!(cache.peek(&a), 8);
-        assert_eq!(cache.peek(&b), 0);
-        assert_eq!(cache.peek(&c), 8);
-    }
-
-    #[test]
-    fn eviction_trims_leaves_and_keeps_prefixes_reachable() {
-        let mut cache = PrefixCache::new(4, 12);
-        cache.insert(&seq(0, 20)); // five pages into room for three
-        assert_eq!(cache.peek(&seq(0, 20)), 12);
-        cache.clear();
-        assert_eq!(cache.tokens(), 0);
-        assert_eq!(cache.peek(&seq(0, 20)), 0);
-    }
-}
+mod tests;

@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::Tokenizer;
+
 /// Which engine the simulator impersonates on the wire.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
@@ -18,6 +20,18 @@ pub enum Flavor {
     Vllm,
 }
 
+/// How a data-parallel engine spreads requests that name no `routed_dp_rank` over its ranks
+/// (SGLang `--load-balance-method`).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum LoadBalanceMethod {
+    /// Rank after rank, as SGLang 0.5.23's `auto` resolves to without PD disaggregation.
+    #[default]
+    RoundRobin,
+    /// The rank with the fewest running + waiting requests (ties: the lowest rank).
+    ShortestQueue,
+}
+
 /// One engine's behaviour. Every field has a default (`#[serde(default)]`); durations are
 /// strings with a unit (`"10ms"`, `"500us"`, `"1.5s"`).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -29,11 +43,17 @@ pub struct SimConfig {
     pub flavor: Flavor,
     /// Running slots per DP rank; more requests wait in a FIFO queue. Default 16.
     pub max_running_requests: usize,
-    /// Data-parallel ranks, each its own scheduler, queue and cache. Default 1.
+    /// Data-parallel ranks, each its own scheduler, queue and KV pool. Default 1.
     pub dp_size: usize,
-    /// Tokens per KV page: the prefix cache's granularity. Default 16.
+    /// Where requests without `routed_dp_rank` go. Default [`LoadBalanceMethod::RoundRobin`].
+    pub load_balance_method: LoadBalanceMethod,
+    /// Tokens per KV page: the prefix cache's granularity (`/server_info` `page_size`).
+    /// Default 1, as SGLang resolves it for most attention backends.
     pub page_size: usize,
-    /// Prefix-cache capacity per rank in tokens (`max_total_num_tokens`); LRU pages beyond it are evicted. Default 200 000.
+    /// KV pool per rank in tokens, SGLang's `max_total_num_tokens`: running requests' KV
+    /// (their prompts, their output and the room reserved for the rest of it) and the prefix
+    /// cache share it; unlocked cached prefixes are evicted LRU to admit a request, and a
+    /// request that still does not fit waits. Default 200 000.
     pub cache_capacity_tokens: usize,
     /// Longest prompt + completion accepted. Default 32 768.
     pub context_length: usize,
@@ -47,12 +67,32 @@ pub struct SimConfig {
     pub decode_step_per_req: Duration,
     /// Completion length when the request gives none. Default 16.
     pub default_max_new_tokens: usize,
-    /// When set (e.g. 0.36), an idle rank's `gen_throughput` shows this residual, as SGLang's
-    /// does after its last one-token health generation; unset, it keeps the last busy value.
-    pub idle_gen_throughput_residual: Option<f64>,
+    /// Decode batches per `gen_throughput` window (SGLang `--decode-log-interval`): the gauge
+    /// is set to the tokens decoded in the window over its wall time. Default 40.
+    pub decode_log_interval: u32,
+    /// A prefill that finds no window closed for this long zeroes `gen_throughput`, as
+    /// SGLang 0.5.23 does. Default `"30s"`.
+    #[serde(with = "duration_text")]
+    pub gen_throughput_staleness: Duration,
+    /// `gen_throughput` when the engine first starts, standing for a stale value left by
+    /// earlier traffic or health probes (e.g. 0.35, or 800 for a stale busy rate); a restart
+    /// starts at 0. Default 0.
+    pub initial_gen_throughput: f64,
+    /// Report the cumulative `total_prefill_uncached_tokens` / `total_prefill_busy_us` on
+    /// `/v1/loads`; off, they read 0 as on SGLang 0.5.23. Default false.
+    pub report_prefill_counters: bool,
+    /// SGLang `--enable-cache-report` (vLLM `--enable-prompt-tokens-details`): OpenAI answers
+    /// carry `usage.prompt_tokens_details.cached_tokens`; off, `prompt_tokens_details` is
+    /// null. `/generate` always reports `meta_info.cached_tokens`. Default false.
+    pub enable_cache_report: bool,
+    /// SGLang `--enable-metrics`: SGLang flavours serve `/metrics` only when set (404
+    /// otherwise); vLLM always serves it. Default false.
+    pub enable_metrics: bool,
+    /// How prompts become tokens. Default [`Tokenizer::WordPieces`].
+    pub tokenizer: Tokenizer,
     /// Canned replies with no tokenizing or scheduling, to measure a gateway's own overhead.
     pub fixed_response: bool,
-    /// Seeds the generated token ids. Default 0.
+    /// Seeds the generated tokens. Default 0.
     pub seed: u64,
     /// When set, every route but `/health` and the simulator's own wants
     /// `Authorization: Bearer <key>` and answers 401 without it, as SGLang's `--api-key`.
@@ -66,14 +106,21 @@ impl Default for SimConfig {
             flavor: Flavor::Sglang,
             max_running_requests: 16,
             dp_size: 1,
-            page_size: 16,
+            load_balance_method: LoadBalanceMethod::RoundRobin,
+            page_size: 1,
             cache_capacity_tokens: 200_000,
             context_length: 32_768,
             prefill_tokens_per_sec: 20_000.0,
             decode_step_base: Duration::from_millis(10),
             decode_step_per_req: Duration::from_micros(500),
             default_max_new_tokens: 16,
-            idle_gen_throughput_residual: None,
+            decode_log_interval: 40,
+            gen_throughput_staleness: Duration::from_secs(30),
+            initial_gen_throughput: 0.0,
+            report_prefill_counters: false,
+            enable_cache_report: false,
+            enable_metrics: false,
+            tokenizer: Tokenizer::WordPieces,
             fixed_response: false,
             seed: 0,
             api_key: None,
@@ -101,17 +148,14 @@ impl SimConfig {
         if self.page_size == 0 {
             return fail("page_size", "must be at least 1");
         }
+        if self.decode_log_interval == 0 {
+            return fail("decode_log_interval", "must be at least 1");
+        }
         if !(self.prefill_tokens_per_sec.is_finite() && self.prefill_tokens_per_sec > 0.0) {
             return fail("prefill_tokens_per_sec", "must be a positive number");
         }
-        if self
-            .idle_gen_throughput_residual
-            .is_some_and(|r| !(r.is_finite() && r >= 0.0))
-        {
-            return fail(
-                "idle_gen_throughput_residual",
-                "must be a non-negative number",
-            );
+        if !(self.initial_gen_throughput.is_finite() && self.initial_gen_throughput >= 0.0) {
+            return fail("initial_gen_throughput", "must be a non-negative number");
         }
         Ok(())
     }
@@ -175,4 +219,28 @@ mod duration_text {
         assert_eq!(parse("-1ms"), None);
         assert_eq!(parse("3 weeks"), None);
     }
+}
+
+#[cfg(test)]
+#[test]
+fn new_fields_read_from_text_and_default_as_documented() {
+    let d = SimConfig::default();
+    assert_eq!((d.page_size, d.decode_log_interval), (1, 40));
+    assert_eq!(d.gen_throughput_staleness, Duration::from_secs(30));
+    assert_eq!(
+        (d.tokenizer, d.load_balance_method),
+        (Tokenizer::WordPieces, LoadBalanceMethod::RoundRobin)
+    );
+    assert!(!d.enable_cache_report && !d.enable_metrics && !d.report_prefill_counters);
+    let cfg: SimConfig = serde_json::from_str(
+        r#"{"tokenizer": "four-bytes", "load_balance_method": "shortest-queue",
+            "gen_throughput_staleness": "200ms", "initial_gen_throughput": 0.35}"#,
+    )
+    .unwrap();
+    assert_eq!(cfg.tokenizer, Tokenizer::FourBytes);
+    assert_eq!(cfg.load_balance_method, LoadBalanceMethod::ShortestQueue);
+    assert_eq!(cfg.gen_throughput_staleness, Duration::from_millis(200));
+    assert_eq!(cfg.initial_gen_throughput, 0.35);
+    let old = serde_json::from_str::<SimConfig>(r#"{"idle_gen_throughput_residual": 0.36}"#);
+    assert!(old.is_err(), "the old field is gone");
 }

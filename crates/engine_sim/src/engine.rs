@@ -1,14 +1,15 @@
 //! One simulated engine: its ranks, its fault, its identity, and the operations the
 //! routes and the [`EngineHandle`](crate::EngineHandle) share.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::ApiError;
 use crate::scheduler::{Event, Job, Rank, Snapshot};
-use crate::{Fault, SimConfig};
+use crate::{Fault, LoadBalanceMethod, SimConfig};
 
 /// A copy of an engine's counters (`GET /sim/stats`). Counts survive flushes and restarts;
 /// `running`, `waiting` and `cache_tokens` are the current values.
@@ -32,9 +33,19 @@ pub struct EngineStats {
     /// Successful `/flush_cache` calls.
     pub flushes: u64,
     pub generated_tokens: u64,
-    /// Tokens resident in the prefix caches of all ranks.
+    /// Tokens resident in the prefix caches of all ranks (locked by running requests or not).
     pub cache_tokens: u64,
     pub restarts: u64,
+}
+
+/// The fleet index of the engine that generated a response id (`id` in an OpenAI answer or
+/// chunk, `meta_info.id` on `/generate`), so a test can tell which engine answered. `None`
+/// for an id the simulator did not generate (one the client gave as `rid`).
+pub fn engine_of(id: &str) -> Option<usize> {
+    if id.len() != 32 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    usize::from_str_radix(id.get(..8)?, 16).ok()
 }
 
 #[derive(Debug)]
@@ -47,6 +58,8 @@ pub(crate) struct Engine {
     flushes: AtomicU64,
     restarts: AtomicU64,
     next_rid: AtomicU64,
+    /// The next rank for round robin.
+    next_rank: AtomicUsize,
     /// Inference requests received, whatever became of them.
     pub(crate) received: AtomicU64,
 }
@@ -66,6 +79,7 @@ impl Engine {
             flushes: AtomicU64::new(0),
             restarts: AtomicU64::new(0),
             next_rid: AtomicU64::new(0),
+            next_rank: AtomicUsize::new(0),
             received: AtomicU64::new(0),
         }
     }
@@ -100,19 +114,42 @@ impl Engine {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A request id shaped like SGLang's (32 hex digits), unique within this engine.
+    /// A request id shaped like SGLang's (32 hex digits), unique within this engine; its
+    /// first 8 digits are the engine's fleet index ([`engine_of`]).
     pub(crate) fn new_rid(&self) -> String {
         let n = self.next_rid.fetch_add(1, Ordering::Relaxed);
         format!("{:08x}{n:024x}", self.index)
     }
 
-    /// The rank a request runs on: the pinned one, else the one with fewest running + waiting.
-    /// `None` when the pin is out of range.
-    pub(crate) fn rank(&self, pinned: Option<usize>) -> Option<&Arc<Rank>> {
-        match pinned {
-            Some(r) => self.ranks.get(r),
-            None => self.ranks.iter().min_by_key(|r| r.queue_len()),
+    /// Checks a request's `routed_dp_rank` as SGLang's tokenizer manager does: rank 0 on a
+    /// single-rank engine is ignored, anything outside `[0, dp_size)` is refused.
+    pub(crate) fn check_rank(&self, pinned: Option<i64>) -> Result<Option<usize>, ApiError> {
+        let Some(r) = pinned else {
+            return Ok(None);
+        };
+        let dp_size = self.ranks.len();
+        match usize::try_from(r) {
+            Ok(r) if r < dp_size => Ok(Some(r)),
+            _ => Err(ApiError::BadRequest(format!(
+                "routed_dp_rank={r} out of range [0, {dp_size})"
+            ))),
         }
+    }
+
+    /// The rank a request runs on: the pinned one (checked by [`Self::check_rank`]), else the
+    /// next by the load-balance method. A pin does not advance the round robin, as in SGLang.
+    pub(crate) fn rank(&self, pinned: Option<usize>) -> &Arc<Rank> {
+        let n = self.ranks.len();
+        let i = match (pinned, self.cfg.load_balance_method) {
+            (Some(r), _) => r.min(n - 1),
+            (None, LoadBalanceMethod::RoundRobin) => {
+                self.next_rank.fetch_add(1, Ordering::Relaxed) % n
+            }
+            (None, LoadBalanceMethod::ShortestQueue) => (0..n)
+                .min_by_key(|&i| self.ranks[i].queue_len())
+                .unwrap_or(0),
+        };
+        &self.ranks[i]
     }
 
     /// Empties every rank's cache, as SGLang does only when no request is in flight.
@@ -120,9 +157,13 @@ impl Engine {
         if self.ranks.iter().any(|r| r.queue_len() > 0) {
             return false;
         }
-        self.ranks.iter().for_each(|r| r.clear_cache());
-        self.flushes.fetch_add(1, Ordering::Relaxed);
-        true
+        // A request admitted since the check keeps its rank's cache: its pages are locked.
+        let cleared = self.ranks.iter().filter(|r| r.clear_cache()).count();
+        let all = cleared == self.ranks.len();
+        if all {
+            self.flushes.fetch_add(1, Ordering::Relaxed);
+        }
+        all
     }
 
     pub(crate) fn restart(&self) {

@@ -27,8 +27,16 @@ impl ResponseError for ApiError {
     }
 
     fn error_response(&self) -> HttpResponse {
-        let status = self.status_code();
-        let body = match self {
+        HttpResponse::build(self.status_code()).json(self.body())
+    }
+}
+
+impl ApiError {
+    /// The JSON body: `{"error": {"message", "type", "code"}}` (SGLang's `/generate` answers
+    /// `{"error": {"message"}}`; its OpenAI routes a flat `{"object": "error", ...}`: this one
+    /// shape stands for both, the message being SGLang's).
+    pub(crate) fn body(&self) -> serde_json::Value {
+        match self {
             // FastAPI's shape, which is what SGLang and vLLM answer for unknown routes.
             ApiError::NotFound => json!({"detail": "Not Found"}),
             _ => json!({"error": {
@@ -37,9 +45,8 @@ impl ResponseError for ApiError {
                     ApiError::BadRequest(_) => "BadRequestError",
                     _ => "ServiceUnavailableError",
                 },
-                "code": status.as_u16(),
+                "code": self.status_code().as_u16(),
             }}),
-        };
-        HttpResponse::build(status).json(body)
+        }
     }
 }

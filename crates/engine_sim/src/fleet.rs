@@ -81,8 +81,9 @@ impl SimFleet {
     }
 
     /// Starts engine `i` again on its port, as a process restarted by its supervisor:
-    /// a new `startup_time`, an empty cache, fresh counters. Fails when the port was
-    /// taken meanwhile.
+    /// a new `startup_time`, an empty cache, fresh counters, `gen_throughput` at 0 (the
+    /// configured `initial_gen_throughput` stands for a first start only). Fails when the
+    /// port was taken meanwhile.
     pub fn revive(&mut self, i: usize) -> io::Result<()> {
         let (Some(old), Some(server)) = (self.engines.get(i), self.servers.get_mut(i)) else {
             return Err(io::Error::new(io::ErrorKind::NotFound, "no such engine"));
@@ -103,7 +104,10 @@ impl SimFleet {
             .rsplit_once(':')
             .map_or("127.0.0.1", |(h, _)| h)
             .to_owned();
-        let cfg = (*old.engine.cfg).clone();
+        let cfg = SimConfig {
+            initial_gen_throughput: 0.0,
+            ..(*old.engine.cfg).clone()
+        };
         let (handle, srv) = spawn_engine(i, &host, port, cfg)?;
         self.engines[i] = handle;
         self.servers[i] = srv;
@@ -191,8 +195,8 @@ impl EngineHandle {
         self.engine.stats()
     }
 
-    /// Simulates an engine restart: requests in flight are aborted, the cache is emptied and
-    /// `startup_time` changes. Counters are kept.
+    /// Simulates an engine restart: requests in flight are aborted, the cache is emptied,
+    /// `gen_throughput` starts again at 0 and `startup_time` changes. Counters are kept.
     pub fn restart(&self) {
         self.engine.restart();
     }

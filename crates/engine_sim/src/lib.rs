@@ -2,18 +2,28 @@
 //!
 //! Each engine is a real HTTP server on loopback that serves SGLang's wire shapes (`/generate`,
 //! the OpenAI routes, `/v1/loads`, `/server_info`, `/metrics`, health, `/flush_cache`) and
-//! behaves like an engine where routing can see it: a prefix-stable tokenizer, a per-rank
-//! continuous-batching scheduler with running slots and a FIFO queue, and a page-granular LRU
-//! prefix cache, so `cached_tokens`, queue depths and `gen_throughput` respond to the
-//! requests it is sent. Faults ([`Fault`]) and counters ([`EngineStats`]) are reachable from
-//! Rust through [`EngineHandle`] and over HTTP (`GET /sim/stats`, `POST /sim/fault`,
-//! `POST /sim/restart`).
+//! behaves like an engine where routing can see it, with SGLang 0.5.23's defaults: a
+//! prefix-stable word-piece tokenizer whose token count varies with the text ([`tokenizer`]);
+//! per data-parallel rank a continuous-batching scheduler with running slots, a FIFO queue and
+//! one KV pool (`max_total_num_tokens`) shared by running requests and a page-granular radix
+//! prefix cache (page size 1 by default; unlocked prefixes evicted LRU to admit requests; a
+//! finished request's prompt and answer are cached, so a conversation's next turn hits its
+//! last answer; a prompt always recomputes its last token); requests spread over ranks round
+//! robin unless they name `routed_dp_rank`; `gen_throughput` measured over windows of
+//! `decode_log_interval` decode batches of wall time, kept while idle and zeroed only by a
+//! prefill once stale, with `/health_generate`'s one-token generation counted in the window.
+//! OpenAI usage carries `prompt_tokens_details` only with `enable_cache_report`, `/metrics`
+//! exists on SGLang flavours only with `enable_metrics`, and `/v1/loads` reports its
+//! cumulative prefill counters as 0 unless `report_prefill_counters` is set. Faults
+//! ([`Fault`]) and counters ([`EngineStats`]) are reachable from Rust through
+//! [`EngineHandle`] and over HTTP (`GET /sim/stats`, `POST /sim/fault`, `POST /sim/restart`).
 //!
 //! It owns nothing of the gateway and never imports it; it needs no GPU and no network
 //! beyond the ports it binds.
 //!
 //! Routes per [`Flavor`]: all serve `/health`, `/v1/models`, `/v1/completions`,
-//! `/v1/chat/completions`, `/metrics` and the control routes; SGLang flavours add
+//! `/v1/chat/completions` and the control routes; [`Flavor::Vllm`] always serves `/metrics`,
+//! SGLang flavours only with `enable_metrics`; SGLang flavours add
 //! `/health_generate`, `/ready`, `/server_info` (`/get_server_info`), `/model_info`
 //! (`/get_model_info`; the legacy flavour has only these `get_` forms), `/generate`, `/flush_cache` (400 while requests are in flight, as in
 //! SGLang) and `/abort_request`; only [`Flavor::Sglang`] serves `/v1/loads`; [`Flavor::Vllm`]
@@ -21,10 +31,10 @@
 //! [`EngineStats`], `POST /sim/fault` takes a [`Fault`] in its tagged form and echoes it,
 //! `POST /sim/restart` answers `{"startup_time": <new>}`.
 //!
-//! Simplifications: a batch of prompts (`/v1/completions`, `/generate`) runs as one job per
-//! prompt, but a streamed `/generate` batch is a 400; no sampling or stop strings
-//! (every request runs to its token limit, finish reason `length`), the prefix cache keeps
-//! prompt pages only, and KV held by running requests is reported but never evicts it.
+//! Simplifications: no sampling or stop strings (every request runs to its token limit,
+//! finish reason `length`), so a request reserves pool room for all of `max_new_tokens` and
+//! is refused when that could never fit; no chunked prefill or retraction; a streamed
+//! `/generate` batch is a 400; error bodies have one shape for all routes.
 //!
 //! ```
 //! use kvgate_engine_sim::{Fault, SimConfig, SimFleet};
@@ -48,9 +58,11 @@ mod fleet;
 mod load;
 mod routes;
 mod scheduler;
-mod tokenizer;
+mod throughput;
+pub mod tokenizer;
 
-pub use config::{Flavor, SimConfig};
-pub use engine::EngineStats;
+pub use config::{Flavor, LoadBalanceMethod, SimConfig};
+pub use engine::{EngineStats, engine_of};
 pub use fault::Fault;
 pub use fleet::{EngineControl, EngineHandle, SimFleet};
+pub use tokenizer::Tokenizer;

@@ -66,6 +66,7 @@ pub(crate) fn loads(engine: &Engine, dp_rank: Option<usize>) -> LoadsBody {
 
 fn rank_load(cfg: &SimConfig, dp_rank: usize, s: &Snapshot, now: f64) -> RankLoad {
     let usage = token_usage(cfg, s);
+    let counter = |v: u64| if cfg.report_prefill_counters { v } else { 0 };
     RankLoad {
         timestamp: now,
         dp_rank,
@@ -82,8 +83,9 @@ fn rank_load(cfg: &SimConfig, dp_rank: usize, s: &Snapshot, now: f64) -> RankLoa
         gen_throughput: s.gen_throughput,
         cache_hit_rate: cache_hit_rate(s),
         utilization: usage,
-        total_prefill_uncached_tokens: s.total_prefill_uncached_tokens,
-        total_prefill_busy_us: s.total_prefill_busy_us,
+        // SGLang 0.5.23 reports 0 here even on a busy rank (see the fixture).
+        total_prefill_uncached_tokens: counter(s.total_prefill_uncached_tokens),
+        total_prefill_busy_us: counter(s.total_prefill_busy_us),
         decode_moments: None,
     }
 }

@@ -35,6 +35,9 @@ struct Args {
     max_running_requests: Option<usize>,
     #[arg(long)]
     dp_size: Option<usize>,
+    /// Ranks for requests without `routed_dp_rank`: round-robin (default) | shortest-queue
+    #[arg(long)]
+    load_balance_method: Option<String>,
     #[arg(long)]
     page_size: Option<usize>,
     #[arg(long)]
@@ -49,9 +52,30 @@ struct Args {
     decode_step_per_req: Option<String>,
     #[arg(long)]
     default_max_new_tokens: Option<usize>,
-    /// Idle ranks show this `gen_throughput` (SGLang's stale residual, e.g. 0.36).
+    /// Decode batches per `gen_throughput` window (default 40).
     #[arg(long)]
-    idle_residual: Option<f64>,
+    decode_log_interval: Option<u32>,
+    /// A prefill zeroes `gen_throughput` when no window closed for this long, with a unit
+    /// (default `30s`).
+    #[arg(long)]
+    gen_throughput_staleness: Option<String>,
+    /// `gen_throughput` at first start: a stale value from earlier probes or traffic
+    /// (e.g. 0.36; default 0).
+    #[arg(long)]
+    initial_gen_throughput: Option<f64>,
+    /// Report the cumulative prefill counters on `/v1/loads` (0 otherwise, as SGLang 0.5.23).
+    #[arg(long)]
+    report_prefill_counters: bool,
+    /// `usage.prompt_tokens_details.cached_tokens` on OpenAI answers (SGLang
+    /// `--enable-cache-report`).
+    #[arg(long)]
+    enable_cache_report: bool,
+    /// Serve `/metrics` on SGLang flavours (SGLang `--enable-metrics`; vLLM always does).
+    #[arg(long)]
+    enable_metrics: bool,
+    /// word-pieces (default) | four-bytes
+    #[arg(long)]
+    tokenizer: Option<String>,
     /// Canned replies, no scheduling: for measuring a gateway's own overhead.
     #[arg(long)]
     fixed_response: bool,
@@ -103,6 +127,10 @@ fn config(args: &Args) -> anyhow::Result<SimConfig> {
         args.max_running_requests.map(Value::from),
     );
     set("dp_size", args.dp_size.map(Value::from));
+    set(
+        "load_balance_method",
+        args.load_balance_method.clone().map(Value::from),
+    );
     set("page_size", args.page_size.map(Value::from));
     set(
         "cache_capacity_tokens",
@@ -125,12 +153,28 @@ fn config(args: &Args) -> anyhow::Result<SimConfig> {
         args.default_max_new_tokens.map(Value::from),
     );
     set(
-        "idle_gen_throughput_residual",
-        args.idle_residual.map(Value::from),
+        "decode_log_interval",
+        args.decode_log_interval.map(Value::from),
     );
+    set(
+        "gen_throughput_staleness",
+        args.gen_throughput_staleness.clone().map(Value::from),
+    );
+    set(
+        "initial_gen_throughput",
+        args.initial_gen_throughput.map(Value::from),
+    );
+    set("tokenizer", args.tokenizer.clone().map(Value::from));
     set("seed", args.seed.map(Value::from));
-    if args.fixed_response {
-        set("fixed_response", Some(Value::Bool(true)));
+    for (key, on) in [
+        ("report_prefill_counters", args.report_prefill_counters),
+        ("enable_cache_report", args.enable_cache_report),
+        ("enable_metrics", args.enable_metrics),
+        ("fixed_response", args.fixed_response),
+    ] {
+        if on {
+            set(key, Some(Value::Bool(true)));
+        }
     }
     serde_json::from_value(value).context("invalid simulator settings")
 }

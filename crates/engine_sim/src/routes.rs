@@ -19,7 +19,7 @@ use crate::api::{self, Api, Reply, Usage};
 use crate::engine::Engine;
 use crate::error::ApiError;
 use crate::load::{self, SGLANG_VERSION};
-use crate::scheduler::{Event, Finish, Job, Rank, Ticket};
+use crate::scheduler::{Event, Finish, Job, Ticket};
 use crate::{Fault, Flavor};
 
 type Answer = Result<HttpResponse, ApiError>;
@@ -33,7 +33,7 @@ pub(crate) fn bind(
     host: &str,
     port: u16,
 ) -> std::io::Result<(Server, SocketAddr)> {
-    let flavor = engine.cfg.flavor;
+    let (flavor, metrics_on) = (engine.cfg.flavor, engine.cfg.enable_metrics);
     let data = Data::from(engine);
     let server = HttpServer::new(move || {
         let frozen = Data::clone(&data);
@@ -58,7 +58,7 @@ pub(crate) fn bind(
                     }
                 }
             })
-            .configure(|cfg| routes(cfg, flavor))
+            .configure(|cfg| routes(cfg, flavor, metrics_on))
             .default_service(web::to(|| async { ApiError::NotFound.error_response() }))
     })
     .workers(1)
@@ -80,16 +80,19 @@ pub(crate) fn bind(
     Ok((server.run(), addr))
 }
 
-fn routes(cfg: &mut ServiceConfig, flavor: Flavor) {
+fn routes(cfg: &mut ServiceConfig, flavor: Flavor, metrics_on: bool) {
     // Resources (not bare routes) so a known path with the wrong method answers 405.
     cfg.service(resource("/health").get(health))
         .service(resource("/v1/models").get(models))
         .service(resource("/v1/completions").post(completions))
         .service(resource("/v1/chat/completions").post(chat))
-        .service(resource("/metrics").get(metrics))
         .service(resource("/sim/stats").get(sim_stats))
         .service(resource("/sim/fault").post(sim_fault))
         .service(resource("/sim/restart").post(sim_restart));
+    // SGLang has no `/metrics` route without `--enable-metrics`; vLLM always serves it.
+    if metrics_on || flavor == Flavor::Vllm {
+        cfg.service(resource("/metrics").get(metrics));
+    }
     match flavor {
         Flavor::Sglang | Flavor::SglangLegacy => {
             // Older SGLang has only the `get_` forms, which newer versions keep as aliases.
@@ -337,12 +340,13 @@ async fn infer(e: Data<Engine>, api: Api, body: Bytes) -> Answer {
         return canned(&e, api, &body);
     }
     let req = api::parse(api, &body, &e.cfg)?;
-    let rank = e.rank(req.dp_rank).ok_or_else(|| {
-        ApiError::BadRequest(format!(
-            "routed_dp_rank is out of range (dp_size {})",
-            e.cfg.dp_size
-        ))
-    })?;
+    let pinned = match e.check_rank(req.dp_rank) {
+        Ok(pinned) => pinned,
+        // SGLang raises inside its generator: a stream answers 200 with the error as its
+        // one event, a whole answer is a 400.
+        Err(err) if req.stream => return Ok(stream_error(&err)),
+        Err(err) => return Err(err),
+    };
     let rid = req.rid.unwrap_or_else(|| e.new_rid());
     let model = req.model.unwrap_or_else(|| e.cfg.model.clone());
     let mut prompts = req.prompts;
@@ -353,11 +357,14 @@ async fn infer(e: Data<Engine>, api: Api, body: Bytes) -> Answer {
             model,
             include_usage: req.include_usage,
             max_new_tokens: req.max_new_tokens,
+            cache_report: e.cfg.enable_cache_report,
         };
-        return b.run(rank, prompts, req.stream).await;
+        return b.run(&e, pinned, prompts, req.stream).await;
     }
+    let rank = e.rank(pinned);
     let prompt = prompts.pop().unwrap_or_default();
-    let mut reply = Reply::new(api, rid.clone(), model, req.include_usage, prompt.len());
+    let mut reply = Reply::new(api, rid.clone(), model, req.include_usage, prompt.len())
+        .cache_report(e.cfg.enable_cache_report);
     let job = Job {
         rid,
         prompt,
@@ -402,19 +409,27 @@ async fn infer(e: Data<Engine>, api: Api, body: Bytes) -> Answer {
     })
 }
 
-/// A batch of prompts in one request: one job per prompt on the same rank, answered as
-/// one body whose choices carry the prompts' positions (a `/generate` batch answers a
-/// list). Injected body faults apply to single prompts only.
+/// A batch of prompts in one request: one job per prompt, each sent to a rank as a request
+/// of its own would be (SGLang dispatches them one by one), answered as one body whose
+/// choices carry the prompts' positions (a `/generate` batch answers a list). Injected
+/// body faults apply to single prompts only.
 struct Batch {
     api: Api,
     rid: String,
     model: String,
     include_usage: bool,
     max_new_tokens: usize,
+    cache_report: bool,
 }
 
 impl Batch {
-    async fn run(self, rank: &Arc<Rank>, prompts: Vec<Vec<u32>>, stream: bool) -> Answer {
+    async fn run(
+        self,
+        e: &Engine,
+        pinned: Option<usize>,
+        prompts: Vec<Vec<u32>>,
+        stream: bool,
+    ) -> Answer {
         let mut replies = Vec::with_capacity(prompts.len());
         let mut tickets = Vec::with_capacity(prompts.len());
         for (i, prompt) in prompts.into_iter().enumerate() {
@@ -430,7 +445,7 @@ impl Batch {
                 )
                 .at_index(i),
             );
-            tickets.push(rank.submit(Job {
+            tickets.push(e.rank(pinned).submit(Job {
                 rid,
                 prompt,
                 max_new_tokens: self.max_new_tokens,
@@ -438,9 +453,10 @@ impl Batch {
             }));
         }
         if stream {
-            let usage_from = self
-                .include_usage
-                .then(|| Reply::new(self.api, self.rid.clone(), self.model.clone(), false, 0));
+            let usage_from = self.include_usage.then(|| {
+                Reply::new(self.api, self.rid.clone(), self.model.clone(), false, 0)
+                    .cache_report(self.cache_report)
+            });
             return Ok(sse_batch(usage_from, replies, tickets));
         }
         for (reply, ticket) in replies.iter_mut().zip(&mut tickets) {
@@ -461,7 +477,7 @@ impl Batch {
                     .iter()
                     .map(Reply::counts)
                     .fold(Usage::default(), Usage::add);
-                body["usage"] = usage.json();
+                body["usage"] = usage.json(self.cache_report);
                 body
             }
         };
@@ -508,7 +524,7 @@ fn sse_batch(usage_from: Option<Reply>, replies: Vec<Reply>, tickets: Vec<Ticket
             }
             if s.left == 0 {
                 if let Some(head) = &s.usage_from {
-                    let chunk = head.usage_chunk(s.usage.json());
+                    let chunk = head.usage_chunk(s.usage);
                     out.push_str(&format!("data: {chunk}\n\n"));
                 }
                 out.push_str("data: [DONE]\n\n");
@@ -541,8 +557,10 @@ fn canned(e: &Engine, api: Api, body: &[u8]) -> Answer {
         rank.count_canned();
     }
     let mut reply = Reply::new(api, "canned".to_owned(), e.cfg.model.clone(), false, 1);
+    let (id, text) = e.cfg.tokenizer.generated(0);
     let token = Event::Token {
-        id: 0,
+        id,
+        text,
         finish: Some(Finish::Length),
     };
     if flags.stream.unwrap_or(false) {
@@ -557,6 +575,15 @@ fn canned(e: &Engine, api: Api, body: &[u8]) -> Answer {
     }
     reply.apply(token);
     Ok(HttpResponse::Ok().json(reply.body()))
+}
+
+/// A stream whose only event is `err`, then `[DONE]`: how SGLang streams an error raised
+/// before the first token.
+fn stream_error(err: &ApiError) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/event-stream")
+        .insert_header((CACHE_CONTROL, "no-cache"))
+        .body(format!("data: {}\n\ndata: [DONE]\n\n", err.body()))
 }
 
 /// The error that ends a body abruptly: actix closes the connection without the last chunk.

@@ -1,15 +1,19 @@
-//! One data-parallel rank: running slots, a FIFO queue, a prefix cache and the
-//! continuous-batching step loop that drives them.
+//! One data-parallel rank: running slots, a FIFO queue, a KV pool shared by running requests
+//! and the prefix cache, and the continuous-batching step loop that drives them.
 //!
-//! Each loop iteration admits waiting requests into free slots, prefills them (time
-//! proportional to their uncached tokens; the first token comes out of prefill, as in SGLang),
-//! then runs one decode step that gives every running request one more token. State sits
-//! behind a mutex that is never held across an await; HTTP handlers on other threads submit
-//! and cancel, the loop on the engine's own thread steps.
+//! Each loop iteration admits waiting requests into free slots while the pool has room for
+//! their uncached prompt and their `max_new_tokens` (evicting unlocked cached prefixes, LRU,
+//! to make room; FIFO, so one that does not fit holds back those behind it), prefills them
+//! (time proportional to their uncached tokens; the first token comes out of prefill, as in
+//! SGLang), then runs one decode step that gives every running request one more token. A
+//! running request locks its prompt's pages in the cache; when it ends, its prompt and output
+//! (but the last token, whose KV was never computed) are cached and the lock released. State
+//! sits behind a mutex that is never held across an await; HTTP handlers on other threads
+//! submit and cancel, the loop on the engine's own thread steps.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -17,11 +21,8 @@ use tokio::sync::Notify;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use crate::SimConfig;
-use crate::cache::PrefixCache;
-use crate::tokenizer::VOCAB;
-
-/// Decode steps over which `gen_throughput` is measured (SGLang logs every 40).
-const THROUGHPUT_WINDOW_STEPS: u32 = 10;
+use crate::cache::{NodeId, PrefixCache};
+use crate::throughput::GenThroughput;
 
 /// What the scheduler tells a request's handler, in order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,9 +30,10 @@ pub(crate) enum Event {
     Admitted {
         cached_tokens: usize,
     },
-    /// One generated token; `finish` is set on the last one.
+    /// One generated token and its text; `finish` is set on the last one.
     Token {
         id: u32,
+        text: &'static str,
         finish: Option<Finish>,
     },
     /// Finished with no further token: aborted, or nothing to generate.
@@ -72,7 +74,8 @@ pub(crate) struct Snapshot {
     pub(crate) running: usize,
     pub(crate) waiting: usize,
     pub(crate) waiting_uncached_tokens: usize,
-    /// KV held by running requests (prompt + generated).
+    /// KV in use as SGLang counts it: the pool minus free and evictable tokens, i.e. the
+    /// cache pages running requests lock plus their own uncached prompt and output.
     pub(crate) used_tokens: usize,
     pub(crate) cache_tokens: usize,
     pub(crate) gen_throughput: f64,
@@ -96,10 +99,7 @@ struct State {
     cache: PrefixCache,
     rng: SmallRng,
     counters: Counters,
-    /// Had work since it last went idle.
-    busy: bool,
-    gen_throughput: f64,
-    window: Window,
+    gen_throughput: GenThroughput,
     total_prefill_uncached_tokens: u64,
     total_prefill_busy_us: u64,
 }
@@ -108,25 +108,27 @@ struct State {
 struct Req {
     id: u64,
     job: Job,
-    generated: usize,
+    output: Vec<u32>,
     prefilled: bool,
+    /// The cache node this running request locks, and the prompt tokens up to it.
+    held: Option<(NodeId, usize)>,
     tx: UnboundedSender<Event>,
 }
 
-/// Decode tokens over simulated step time, so the rate is deterministic.
-#[derive(Debug, Default)]
-struct Window {
-    steps: u32,
-    tokens: u64,
-    time: Duration,
-}
+impl Req {
+    /// Pool tokens it needs beyond the cache pages it locks: its uncached prompt and room
+    /// for all its output.
+    fn committed(&self) -> usize {
+        self.job.prompt.len() - self.held_tokens() + self.job.max_new_tokens
+    }
 
-impl Window {
-    fn take(&mut self) -> Option<f64> {
-        let rate = (self.steps > 0 && !self.time.is_zero())
-            .then(|| self.tokens as f64 / self.time.as_secs_f64());
-        *self = Window::default();
-        rate
+    /// Pool tokens in use beyond its locked pages.
+    fn used(&self) -> usize {
+        self.job.prompt.len() - self.held_tokens() + self.output.len()
+    }
+
+    fn held_tokens(&self) -> usize {
+        self.held.map_or(0, |(_, n)| n)
     }
 }
 
@@ -163,12 +165,10 @@ impl Rank {
             next_id: 0,
             waiting: VecDeque::new(),
             running: Vec::new(),
-            cache: PrefixCache::new(cfg.page_size, cfg.cache_capacity_tokens),
+            cache: PrefixCache::new(cfg.page_size),
             rng: SmallRng::seed_from_u64(cfg.seed.wrapping_add(index as u64)),
             counters: Counters::default(),
-            busy: false,
-            gen_throughput: 0.0,
-            window: Window::default(),
+            gen_throughput: GenThroughput::new(cfg.initial_gen_throughput, Instant::now()),
             total_prefill_uncached_tokens: 0,
             total_prefill_busy_us: 0,
         };
@@ -196,8 +196,9 @@ impl Rank {
             s.waiting.push_back(Req {
                 id,
                 job,
-                generated: 0,
+                output: Vec::new(),
                 prefilled: false,
+                held: None,
                 tx,
             });
             id
@@ -232,8 +233,10 @@ impl Rank {
             return false;
         };
         let _ = req.tx.send(Event::Done(Finish::Abort));
-        s.count_abort(&req);
-        s.settle(&self.cfg);
+        s.end(&req, false);
+        drop(s);
+        // Its pool space may let a waiting request in.
+        self.wake.notify_one();
         true
     }
 
@@ -241,48 +244,55 @@ impl Rank {
     fn cancel(&self, id: u64) {
         let mut s = self.state();
         if let Some(req) = s.take(|r| r.id == id) {
-            s.count_abort(&req);
-            s.settle(&self.cfg);
+            s.end(&req, false);
+            drop(s);
+            self.wake.notify_one();
         }
     }
 
-    pub(crate) fn clear_cache(&self) {
-        self.state().cache.clear();
+    /// Empties the cache; refused (false) while a request runs, as its pages are locked.
+    pub(crate) fn clear_cache(&self) -> bool {
+        let mut s = self.state();
+        if !s.running.is_empty() {
+            return false;
+        }
+        s.cache.clear();
+        true
     }
 
-    /// A process restart: every request in flight is aborted, the cache and the throughput
-    /// gauge start empty. The counters are kept.
+    /// A process restart: every request in flight is aborted, the cache starts empty and the
+    /// throughput gauge at 0 with a new window. The counters are kept.
     pub(crate) fn restart(&self) {
         let mut guard = self.state();
         let s = &mut *guard;
         let reqs: Vec<Req> = s.waiting.drain(..).chain(s.running.drain(..)).collect();
         for req in reqs {
             let _ = req.tx.send(Event::Done(Finish::Abort));
-            s.count_abort(&req);
+            if !req.job.probe {
+                s.counters.aborted += 1;
+            }
         }
         s.cache.clear();
-        s.busy = false;
-        s.gen_throughput = 0.0;
-        s.window = Window::default();
+        s.gen_throughput = GenThroughput::new(0.0, Instant::now());
     }
 
     pub(crate) fn snapshot(&self) -> Snapshot {
         let s = self.state();
+        let ps = self.cfg.page_size;
         Snapshot {
             running: s.running.len(),
             waiting: s.waiting.len(),
             waiting_uncached_tokens: s
                 .waiting
                 .iter()
-                .map(|r| r.job.prompt.len() - s.cache.peek(&r.job.prompt))
+                .map(|r| {
+                    let p = &r.job.prompt;
+                    p.len() - s.cache.peek(&p[..reusable(p.len(), ps)])
+                })
                 .sum(),
-            used_tokens: s
-                .running
-                .iter()
-                .map(|r| r.job.prompt.len() + r.generated)
-                .sum(),
+            used_tokens: s.cache.locked_tokens() + s.running.iter().map(Req::used).sum::<usize>(),
             cache_tokens: s.cache.tokens(),
-            gen_throughput: s.gen_throughput,
+            gen_throughput: s.gen_throughput.value(),
             total_prefill_uncached_tokens: s.total_prefill_uncached_tokens,
             total_prefill_busy_us: s.total_prefill_busy_us,
             counters: s.counters,
@@ -302,8 +312,9 @@ impl Rank {
                 s.running.len()
             };
             if batch == 0 {
-                // A submit between this check and the await leaves a permit, so no wakeup is lost.
-                let parked = self.state().waiting.is_empty();
+                // A submit (or a finish that frees room) between this check and the await
+                // leaves a permit, so no wakeup is lost.
+                let parked = self.state().running.is_empty();
                 if parked {
                     self.wake.notified().await;
                 }
@@ -312,20 +323,53 @@ impl Rank {
             let step = self.cfg.decode_step_base
                 + self.cfg.decode_step_per_req * u32::try_from(batch).unwrap_or(u32::MAX);
             tokio::time::sleep(step).await;
-            self.state().decode(step, &self.cfg);
+            self.state().decode(&self.cfg);
         }
     }
 }
 
+/// How much of a prompt of `len` tokens the cache may serve: all but the last token, which
+/// is always recomputed, rounded down to whole pages.
+fn reusable(len: usize, page_size: usize) -> usize {
+    len.saturating_sub(1) / page_size * page_size
+}
+
 impl State {
-    /// Moves waiting requests into free slots; returns the prefill time of their uncached tokens.
+    /// Pool tokens spoken for: every cached page plus what running requests need beyond
+    /// the pages they lock.
+    fn committed(&self) -> usize {
+        self.cache.tokens() + self.running.iter().map(Req::committed).sum::<usize>()
+    }
+
+    /// Moves waiting requests into free slots while the pool has room for them, in order;
+    /// returns the prefill time of their uncached tokens.
     fn admit(&mut self, cfg: &SimConfig) -> Duration {
+        let capacity = cfg.cache_capacity_tokens;
         let mut uncached = 0;
+        let mut admitted = false;
         while self.running.len() < cfg.max_running_requests {
-            let Some(req) = self.waiting.pop_front() else {
+            let Some(front) = self.waiting.front() else {
                 break;
             };
-            let cached = self.cache.match_prefix(&req.job.prompt);
+            let prompt = &front.job.prompt;
+            let limit = reusable(prompt.len(), cfg.page_size);
+            let (cached, node) = self.cache.match_prefix(&prompt[..limit]);
+            let need = prompt.len() - cached + front.job.max_new_tokens;
+            // Locked first, so making room cannot evict the prefix it is about to reuse.
+            self.cache.lock(node);
+            let free = capacity.saturating_sub(self.committed());
+            if free < need {
+                self.cache.evict(need - free);
+            }
+            if capacity.saturating_sub(self.committed()) < need {
+                // FIFO: it waits for running requests to finish, and so does everyone behind it.
+                self.cache.unlock(node);
+                break;
+            }
+            let Some(mut req) = self.waiting.pop_front() else {
+                break;
+            };
+            req.held = Some((node, cached));
             uncached += req.job.prompt.len() - cached;
             if !req.job.probe {
                 self.counters.prompt_tokens += req.job.prompt.len() as u64;
@@ -335,7 +379,11 @@ impl State {
                 cached_tokens: cached,
             });
             self.running.push(req);
-            self.busy = true;
+            admitted = true;
+        }
+        if admitted {
+            self.gen_throughput
+                .prefill(Instant::now(), cfg.gen_throughput_staleness);
         }
         let time = Duration::from_secs_f64(uncached as f64 / cfg.prefill_tokens_per_sec);
         self.total_prefill_uncached_tokens += uncached as u64;
@@ -343,45 +391,99 @@ impl State {
         time
     }
 
-    /// Caches the prompts just prefilled and hands out their first tokens.
+    /// Caches the prompts just prefilled (locked while they run) and hands out their first
+    /// tokens. A health probe's one token counts as a decode batch of one, as SGLang's
+    /// one-token generation does in its throughput window.
     fn finish_prefill(&mut self, cfg: &SimConfig) {
-        let State {
-            running,
-            cache,
-            rng,
-            counters,
-            ..
-        } = self;
-        running.retain_mut(|req| {
+        let mut i = 0;
+        while i < self.running.len() {
+            let req = &mut self.running[i];
             if req.prefilled {
-                return true;
+                i += 1;
+                continue;
             }
             req.prefilled = true;
-            cache.insert(&req.job.prompt);
-            generate_one(req, rng, counters)
-        });
-        self.settle(cfg);
+            let probe = req.job.probe;
+            let node = self.cache.insert(&req.job.prompt);
+            self.cache.lock(node);
+            let whole = req.job.prompt.len() / cfg.page_size * cfg.page_size;
+            if let Some((old, _)) = req.held.replace((node, whole)) {
+                self.cache.unlock(old);
+            }
+            if probe {
+                self.gen_throughput
+                    .decode_batch(1, Instant::now(), cfg.decode_log_interval);
+            }
+            if self.step(i, cfg) {
+                i += 1;
+            }
+        }
     }
 
-    /// One decode step that took `step`: one token for every running request.
-    fn decode(&mut self, step: Duration, cfg: &SimConfig) {
-        let State {
-            running,
-            rng,
-            counters,
-            ..
-        } = self;
-        let decoded = running.len() as u64;
-        running.retain_mut(|req| generate_one(req, rng, counters));
-        self.window.steps += 1;
-        self.window.tokens += decoded;
-        self.window.time += step;
-        if self.window.steps >= THROUGHPUT_WINDOW_STEPS
-            && let Some(rate) = self.window.take()
-        {
-            self.gen_throughput = rate;
+    /// One decode step: one token for every running request.
+    fn decode(&mut self, cfg: &SimConfig) {
+        let decoded = self.running.len() as u64;
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.step(i, cfg) {
+                i += 1;
+            }
         }
-        self.settle(cfg);
+        self.gen_throughput
+            .decode_batch(decoded, Instant::now(), cfg.decode_log_interval);
+    }
+
+    /// Gives running request `i` its next token, or ends it; false once it has ended (and
+    /// left `running`).
+    fn step(&mut self, i: usize, cfg: &SimConfig) -> bool {
+        let req = &mut self.running[i];
+        if req.output.len() >= req.job.max_new_tokens {
+            let req = self.running.swap_remove(i);
+            let _ = req.tx.send(Event::Done(Finish::Length));
+            self.end(&req, true);
+            return false;
+        }
+        let (id, text) = cfg
+            .tokenizer
+            .generated(self.rng.gen_range(0..cfg.tokenizer.generated_len()));
+        req.output.push(id);
+        let finished = req.output.len() >= req.job.max_new_tokens;
+        let _ = req.tx.send(Event::Token {
+            id,
+            text,
+            finish: finished.then_some(Finish::Length),
+        });
+        if !req.job.probe {
+            self.counters.generated_tokens += 1;
+        }
+        if finished {
+            let req = self.running.swap_remove(i);
+            self.end(&req, true);
+            return false;
+        }
+        true
+    }
+
+    /// A request left: cache what it computed (its prompt and output but the last token,
+    /// whose KV was never computed), release its lock, count it.
+    fn end(&mut self, req: &Req, completed: bool) {
+        if let Some((node, _)) = req.held {
+            if req.prefilled {
+                let computed = req.output.len().saturating_sub(1);
+                let mut seq = Vec::with_capacity(req.job.prompt.len() + computed);
+                seq.extend_from_slice(&req.job.prompt);
+                seq.extend_from_slice(&req.output[..computed]);
+                self.cache.insert(&seq);
+            }
+            self.cache.unlock(node);
+        }
+        if !req.job.probe {
+            if completed {
+                self.counters.completed += 1;
+            } else {
+                self.counters.aborted += 1;
+            }
+        }
     }
 
     /// Removes the first waiting or running request that matches.
@@ -392,47 +494,4 @@ impl State {
         let i = self.running.iter().position(matches)?;
         Some(self.running.remove(i))
     }
-
-    fn count_abort(&mut self, req: &Req) {
-        if !req.job.probe {
-            self.counters.aborted += 1;
-        }
-    }
-
-    /// On going idle: close the throughput window; show the residual if one is configured.
-    /// Otherwise the gauge keeps its last busy value, as SGLang's does.
-    fn settle(&mut self, cfg: &SimConfig) {
-        if self.busy && self.running.is_empty() && self.waiting.is_empty() {
-            self.busy = false;
-            if let Some(rate) = self.window.take() {
-                self.gen_throughput = rate;
-            }
-            if let Some(residual) = cfg.idle_gen_throughput_residual {
-                self.gen_throughput = residual;
-            }
-        }
-    }
-}
-
-/// Gives `req` its next token or finishes it; false once it is finished.
-fn generate_one(req: &mut Req, rng: &mut SmallRng, counters: &mut Counters) -> bool {
-    if req.generated >= req.job.max_new_tokens {
-        let _ = req.tx.send(Event::Done(Finish::Length));
-        if !req.job.probe {
-            counters.completed += 1;
-        }
-        return false;
-    }
-    req.generated += 1;
-    let finished = req.generated >= req.job.max_new_tokens;
-    let id = rng.gen_range(0..VOCAB);
-    let _ = req.tx.send(Event::Token {
-        id,
-        finish: finished.then_some(Finish::Length),
-    });
-    if !req.job.probe {
-        counters.generated_tokens += 1;
-        counters.completed += u64::from(finished);
-    }
-    !finished
 }

@@ -20,7 +20,7 @@ use kvgate_store::{Image, Persister, RegistryImage};
 
 use crate::actors::index::{FleetSettled, IndexActor, IndexConfig};
 use crate::actors::registry::{
-    AddWorker, RegistryActor, RegistryConfig, RegistryError, WorkerSource,
+    AddWorker, PollerLink, RegistryActor, RegistryConfig, RegistryError, WorkerSource,
 };
 use crate::actors::selector::{CircuitConfig, SelectorActor};
 use crate::config::GatewayConfig;
@@ -213,9 +213,12 @@ fn control_actors(
         worker_key: cfg.worker_api_key.clone(),
     };
     let subscribers = vec![selector.clone().recipient(), index.clone().recipient()];
-    let poller_rx = poller.clone().recipient();
+    let link = PollerLink {
+        targets: poller.clone().recipient(),
+        now: poller.clone().recipient(),
+    };
     let registry = RegistryActor::start_in_arbiter(&control.handle(), move |_| {
-        RegistryActor::new(reg_cfg, subscribers, Some(poller_rx), persister, image)
+        RegistryActor::new(reg_cfg, subscribers, Some(link), persister, image)
     });
     (registry, poller)
 }

@@ -7,10 +7,13 @@
 //! P(w)       = w's prefill rate per rank: total_prefill_uncached_tokens / total_prefill_busy
 //!              (SGLang's cumulative counters, mean over ranks that report them); a worker
 //!              without counters is priced at the candidates' mean P̄, or at
-//!              default_prefill_throughput when nobody reports one
+//!              default_prefill_throughput when nobody reports one (SGLang 0.5.23 leaves
+//!              the counters at 0 and vLLM has none, so that is the common case); each
+//!              candidate's `prefill_rate` says which, and the decision carries the note
+//!              `prefill_rate_configured` when the default was used
 //! wait(w)    = (queued(w) + D(w)) / (n_ranks(w) · P(w)) + λ · k / (1 − k)     w has a report
-//!            = B + in_flight(w) · p̄ / P̄                                       no report
-//!            = in_flight(w) · p̄ / P̄                                           nobody reports
+//!            = B + D(w) / P̄                                                   no report
+//!            = D(w) / P̄                                                       nobody reports
 //! prefill(w) = m(w) · uncached(w) / P(w),  uncached(w) = prompt tokens − tokens w holds
 //!              (holdings under min_match_tokens, default 64, count as none)
 //! choice     = the lowest cost, except:
@@ -27,14 +30,20 @@
 //! worth(w)   = traffic(w's prefix) / (traffic total + 2n) · n, n = |candidates|, from the index's
 //!              decayed lookup counts (`PrefixMatches::traffic`); unknown → rule 1 skipped
 //! m(w)       = 1 + waiting_reqs(w) + dispatched_since_sample(w) + cache_hit_rate(w)
-//!            = 1 + in_flight(w)                                               no report
+//!            = 1 + dispatched_since_sample(w)                                 no report
 //! cost(w)    = wait(w) + prefill(w)
 //! ```
 //!
-//! with queued, D, k, λ and p̄ as in the expected wait (`wait` module) and B the least
-//! wait among reporting candidates. The lowest cost wins; ties (within 1e-6 s) are drawn
-//! uniformly. `CandidateScore::score` is `cost(w)`, `CandidateScore::prefill` is
-//! `prefill(w)`.
+//! with queued, D, k and λ as in the expected wait (`wait` module) and B the least
+//! wait among reporting candidates. Without a report, D(w) (the uncached tokens of
+//! requests dispatched and not yet at their first token, or not finished when they do not
+//! stream) is still known, and it is the only part of w's traffic that delays a new
+//! prefill: an engine schedules prefills ahead of decode steps. Pricing every request in
+//! flight as a queued prefill of p̄ tokens would make a holder whose conversations are
+//! still decoding look about 0.1 s slower per conversation, and send second turns away
+//! from their holders until the first report arrives. The lowest cost wins; ties (within
+//! 1e-6 s) are drawn uniformly. `CandidateScore::score` is `cost(w)`,
+//! `CandidateScore::prefill` is `prefill(w)`.
 //!
 //! `wait(w) + uncached(w) / P(w)` is the request's expected time to first token on w. The
 //! multiplier m(w) turns it into a marginal cost: a prefill added to w is paid once by
@@ -63,7 +72,8 @@
 //!   prefill time: SGLang schedules waiting prefills ahead of decode steps. The expected
 //!   wait divides queued tokens by the decode throughput instead (the reference's proxy),
 //!   which overprices a queue several-fold against the prefill a hit saves.
-//! - **Measured prefill rate**, so a slower GPU's misses cost what they really cost.
+//! - **Measured prefill rate** where the engine reports one, so a slower GPU's misses cost
+//!   what they really cost; otherwise the configured one, said in the decision.
 //! - **Credit is the uncached part**: the chosen worker is credited `uncached(w)` tokens,
 //!   the work it will report as `num_waiting_uncached_tokens`, not the whole prompt.
 //! - The count gate still applies, as a bound on in-flight skew (time to first token does
@@ -87,7 +97,7 @@
 use rand::RngCore;
 
 use crate::cache_aware::Ctx;
-use crate::decision::{CostRule, Decision, DecisionPath};
+use crate::decision::{CostRule, Decision, DecisionNote, DecisionPath, PrefillRate, RateSource};
 use crate::estimate;
 use crate::snapshot::MatchSource;
 use crate::wait::{Pick, argmin_uniform, mean_positive};
@@ -106,7 +116,8 @@ const PLACEMENT_REACH: f64 = 3.0;
 /// The cost-mode decision for a cache_aware context (KV pressure already ruled out).
 pub(crate) fn select(ctx: &Ctx<'_>, rng: &mut dyn RngCore) -> Decision {
     let set = ctx.ungated_eligible();
-    let costs = ttft(ctx, &set);
+    let rates = prefill_rates(ctx, &set);
+    let costs = ttft(ctx, &set, &rates);
     let totals: Vec<f64> = costs.iter().map(|c| c.0).collect();
     let Some(cheapest) = argmin_uniform(&totals, rng) else {
         return Decision::none();
@@ -213,13 +224,43 @@ pub(crate) fn select(ctx: &Ctx<'_>, rng: &mut dyn RngCore) -> Decision {
             c.prefill = Some(prefill);
             c.prefix_traffic = worth[k];
             c.recent = Some(w.recent);
+            c.prefill_rate = Some(rates[k]);
         }
+    }
+    if rates.iter().any(|r| r.source == RateSource::Configured) {
+        d.notes.push(DecisionNote::PrefillRateConfigured);
     }
     d
 }
 
-/// (cost, weighted prefill part) for each member of `set`.
-fn ttft(ctx: &Ctx<'_>, set: &[usize]) -> Vec<(f64, f64)> {
+/// The prefill rate each member of `set` is priced at: its own counters' rate, else the
+/// mean of the candidates that report one, else the configured default.
+fn prefill_rates(ctx: &Ctx<'_>, set: &[usize]) -> Vec<PrefillRate> {
+    let fleet = &ctx.fleet;
+    let mean = mean_positive(
+        set.iter()
+            .filter_map(|&i| fleet.load(i).map(|l| l.prefill_rate)),
+    );
+    set.iter()
+        .map(|&i| match (fleet.load(i), mean) {
+            (Some(l), _) if l.prefill_rate > 0.0 => PrefillRate {
+                tokens_per_sec: l.prefill_rate,
+                source: RateSource::Reported,
+            },
+            (_, Some(m)) => PrefillRate {
+                tokens_per_sec: m,
+                source: RateSource::FleetMean,
+            },
+            (_, None) => PrefillRate {
+                tokens_per_sec: fleet.params.default_prefill_rate,
+                source: RateSource::Configured,
+            },
+        })
+        .collect()
+}
+
+/// (cost, weighted prefill part) for each member of `set`, priced at `rates`.
+fn ttft(ctx: &Ctx<'_>, set: &[usize], rates: &[PrefillRate]) -> Vec<(f64, f64)> {
     let fleet = &ctx.fleet;
     let p = &fleet.params;
     let nominal = mean_positive(
@@ -227,9 +268,10 @@ fn ttft(ctx: &Ctx<'_>, set: &[usize]) -> Vec<(f64, f64)> {
             .filter_map(|&i| fleet.load(i).map(|l| l.prefill_rate)),
     )
     .unwrap_or(p.default_prefill_rate);
-    let rate = |i: usize| match fleet.load(i) {
-        Some(l) if l.prefill_rate > 0.0 => l.prefill_rate,
-        _ => nominal,
+    let rate = |i: usize| {
+        set.iter()
+            .position(|&j| j == i)
+            .map_or(nominal, |k| rates[k].tokens_per_sec)
     };
     let mut waits: Vec<Option<f64>> = set
         .iter()
@@ -248,7 +290,7 @@ fn ttft(ctx: &Ctx<'_>, set: &[usize]) -> Vec<(f64, f64)> {
         .unwrap_or(0.0);
     for (w, &i) in waits.iter_mut().zip(set) {
         if w.is_none() {
-            *w = Some(baseline + fleet.in_flight(i) as f64 * p.p_bar / nominal);
+            *w = Some(baseline + fleet.workers[i].credit.tokens as f64 / nominal);
         }
     }
     set.iter()
@@ -287,8 +329,7 @@ fn weight(ctx: &Ctx<'_>, i: usize) -> f64 {
     let w = &ctx.fleet.workers[i];
     match ctx.fleet.load(i) {
         Some(l) => 1.0 + l.waiting_reqs + w.credit.requests as f64 + l.hit_rate,
-        // The no-report wait already treats in-flight requests as queued.
-        None => 1.0 + w.in_flight as f64,
+        None => 1.0 + w.credit.requests as f64,
     }
 }
 

@@ -83,6 +83,30 @@ pub struct CandidateScore {
     /// ([`WorkerView::recent`](crate::WorkerView::recent)).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recent: Option<f64>,
+    /// Cost mode only: the prefill rate this worker's tokens were priced at.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_rate: Option<PrefillRate>,
+}
+
+/// A prefill rate and where it came from.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct PrefillRate {
+    pub tokens_per_sec: f64,
+    pub source: RateSource,
+}
+
+/// Where a prefill rate came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RateSource {
+    /// The worker's own cumulative counters (`total_prefill_uncached_tokens` over
+    /// `total_prefill_busy_us`).
+    Reported,
+    /// The mean of the other candidates' reported rates.
+    FleetMean,
+    /// `default_prefill_throughput`: no candidate reports the counters (SGLang 0.5.23
+    /// leaves them at 0, vLLM has none).
+    Configured,
 }
 
 impl CandidateScore {
@@ -97,6 +121,7 @@ impl CandidateScore {
             prefill: None,
             prefix_traffic: None,
             recent: None,
+            prefill_rate: None,
         }
     }
 }
@@ -127,6 +152,9 @@ pub enum DecisionNote {
     /// The request is tried again (this is its `attempt`th try), with the workers that
     /// failed it left out.
     Retry { attempt: u32 },
+    /// Cost mode: no candidate reports its prefill counters, so prefill was priced at the
+    /// configured `default_prefill_throughput`, not a measured rate.
+    PrefillRateConfigured,
 }
 
 impl DecisionNote {
@@ -135,6 +163,7 @@ impl DecisionNote {
         match self {
             DecisionNote::TextNotHashed => "text_not_hashed",
             DecisionNote::Retry { .. } => "retry",
+            DecisionNote::PrefillRateConfigured => "prefill_rate_configured",
         }
     }
 }

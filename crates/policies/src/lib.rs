@@ -81,7 +81,9 @@ use rand::RngCore;
 
 pub use config::{CacheIndex, CacheMode, LoadMetric, PolicyConfig, PolicyKind};
 pub use consistent_hashing::{MAX_ROUTING_KEY_BYTES, ROUTING_KEY_HEADERS, valid_routing_key};
-pub use decision::{CandidateScore, CostRule, Decision, DecisionNote, DecisionPath};
+pub use decision::{
+    CandidateScore, CostRule, Decision, DecisionNote, DecisionPath, PrefillRate, RateSource,
+};
 pub use error::ConfigError;
 pub use ledger::CreditLedger;
 pub use ring::HashRing;

@@ -5,7 +5,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt as _;
-use kvgate_bench::Plan;
+use kvgate_bench::{Plan, render_chat};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
@@ -29,10 +29,26 @@ const OPEN_LOOP_LIMIT: usize = 1024;
 #[derive(Debug, Clone, Default)]
 pub struct Record {
     pub ok: bool,
+    /// When it was sent, from the start of the replay.
+    pub sent_at: Duration,
+    /// The prompt as the engines render it.
+    pub prompt: String,
+    /// The streamed answer's text.
+    pub answer: String,
     pub ttft_ms: Option<f64>,
     pub total_ms: f64,
     pub output_tokens: u64,
+    /// The engine's `usage` chunk.
+    pub usage: Option<Usage>,
     pub error: Option<String>,
+}
+
+/// What the engine said it did, from the stream's `usage` chunk.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: u64,
+    /// `prompt_tokens_details.cached_tokens`; `None` when the engine does not report it.
+    pub cached_tokens: Option<u64>,
 }
 
 /// Everything a replay measured.
@@ -75,17 +91,33 @@ pub async fn replay(
             if let Some(at) = start {
                 actix_rt::time::sleep_until((begun + at).into()).await;
             }
+            // The answers so far: a conversation re-sends what the engine said, not the plan's
+            // placeholder, so an engine that caches its output can hit it.
+            let mut answers: Vec<String> = Vec::new();
             for req in &session.requests {
                 let Ok(_permit) = permits.acquire().await else {
                     return;
                 };
+                let mut messages = req.messages.clone();
+                for (m, a) in messages
+                    .iter_mut()
+                    .filter(|m| m.role == "assistant")
+                    .zip(&answers)
+                {
+                    m.content.clone_from(a);
+                }
                 let body = json!({
                     "model": model,
-                    "messages": req.messages,
+                    "messages": messages,
                     "max_tokens": plan.max_tokens,
                     "stream": true,
+                    "stream_options": {"include_usage": true},
                 });
-                let rec = send(client, url, &body).await;
+                let sent_at = begun.elapsed();
+                let mut rec = send(client, url, &body).await;
+                rec.sent_at = sent_at;
+                rec.prompt = render_chat(&messages);
+                answers.push(rec.answer.clone());
                 let failed = !rec.ok;
                 records.borrow_mut().push(rec);
                 if failed {
@@ -160,7 +192,11 @@ async fn send(client: &awc::Client, url: &str, body: &Value) -> Record {
         while let Some(eol) = pending.iter().position(|&b| b == b'\n') {
             let line: Vec<u8> = pending.drain(..=eol).collect();
             match sse_line(&line) {
-                Line::Token => rec.output_tokens += 1,
+                Line::Token(text) => {
+                    rec.output_tokens += 1;
+                    rec.answer.push_str(&text);
+                }
+                Line::Usage(u) => rec.usage = Some(u),
                 Line::Done => done = true,
                 Line::Other => {}
             }
@@ -181,7 +217,8 @@ async fn send(client: &awc::Client, url: &str, body: &Value) -> Record {
 }
 
 enum Line {
-    Token,
+    Token(String),
+    Usage(Usage),
     Done,
     Other,
 }
@@ -197,11 +234,15 @@ fn sse_line(line: &[u8]) -> Line {
     let Ok(v) = serde_json::from_slice::<Value>(data) else {
         return Line::Other;
     };
-    let content = &v["choices"][0]["delta"]["content"];
-    if content.as_str().is_some_and(|c| !c.is_empty()) {
-        Line::Token
-    } else {
-        Line::Other
+    if let Some(usage) = v.get("usage").filter(|u| u.is_object()) {
+        return Line::Usage(Usage {
+            prompt_tokens: usage["prompt_tokens"].as_u64().unwrap_or(0),
+            cached_tokens: usage["prompt_tokens_details"]["cached_tokens"].as_u64(),
+        });
+    }
+    match v["choices"][0]["delta"]["content"].as_str() {
+        Some(c) if !c.is_empty() => Line::Token(c.to_owned()),
+        _ => Line::Other,
     }
 }
 

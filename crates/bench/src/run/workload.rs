@@ -4,8 +4,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use kvgate_bench::{Plan, RunReport, Summary, Tokens, ideal};
-use kvgate_engine_sim::{SimConfig, SimFleet};
+use kvgate_bench::{EngineShape, Plan, RunReport, Sent, Summary, Tokens, upper_bound};
+use kvgate_engine_sim::{SimConfig, SimFleet, Tokenizer};
 use kvgate_gateway::testing::GetViews;
 use kvgate_gateway::{Gateway, GatewayConfig};
 use kvgate_policies::{CacheMode, PolicyConfig, PolicyKind};
@@ -53,8 +53,11 @@ impl std::str::FromStr for PolicyChoice {
 /// What each run is started with.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    pub engines: usize,
-    pub sim: SimConfig,
+    /// One per engine.
+    pub sims: Vec<SimConfig>,
+    /// Traffic starts this long after the gateway answers, whatever it knows by then; `None`:
+    /// once kvgate holds a load report from every engine (smg: 1 s after readiness).
+    pub start_after: Option<Duration>,
     pub arrival: Arrival,
     pub seed: u64,
     pub max_wall: Duration,
@@ -110,8 +113,9 @@ pub fn run_target(
     plan: &Plan,
     s: &Settings,
 ) -> anyhow::Result<RunReport> {
-    let fleet =
-        SimFleet::start(s.engines, s.sim.clone()).context("starting the simulated fleet")?;
+    let fleet = SimFleet::start_each("127.0.0.1", 0, s.sims.clone())
+        .context("starting the simulated fleet")?;
+    let model = s.sims.first().map(|c| c.model.clone()).unwrap_or_default();
     let front = match target {
         Target::Kvgate(p) => start_kvgate(sys, p, &fleet, s)?,
         Target::Smg(bin) => start_smg(bin, &fleet, s, plan)?,
@@ -119,7 +123,7 @@ pub fn run_target(
     let url = front.url();
     let run = sys.block_on(replay(
         &url,
-        &s.sim.model,
+        &model,
         plan,
         s.arrival,
         s.seed,
@@ -143,6 +147,60 @@ pub fn run_target(
         .map(|r| r.total_ms)
         .collect();
     let completed = run.records.iter().filter(|r| r.ok).count();
+    let mut sent: Vec<_> = run.records.iter().collect();
+    sent.sort_by_key(|r| r.sent_at);
+    let sent: Vec<Sent> = sent
+        .into_iter()
+        .map(|r| Sent {
+            prompt: r.prompt.clone(),
+            answer: r.answer.clone(),
+        })
+        .collect();
+    let shape = s.sims.first().map_or(
+        EngineShape {
+            page_size: 1,
+            pool_tokens: usize::MAX,
+        },
+        |c| EngineShape {
+            page_size: c.page_size,
+            pool_tokens: c.cache_capacity_tokens,
+        },
+    );
+    let tokenizer = s.sims.first().map_or(Tokenizer::default(), |c| c.tokenizer);
+    let hits = run
+        .records
+        .iter()
+        .filter_map(|r| r.usage)
+        .fold(Tokens::default(), |t, u| {
+            t + Tokens {
+                prompt: u.prompt_tokens,
+                cached: u.cached_tokens.unwrap_or(0),
+            }
+        });
+    if run
+        .records
+        .iter()
+        .any(|r| r.usage.is_some_and(|u| u.cached_tokens.is_none()))
+    {
+        eprintln!(
+            "    warning: {}: the engines did not report cached tokens",
+            target.label()
+        );
+    }
+    let engine_counters = Tokens {
+        prompt: stats.iter().map(|e| e.prompt_tokens).sum(),
+        cached: stats.iter().map(|e| e.cached_tokens).sum(),
+    };
+    if engine_counters != hits {
+        eprintln!(
+            "    note: {}: usage says {}/{} cached/prompt tokens, the engines' counters {}/{}",
+            target.label(),
+            hits.cached,
+            hits.prompt,
+            engine_counters.cached,
+            engine_counters.prompt
+        );
+    }
     Ok(RunReport {
         workload: plan.kind,
         target: target.label(),
@@ -150,11 +208,9 @@ pub fn run_target(
         planned: plan.len(),
         completed,
         failed: run.records.len() - completed,
-        fleet: Tokens {
-            prompt: stats.iter().map(|e| e.prompt_tokens).sum(),
-            cached: stats.iter().map(|e| e.cached_tokens).sum(),
-        },
-        ideal: ideal(plan, s.sim.page_size),
+        hits,
+        engine_counters,
+        ideal: upper_bound(&sent, shape, &|text| tokenizer.encode(text)),
         ttft_ms: Summary::of(&ttft),
         latency_ms: Summary::of(&latency),
         wall_secs: run.wall.as_secs_f64(),
@@ -191,7 +247,10 @@ fn start_kvgate(
         ..GatewayConfig::default()
     };
     let gw = Gateway::start(cfg).context("starting the gateway")?;
-    if p.kind.needs_loads() {
+    if let Some(after) = s.start_after {
+        // A fresh start: the traffic finds whatever the gateway has learned by then.
+        std::thread::sleep(after);
+    } else if p.kind.needs_loads() {
         // Route with real load reports (the idle residual among them) from the first request.
         let actors = gw.actors().clone();
         actors.poller.do_send(PollNow);
@@ -232,7 +291,7 @@ fn start_smg(bin: &Path, fleet: &SimFleet, s: &Settings, plan: &Plan) -> anyhow:
         .wait_ready(&["/readiness", "/health"], Duration::from_secs(60))
         .with_context(|| format!("smg did not come up; see {}", log.display()))?;
     // Its first load poll happens right after startup; give it a moment to land.
-    std::thread::sleep(Duration::from_secs(1));
+    std::thread::sleep(s.start_after.unwrap_or(Duration::from_secs(1)));
     Ok(Front::Smg(child))
 }
 

@@ -4,6 +4,10 @@
 #![expect(clippy::unwrap_used, reason = "test code")]
 
 mod faults;
+mod pool;
+mod ranks;
+mod reports;
 mod routes;
 mod scheduling;
 mod support;
+mod throughput;

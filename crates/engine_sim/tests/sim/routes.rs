@@ -1,7 +1,8 @@
 //! Each route's shape, per flavour.
 
 use awc::http::StatusCode;
-use kvgate_engine_sim::{EngineStats, Flavor, SimConfig, SimFleet};
+use kvgate_engine_sim::tokenizer::{encode, render_chat};
+use kvgate_engine_sim::{EngineStats, Flavor, SimConfig, SimFleet, Tokenizer};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -11,6 +12,11 @@ const FIXTURE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../../tests/fixtures/sglang-0.5.23/v1_loads_two_ranks.json"
 );
+
+/// The token ids of a generated text (a JSON string), as a JSON list.
+fn words(text: &Value) -> Value {
+    json!(encode(Tokenizer::WordPieces, text.as_str().unwrap()))
+}
 
 fn kind(v: &Value) -> &'static str {
     match v {
@@ -105,6 +111,7 @@ async fn info_and_health_routes_answer_sglang_shapes() {
     let (_fleet, url) = one(SimConfig {
         dp_size: 2,
         page_size: 32,
+        enable_metrics: true,
         ..fast()
     });
     for path in ["/health", "/ready", "/health_generate"] {
@@ -171,9 +178,13 @@ async fn generate_answers_whole_and_streamed() {
     )
     .await;
     assert_eq!(body["output_ids"].as_array().unwrap().len(), 3);
-    assert_eq!(body["text"].as_str().unwrap().len(), 12);
+    // The answer's text is exactly its tokens.
+    assert_eq!(words(&body["text"]), json!(body["output_ids"]));
     let meta = &body["meta_info"];
-    assert_eq!(meta["prompt_tokens"], 11);
+    assert_eq!(
+        meta["prompt_tokens"],
+        encode(Tokenizer::WordPieces, text).len()
+    );
     assert_eq!(meta["completion_tokens"], 3);
     assert_eq!(meta["cached_tokens"], 0);
     assert_eq!(
@@ -211,8 +222,8 @@ async fn generate_answers_whole_and_streamed() {
         .collect();
     for (i, c) in chunks.iter().enumerate() {
         assert_eq!(
-            c["text"].as_str().unwrap().len(),
-            4 * (i + 1),
+            words(&c["text"]).as_array().unwrap().len(),
+            i + 1,
             "text is cumulative"
         );
         assert_eq!(c["meta_info"]["completion_tokens"], i + 1);
@@ -239,22 +250,23 @@ async fn completions_answer_whole_and_streamed() {
             (choice["index"].as_u64(), choice["finish_reason"].as_str()),
             (Some(0), Some("length"))
         );
-        assert_eq!(choice["text"].as_str().unwrap().len(), 8);
+        assert_eq!(words(&choice["text"]).as_array().unwrap().len(), 2);
         let usage = &body["usage"];
+        let prompt_tokens = match &prompt {
+            Value::Array(v) if v[0].is_number() => 2,
+            Value::Array(v) if v[0].is_array() => 2,
+            _ => encode(Tokenizer::WordPieces, "abcdefgh").len(),
+        };
         assert_eq!(
             (
                 usage["prompt_tokens"].as_u64(),
                 usage["completion_tokens"].as_u64()
             ),
-            (Some(2), Some(2))
+            (Some(prompt_tokens as u64), Some(2))
         );
-        assert_eq!(
-            (
-                usage["total_tokens"].as_u64(),
-                usage["prompt_tokens_details"]["cached_tokens"].as_u64()
-            ),
-            (Some(4), Some(0))
-        );
+        assert_eq!(usage["total_tokens"], prompt_tokens + 2);
+        // No cache report by default.
+        assert!(usage["prompt_tokens_details"].is_null(), "{usage}");
     }
 
     let req = json!({"prompt": "abcd", "max_tokens": 2, "stream": true, "stream_options": {"include_usage": true}});
@@ -270,7 +282,13 @@ async fn completions_answer_whole_and_streamed() {
         .map(|d| serde_json::from_str(d).unwrap())
         .collect();
     assert!(chunks.iter().all(|c| c["object"] == "text_completion"));
-    assert_eq!(chunks[0]["choices"][0]["text"].as_str().unwrap().len(), 4);
+    assert_eq!(
+        words(&chunks[0]["choices"][0]["text"])
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
     assert_eq!(chunks[2]["choices"][0]["finish_reason"], "length");
     assert_eq!(chunks[3]["usage"]["completion_tokens"], 2);
     assert_eq!(chunks[3]["choices"], json!([]));
@@ -279,7 +297,10 @@ async fn completions_answer_whole_and_streamed() {
 
 #[actix_rt::test]
 async fn a_batch_of_prompts_is_one_job_each_and_one_answer() {
-    let (_fleet, url) = one(fast());
+    let (_fleet, url) = one(SimConfig {
+        tokenizer: Tokenizer::FourBytes,
+        ..fast()
+    });
     let endpoint = format!("{url}/v1/completions");
     // Two prompts of 2 and 1 tokens (4 characters a token).
     for prompt in [json!(["abcdefgh", "abcd"]), json!([[1, 2], [3]])] {
@@ -367,11 +388,21 @@ async fn chat_answers_whole_and_streamed() {
     assert_eq!(body["object"], "chat.completion");
     let choice = &body["choices"][0];
     assert_eq!(choice["message"]["role"], "assistant");
-    assert_eq!(choice["message"]["content"].as_str().unwrap().len(), 12);
+    assert_eq!(
+        words(&choice["message"]["content"])
+            .as_array()
+            .unwrap()
+            .len(),
+        3
+    );
     assert_eq!(choice["finish_reason"], "length");
-    // "<|system|>\nbe brief\n<|user|>\nhi\n<|assistant|>\n" is 46 bytes.
-    assert_eq!(body["usage"]["prompt_tokens"], 12);
-    assert_eq!(body["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    // Text parts are joined; the rest of the content is not text.
+    let prompt = render_chat([("system", "be brief"), ("user", "hi")]);
+    assert_eq!(
+        body["usage"]["prompt_tokens"],
+        encode(Tokenizer::WordPieces, &prompt).len()
+    );
+    assert!(body["usage"]["prompt_tokens_details"].is_null());
 
     let req = json!({"messages": messages, "max_tokens": 2, "stream": true});
     let (_, raw) = post(&endpoint, &req).await;
@@ -392,11 +423,11 @@ async fn chat_answers_whole_and_streamed() {
     );
     assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
     assert_eq!(
-        chunks[1]["choices"][0]["delta"]["content"]
-            .as_str()
+        words(&chunks[1]["choices"][0]["delta"]["content"])
+            .as_array()
             .unwrap()
             .len(),
-        4
+        1
     );
     assert!(chunks[1]["choices"][0]["finish_reason"].is_null());
     assert_eq!(chunks[3]["choices"][0]["finish_reason"], "length");
@@ -463,6 +494,7 @@ async fn contract_errors_are_400_with_an_error_body() {
 async fn legacy_sglang_serves_load_only_on_metrics() {
     let (_fleet, url) = one(SimConfig {
         flavor: Flavor::SglangLegacy,
+        enable_metrics: true,
         ..fast()
     });
     assert_eq!(
@@ -602,4 +634,34 @@ async fn control_routes_drive_an_engine_over_http() {
     assert!(after > before);
     assert_eq!(answer["startup_time"].as_f64(), Some(after));
     assert_eq!(fleet.engine(1).stats().restarts, 1);
+}
+
+#[actix_rt::test]
+async fn response_ids_say_which_engine_answered() {
+    let fleet = SimFleet::start(3, fast()).unwrap();
+    for i in 0..3 {
+        let url = format!("{}/v1/chat/completions", fleet.urls()[i]);
+        let req = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+        let whole = post_json(&url, &req).await;
+        assert_eq!(
+            kvgate_engine_sim::engine_of(whole["id"].as_str().unwrap()),
+            Some(i)
+        );
+        let mut streamed = req.clone();
+        streamed["stream"] = json!(true);
+        let (_, raw) = post(&url, &streamed).await;
+        let first: Value = serde_json::from_str(&sse_data(&raw)[0]).unwrap();
+        assert_eq!(
+            kvgate_engine_sim::engine_of(first["id"].as_str().unwrap()),
+            Some(i)
+        );
+        let generate = post_json(
+            &format!("{}/generate", fleet.urls()[i]),
+            &json!({"text": "hi", "sampling_params": {"max_new_tokens": 1}}),
+        )
+        .await;
+        let rid = generate["meta_info"]["id"].as_str().unwrap();
+        assert_eq!(kvgate_engine_sim::engine_of(rid), Some(i));
+    }
+    assert_eq!(kvgate_engine_sim::engine_of("client-given-rid"), None);
 }

@@ -2,13 +2,13 @@
 //! with hysteresis. Every change is pushed whole to the subscribers. What a worker is
 //! (its models, engine kind and `/server_info`) is asked in `detect`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use actix::prelude::*;
 use kvgate_policies::WorkerId;
-use kvgate_poller::{PollTarget, SetTargets, UrlError, WorkerUrl};
+use kvgate_poller::{PollNow, PollTarget, SetTargets, UrlError, WorkerUrl};
 use kvgate_store::{Persister, RegistryImage};
 
 use crate::config::Secret;
@@ -116,11 +116,23 @@ pub struct RegistryConfig {
 #[rtype(result = "()")]
 pub struct FleetChanged(pub Fleet);
 
+/// Where the registry sends the workers to poll.
+#[derive(Debug, Clone)]
+pub struct PollerLink {
+    pub targets: Recipient<SetTargets>,
+    /// Asked when a worker joins the polled set, so its first report comes now and not an
+    /// interval later: a gateway started just before traffic would otherwise route its
+    /// first seconds blind.
+    pub now: Recipient<PollNow>,
+}
+
 pub struct RegistryActor {
     cfg: RegistryConfig,
     workers: BTreeMap<WorkerId, WorkerRecord>,
     subscribers: Vec<Recipient<FleetChanged>>,
-    poller: Option<Recipient<SetTargets>>,
+    poller: Option<PollerLink>,
+    /// The workers last handed to the poller.
+    polled: BTreeSet<WorkerId>,
     client: awc::Client,
     checking: bool,
     /// What the admin API changed, kept across restarts.
@@ -142,7 +154,7 @@ impl RegistryActor {
     pub fn new(
         cfg: RegistryConfig,
         subscribers: Vec<Recipient<FleetChanged>>,
-        poller: Option<Recipient<SetTargets>>,
+        poller: Option<PollerLink>,
         persist: Option<Persister>,
         image: RegistryImage,
     ) -> Self {
@@ -154,6 +166,7 @@ impl RegistryActor {
             workers: BTreeMap::new(),
             subscribers,
             poller,
+            polled: BTreeSet::new(),
             client,
             checking: false,
             image,
@@ -181,7 +194,7 @@ impl RegistryActor {
         Arc::new(self.workers.values().cloned().collect())
     }
 
-    fn publish(&self) {
+    fn publish(&mut self) {
         let fleet = self.fleet();
         for s in &self.subscribers {
             // do_send: a fleet change must never be dropped, and subscribers drain fast.
@@ -189,7 +202,7 @@ impl RegistryActor {
         }
         if let Some(p) = &self.poller {
             // Only routable workers are polled; the others have nothing to report.
-            let targets = fleet
+            let targets: Vec<PollTarget> = fleet
                 .iter()
                 .filter(|w| w.healthy())
                 .map(|w| PollTarget {
@@ -198,7 +211,14 @@ impl RegistryActor {
                     api_key: w.api_key.as_ref().map(|k| k.expose().to_owned()),
                 })
                 .collect();
-            p.do_send(SetTargets(targets));
+            let polled: BTreeSet<WorkerId> = targets.iter().map(|t| t.worker).collect();
+            let joined = polled.iter().any(|w| !self.polled.contains(w));
+            self.polled = polled;
+            p.targets.do_send(SetTargets(targets));
+            if joined {
+                // Same mailbox, so the poll sees the new set.
+                p.now.do_send(PollNow);
+            }
         }
     }
 

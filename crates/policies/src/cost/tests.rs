@@ -2,8 +2,8 @@
 
 use crate::testkit::*;
 use crate::{
-    CacheMode, CostRule, DecisionPath, MatchSource, PolicyConfig, PolicyKind, PrefixMatches,
-    PrefixTraffic, RankLoad, RequestFacts, WorkerLoad, WorkerView,
+    CacheMode, CostRule, DecisionNote, DecisionPath, MatchSource, PolicyConfig, PolicyKind,
+    PrefixMatches, PrefixTraffic, RankLoad, RateSource, RequestFacts, WorkerLoad, WorkerView,
 };
 
 fn cost_cfg() -> PolicyConfig {
@@ -225,8 +225,8 @@ fn measured_prefill_rates_price_a_slow_holder() {
 fn the_multiplier_counts_queued_dispatched_and_reuse() {
     let workers = [
         w(1).load(prefilling(10_000, 0, 2, 0.5)).credit(0, 3),
-        // No report: priced at the candidates' mean prefill rate, m = 1 + in flight.
-        w(2).flight(4),
+        // No report: priced at the candidates' mean prefill rate, m = 1 + dispatched.
+        w(2).flight(4).credit(4096, 4),
     ];
     let m = token_matches(1000, &[]);
     let d = pick(&cost_cfg(), &workers, &tokens(1000), Some(&m), 0);
@@ -235,7 +235,7 @@ fn the_multiplier_counts_queued_dispatched_and_reuse() {
     // on 1000 / 10k.
     assert!(approx(c[0].prefill.unwrap(), 0.65), "{c:?}");
     assert!(approx(c[0].score.unwrap(), 0.2048 + 0.65), "{c:?}");
-    // W2: wait = B (W1's) + 4 · 1024 / 10k; m = 1 + 4.
+    // W2: wait = B (W1's) + 4096 / 10k; m = 1 + 4.
     assert!(approx(c[1].prefill.unwrap(), 0.5), "{c:?}");
     assert!(approx(c[1].score.unwrap(), 0.2048 + 0.4096 + 0.5), "{c:?}");
     assert_eq!(d.path, DecisionPath::Miss);
@@ -250,14 +250,45 @@ fn a_dark_fleet_uses_the_default_prefill_rate() {
     let m = token_matches(1000, &[(1, 500)]);
     let d = check(
         &cfg,
-        &[w(1).flight(1), w(2)],
+        &[w(1).flight(1).credit(1024, 1), w(2)],
         &tokens(1000),
         Some(&m),
         (2, DecisionPath::Spill),
     );
-    // W1: 1 · 1024 / 1000 + 2 · 500 / 1000; W2: 1000 / 1000.
+    // W1: 1024 / 1000 + 2 · 500 / 1000; W2: 1000 / 1000.
     assert!(approx(d.candidates[0].score.unwrap(), 1.024 + 1.0), "{d:?}");
     assert!(approx(d.candidates[1].score.unwrap(), 1.0), "{d:?}");
+}
+
+#[test]
+fn without_reports_requests_past_their_first_token_do_not_price_a_holder_out() {
+    // A gateway started just before the traffic: no report yet. The holder's four
+    // conversations are decoding (in flight, their credit given back at the first
+    // token); the idle worker holds nothing. 300-token prompt, 240 of them held.
+    let m = token_matches(300, &[(1, 240)]);
+    let fleet = [w(1).flight(4), w(2)];
+    let d = check(
+        &cost_cfg(),
+        &fleet,
+        &tokens(300),
+        Some(&m),
+        (1, DecisionPath::Hit),
+    );
+    let (holder, idle) = (
+        d.candidates[0].score.unwrap(),
+        d.candidates[1].score.unwrap(),
+    );
+    // 60 and 300 uncached tokens at the default 10 000 tok/s, nothing outstanding.
+    assert!(approx(holder, 0.006) && approx(idle, 0.03), "{d:?}");
+    // Prefill still outstanding on the holder does count: 4 prompts of 3000 tokens.
+    let backlog = [w(1).flight(4).credit(12_000, 4), w(2)];
+    check(
+        &cost_cfg(),
+        &backlog,
+        &tokens(300),
+        Some(&m),
+        (2, DecisionPath::Spill),
+    );
 }
 
 #[test]
@@ -373,7 +404,7 @@ fn paths_and_recording() {
         min_match_tokens: 8,
         ..cost_cfg()
     };
-    let workers = [w(1), w(2).flight(1)];
+    let workers = [w(1), w(2).flight(1).credit(20, 1)];
     check(
         &cfg,
         &workers,
@@ -570,4 +601,45 @@ fn a_holding_under_min_match_tokens_is_no_hit() {
         let d = pick(&cost_cfg(), &workers, &tokens(2000), Some(&m), seed);
         assert_eq!((d.path, d.new_prefix), (DecisionPath::Miss, true), "{d:?}");
     }
+}
+
+#[test]
+fn the_prefill_rate_says_where_it_came_from() {
+    let m = token_matches(1000, &[]);
+    // Nobody reports counters (SGLang 0.5.23's zeros): the configured rate, and a note.
+    let zeros = report(vec![RankLoad {
+        num_running_reqs: 1,
+        gen_throughput: 1000.0,
+        ..RankLoad::default()
+    }]);
+    let dark = [w(1).load(zeros.clone()), w(2)];
+    let d = pick(&cost_cfg(), &dark, &tokens(1000), Some(&m), 0);
+    for c in &d.candidates {
+        let r = c.prefill_rate.expect("priced");
+        assert_eq!(
+            (r.tokens_per_sec, r.source),
+            (10_000.0, RateSource::Configured)
+        );
+    }
+    assert_eq!(d.notes, vec![DecisionNote::PrefillRateConfigured]);
+    assert!(
+        d.to_string().contains("note=prefill_rate_configured"),
+        "{d}"
+    );
+    // One reports: its own rate, and the others are priced at it.
+    let lit = [w(1).load(prefilling(20_000, 0, 0, 0.0)), w(2).load(zeros)];
+    let d = pick(&cost_cfg(), &lit, &tokens(1000), Some(&m), 0);
+    let sources: Vec<_> = d
+        .candidates
+        .iter()
+        .map(|c| c.prefill_rate.map(|r| (r.tokens_per_sec, r.source)))
+        .collect();
+    assert_eq!(
+        sources,
+        vec![
+            Some((20_000.0, RateSource::Reported)),
+            Some((20_000.0, RateSource::FleetMean))
+        ]
+    );
+    assert!(d.notes.is_empty());
 }

@@ -317,3 +317,58 @@ fn prefill_rate_comes_from_the_cumulative_counters() {
     assert!(approx(l.prefill_rate, 25_000.0) && l.ranks == 2.0, "{l:?}");
     assert_eq!(Load::read(&report(vec![]), 1024.0), None);
 }
+
+/// The rate the seed replaced, as the reference computes it: a worker's summed
+/// `gen_throughput` if above 0, else the default; every rank's gauge counts, idle or not.
+fn seed_formula_scores(workers: &[WorkerView]) -> Vec<f64> {
+    let p = Params::from_config(&least_load());
+    workers
+        .iter()
+        .map(|w| {
+            let ranks = &w.load.as_ref().map_or(&[][..], |l| &l.ranks[..]);
+            let g: f64 = ranks.iter().map(|r| r.gen_throughput).sum();
+            let rate = if g > 0.0 { g } else { p.default_rate };
+            let queued: f64 = ranks
+                .iter()
+                .map(|r| r.num_waiting_uncached_tokens as f64)
+                .sum();
+            (queued + w.credit.tokens as f64) / rate
+        })
+        .collect()
+}
+
+/// `n` decisions by `score`, each winner credited `tokens` as the selector's ledger does
+/// (no report arrives in between); picks per worker id.
+fn replay_burst(
+    score: fn(&[WorkerView]) -> Vec<f64>,
+    mut workers: Vec<WorkerView>,
+    n: usize,
+    tokens: u64,
+) -> Vec<usize> {
+    let mut rng = rng(15);
+    let mut picks = vec![0; workers.len()];
+    for _ in 0..n {
+        let at = argmin_uniform(&score(&workers), &mut rng).expect("a winner");
+        picks[at] += 1;
+        workers[at].credit.tokens += tokens;
+        workers[at].credit.requests += 1;
+        workers[at].in_flight += 1;
+    }
+    picks
+}
+
+#[test]
+fn the_seed_burst_on_asymmetric_stale_gauges_splits_evenly_where_the_replaced_formula_piles_up() {
+    // The end-to-end test's fleet: idle engines, one left at 0.35 tok/s, one at 0.
+    let fleet = || vec![w(1).load(idle(0.35)), w(2).load(idle(0.0))];
+    assert_eq!(replay_burst(scores, fleet(), 32, 12), vec![16, 16]);
+    // The 0.35 tok/s engine looks 5700 times slower than the default: it gets one request.
+    assert_eq!(
+        replay_burst(seed_formula_scores, fleet(), 32, 12),
+        vec![1, 31]
+    );
+    // The same scorer through the policy, with the ledger the selector uses.
+    let mut workers = fleet();
+    let picks = run(&least_load(), &mut workers, &tokens(12), None, 32, true, 15);
+    assert_eq!(counts(&picks), [(1, 16), (2, 16)].into_iter().collect());
+}
