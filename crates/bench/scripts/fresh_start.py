@@ -164,7 +164,8 @@ async def run(a):
                 async with s.get(e + "/sim/stats") as r:
                     split.append((await r.json())["requests"])
         prompt = sum(r[3]["prompt_tokens"] for r in records)
-        cached = sum(r[3]["prompt_tokens_details"]["cached_tokens"] for r in records)
+        # SGLang leaves prompt_tokens_details null when nothing was cached.
+        cached = sum((r[3].get("prompt_tokens_details") or {}).get("cached_tokens", 0) for r in records)
         ideal = 0
         page = a.page_size
         if a.workload == "multi-turn":

@@ -17,6 +17,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, anyhow, bail};
+use kvgate_engine_sim::tokenizer::{encode, render_chat};
 use kvgate_engine_sim::{EngineStats, SimConfig, SimFleet};
 use kvgate_gateway::testing::GetViews;
 use kvgate_gateway::{Gateway, GatewayConfig};
@@ -28,9 +29,8 @@ const ENGINES: usize = 4;
 const GROUPS: usize = 64;
 /// Phase-1 requests per group.
 const WARM: usize = 4;
-/// The simulator's tokenizer and cache geometry.
+/// About 4 bytes per token of the simulator's tokenizer, for the sizes printed.
 const BYTES_PER_TOKEN: usize = 4;
-const PAGE: usize = 16;
 const SYSTEM_BYTES: usize = 4000;
 const QUESTION_BYTES: usize = 80;
 const MODEL: &str = "kvgate-sim-model";
@@ -92,30 +92,42 @@ impl Workload {
 
     /// The prompt as the simulator renders it (its chat template).
     fn rendered(&self, g: usize, n: usize) -> String {
-        format!(
-            "<|system|>\n{}\n<|user|>\n{}\n<|assistant|>\n",
-            self.systems[g], self.questions[g][n]
-        )
+        render_chat([
+            ("system", self.systems[g].as_str()),
+            ("user", self.questions[g][n].as_str()),
+        ])
     }
 
     /// (cached, prompt) tokens of the phase-2 requests if each landed on an engine holding
-    /// its group's phase-1 prompts: whole shared tokens, rounded down to whole pages.
-    fn ideal(&self) -> (u64, u64) {
+    /// its group's phase-1 prompts and answers, in the engines' tokens: the longest shared
+    /// token prefix, at most the prompt less the one token an engine always recomputes,
+    /// rounded down to whole pages.
+    fn ideal(&self, sim: &SimConfig) -> (u64, u64) {
+        let page = sim.page_size.max(1);
         let (mut cached, mut prompt) = (0, 0);
         for g in 0..GROUPS {
-            let p = self.rendered(g, WARM);
+            let p = encode(sim.tokenizer, &self.rendered(g, WARM));
             let shared = (0..WARM)
-                .map(|n| common_prefix(p.as_bytes(), self.rendered(g, n).as_bytes()))
+                .map(|n| common_prefix(&p, &encode(sim.tokenizer, &self.rendered(g, n))))
                 .max()
-                .unwrap_or(0);
-            cached += (shared / BYTES_PER_TOKEN / PAGE * PAGE) as u64;
-            prompt += p.len().div_ceil(BYTES_PER_TOKEN) as u64;
+                .unwrap_or(0)
+                .min(p.len().saturating_sub(1));
+            cached += (shared / page * page) as u64;
+            prompt += p.len() as u64;
         }
         (cached, prompt)
     }
 }
 
-fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+fn sim_config() -> SimConfig {
+    SimConfig {
+        // Every group's prefix fits on any one engine: misses after the restart are routing's.
+        cache_capacity_tokens: 2_000_000,
+        ..SimConfig::default()
+    }
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
@@ -355,11 +367,7 @@ async fn scenario(
     smg: Option<&Path>,
     scratch: &Path,
 ) -> anyhow::Result<Outcome> {
-    let sim = SimConfig {
-        // Every group's prefix fits on any one engine: misses after the restart are routing's.
-        cache_capacity_tokens: 2_000_000,
-        ..SimConfig::default()
-    };
+    let sim = sim_config();
     let fleet = SimFleet::start(ENGINES, sim).context("starting the fleet")?;
     let first_dir = scratch.join(format!("{run:?}-1"));
     let second_dir = match run {
@@ -446,7 +454,7 @@ fn main() -> anyhow::Result<()> {
         anyhow::Ok(out)
     })?;
 
-    let (ideal_cached, ideal_prompt) = work.ideal();
+    let (ideal_cached, ideal_prompt) = work.ideal(&sim_config());
     println!();
     println!(
         "{ENGINES} engines, {GROUPS} groups (system ~{} tokens, question ~{} tokens), phase 1 = {WARM} requests per group, phase 2 = 1 new request per group after the restart",

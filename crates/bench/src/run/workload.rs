@@ -177,10 +177,13 @@ pub fn run_target(
                 cached: u.cached_tokens.unwrap_or(0),
             }
         });
-    if run
-        .records
-        .iter()
-        .any(|r| r.usage.is_some_and(|u| u.cached_tokens.is_none()))
+    // SGLang leaves `prompt_tokens_details` out when nothing was cached, so only a run
+    // where no answer reported it says the report is off.
+    if run.records.iter().any(|r| r.usage.is_some())
+        && !run
+            .records
+            .iter()
+            .any(|r| r.usage.is_some_and(|u| u.cached_tokens.is_some()))
     {
         eprintln!(
             "    warning: {}: the engines did not report cached tokens",
