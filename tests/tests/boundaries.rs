@@ -90,6 +90,13 @@ fn each_crate_links_only_what_its_role_allows() {
     // The pure crates: nothing async, no I/O.
     assert_links_none(&g, "kvgate-kv-index", &runtime);
     assert_links_none(&g, "kvgate-policies", &runtime);
+    // The KV-event wire format: no sockets, no runtime, no other kvgate crate.
+    assert_links_none(&g, "kvgate-kv-events", &runtime);
+    assert_links_none(
+        &g,
+        "kvgate-kv-events",
+        &["kvgate-kv-index", "kvgate-gateway", "kvgate-poller"],
+    );
     // The worker protocols know nothing of the gateway or its store.
     assert_links_none(
         &g,

@@ -73,6 +73,8 @@ async fn client_keys_open_inference_and_models_only() {
         ("GET", "/list_workers"),
         ("POST", "/flush_cache"),
         ("GET", "/admin/index"),
+        ("POST", "/admin/explain/v1/chat/completions"),
+        ("GET", "/admin/decisions"),
         ("POST", "/add_worker?url=http://127.0.0.1:1"),
     ] {
         send(m, &h.url(path), Some("sk-client"), None)

@@ -182,3 +182,139 @@ fn the_admin_key_opens_a_keyed_gateway() {
     assert!(ok, "{err}");
     assert!(out.contains(&fleet.urls()[0]), "{out}");
 }
+
+#[test]
+fn explains_lists_decisions_loads_and_the_index() {
+    let fleet = SimFleet::start(
+        2,
+        SimConfig {
+            enable_cache_report: true,
+            ..SimConfig::default()
+        },
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(GatewayConfig {
+        port: 0,
+        http_workers: Some(1),
+        data_dir: dir.path().join("d"),
+        worker_urls: fleet.urls(),
+        ..GatewayConfig::default()
+    })
+    .unwrap();
+    // `--gateway` is the flag; `--url` (used by `ctl`) its alias.
+    let url = gw.url();
+    let (ok, out, err) = run(&[
+        "--gateway",
+        url.as_str(),
+        "explain",
+        "--prompt",
+        "hello there",
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("path:    miss"), "{out}");
+    assert!(out.contains("WORKER") && out.contains("SCORE MS"), "{out}");
+    assert_eq!(
+        out.matches("* http://").count(),
+        1,
+        "one chosen worker: {out}"
+    );
+    let (ok, out, _) = ctl(
+        &gw,
+        &[
+            "--json",
+            "explain",
+            "--route",
+            "completions",
+            "--prompt",
+            "x",
+        ],
+    );
+    assert!(ok);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["route"], "/v1/completions");
+    assert_eq!(v["dispatched"], false);
+
+    // One request through the gateway, then the log and the index show it.
+    let system = "You are the kvgatectl test's assistant. ".repeat(20);
+    let body = serde_json::json!({"messages": [{"role": "system", "content": system}, {"role": "user", "content": "q"}], "max_tokens": 2});
+    {
+        use std::io::{Read, Write};
+        let b = body.to_string();
+        let mut s = std::net::TcpStream::connect(url.trim_start_matches("http://")).unwrap();
+        write!(s, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{b}", b.len()).unwrap();
+        let mut answer = String::new();
+        let _ = s.read_to_string(&mut answer);
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    }
+    let mut out = String::new();
+    for _ in 0..250 {
+        let (ok, o, err) = ctl(&gw, &["decisions"]);
+        assert!(ok, "{err}");
+        out = o;
+        if out.contains(" ok") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(out.starts_with("SEQ"), "{out}");
+    assert!(out.contains("chat") && out.contains(" ok"), "{out}");
+    assert!(out.lines().all(|l| l.chars().count() <= 100), "{out}");
+    let (ok, out, _) = ctl(&gw, &["--json", "decisions", "--limit", "5"]);
+    assert!(ok);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["decisions"].as_array().unwrap().len(), 1, "{v}");
+
+    let (ok, out, err) = ctl(&gw, &["index"]);
+    assert!(ok, "{err}");
+    assert!(out.starts_with("MODEL") && out.contains("100%"), "{out}");
+    let (ok, out, _) = ctl(&gw, &["index", "--model", "no-such-model"]);
+    assert!(ok && out.lines().count() == 1, "header only: {out}");
+    let (ok, out, err) = ctl(&gw, &["loads"]);
+    assert!(ok, "{err}");
+    assert!(out.starts_with("URL") && out.lines().count() == 3, "{out}");
+    let (ok, out, _) = ctl(&gw, &["workers"]);
+    assert!(ok && out.contains("INDEX") && out.contains("100%"), "{out}");
+    assert!(out.lines().all(|l| l.chars().count() <= 100), "{out}");
+}
+
+#[test]
+fn bad_input_is_one_line_on_stderr_and_a_failure() {
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    for args in [
+        vec![
+            "--gateway".to_owned(),
+            format!("http://{dead}"),
+            "explain".into(),
+        ],
+        vec![
+            "--gateway".to_owned(),
+            format!("http://{dead}"),
+            "decisions".into(),
+        ],
+        vec!["no-such-command".to_owned()],
+    ] {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (ok, out, err) = run(&args);
+        assert!(!ok && out.is_empty(), "{args:?}: {out}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        if args[0] == "--gateway" {
+            assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+        }
+    }
+    // KVGATE_URL names the gateway when no flag does.
+    let out = Command::new(env!("CARGO_BIN_EXE_kvgatectl"))
+        .env("KVGATE_URL", format!("http://{dead}"))
+        .arg("loads")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(&format!("http://{dead}/workers")),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -287,6 +287,18 @@ const FLAGS: &[(&str, &str, Kind, &str)] = &[
         "HTTP threads; the routing actors share the first",
     ),
     (
+        "prometheus-port",
+        "prometheus_port",
+        Kind::Int,
+        "Also serve GET /metrics, without a key, on this port",
+    ),
+    (
+        "prometheus-host",
+        "prometheus_host",
+        Kind::Text,
+        "Where the --prometheus-port listener binds (default 127.0.0.1)",
+    ),
+    (
         "retry-max-retries",
         "retry_max_retries",
         Kind::Int,

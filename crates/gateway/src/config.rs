@@ -88,6 +88,11 @@ pub struct GatewayConfig {
     /// when the gateway's own CPU is the limit (long prompts at high rates, or a fleet of
     /// hundreds of engines), and check `kvgate-bench proxy` on the machine it runs on.
     pub http_workers: Option<usize>,
+    /// A second listener serving only `GET /metrics`, without a key (the reference's
+    /// flag); `None`: metrics only on the gateway port, behind the admin key.
+    pub prometheus_port: Option<u16>,
+    /// Where that listener binds; loopback unless Prometheus scrapes from elsewhere.
+    pub prometheus_host: String,
     pub policy: PolicyConfig,
     /// Load polling (`--load-monitor-interval` is `poller.interval_secs`).
     pub poller: PollerConfig,
@@ -223,6 +228,8 @@ impl Default for GatewayConfig {
             snapshot_backoff: 4.0,
             prefill_hold: Duration::from_millis(500),
             http_workers: Some(1),
+            prometheus_port: None,
+            prometheus_host: "127.0.0.1".into(),
             policy: PolicyConfig::with_kind(kvgate_policies::PolicyKind::CacheAware),
             poller: PollerConfig::default(),
             seed: None,
@@ -458,6 +465,13 @@ impl GatewayConfig {
         }
         if self.http_workers == Some(0) {
             return invalid("http_workers", "must be at least 1");
+        }
+        if self
+            .prometheus_port
+            .is_some_and(|p| p != 0 && p == self.port)
+            && self.prometheus_host == self.host
+        {
+            return invalid("prometheus_port", "must differ from the gateway's port");
         }
         if self.demo && self.demo_engines == 0 {
             return invalid("demo_engines", "must be at least 1");

@@ -5,8 +5,10 @@
 pub mod admission;
 pub mod app;
 pub mod auth;
+pub mod decisions;
 pub mod error;
 pub mod inference;
+pub mod inspect;
 pub mod parse;
 pub mod proxy;
 pub mod routes;

@@ -32,6 +32,7 @@ mod actors;
 mod alloc;
 mod config;
 mod http;
+mod metrics;
 mod server;
 mod upstream;
 

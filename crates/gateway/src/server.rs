@@ -26,8 +26,10 @@ use crate::actors::selector::{CircuitConfig, SelectorActor};
 use crate::config::GatewayConfig;
 use crate::http::admission::Admission;
 use crate::http::auth::{AllowList, Keys};
+use crate::http::decisions::{DECISION_LOG_SIZE, DecisionSink};
 use crate::http::inference::RetryPolicy;
 use crate::http::routes::{AppState, Lifecycle};
+use crate::metrics::Metrics;
 use crate::upstream::Pool;
 
 #[derive(Debug, Error)]
@@ -65,6 +67,8 @@ pub struct Actors {
     pub index: Addr<IndexActor>,
     pub(crate) lifecycle: Arc<Lifecycle>,
     pub(crate) admission: Arc<Admission>,
+    /// Where `--prometheus-port` listens, when given.
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 /// Idle upstream connections are dropped before the engines' own keep-alive (uvicorn's
@@ -75,6 +79,8 @@ const UPSTREAM_KEEP_ALIVE: Duration = Duration::from_secs(3);
 struct Threads {
     arbiters: Vec<Arbiter>,
     writer: Option<std::thread::JoinHandle<()>>,
+    /// The `--prometheus-port` listener, stopped with the gateway.
+    metrics: Option<ServerHandle>,
 }
 
 impl Threads {
@@ -157,6 +163,7 @@ fn routing_actors(
     epoch: Instant,
     persister: Option<Persister>,
     image: Option<Image>,
+    metrics: &Metrics,
 ) -> (RoutingStart, Addr<IndexActor>, Addr<SelectorActor>) {
     let (index_tx, index_rx) = actix::dev::channel::channel::<IndexActor>(MAILBOX);
     let (selector_tx, selector_rx) = actix::dev::channel::channel::<SelectorActor>(MAILBOX);
@@ -178,7 +185,8 @@ fn routing_actors(
                 open_for: cfg.cb_timeout_duration,
                 window: cfg.cb_window_duration,
                 half_open_max: cfg.cb_half_open_max_requests,
-            });
+            })
+            .with_mailbox_histogram(metrics.selector_wait.clone());
     let start = RoutingStart {
         index: (index_actor, index_rx),
         selector: (selector_actor, selector_rx),
@@ -291,6 +299,40 @@ fn warn_about_blind_spots(cfg: &GatewayConfig) {
 }
 
 /// The HTTP server over `listener`, with the routing actors started by its first thread.
+/// The `--prometheus-port` listener: `GET /metrics` alone, on one thread.
+fn metrics_server(
+    cfg: &GatewayConfig,
+    state: web::Data<AppState>,
+) -> Result<Option<(Server, SocketAddr)>, StartError> {
+    let Some(port) = cfg.prometheus_port else {
+        return Ok(None);
+    };
+    let bind = format!("{}:{port}", cfg.prometheus_host);
+    let listener = std::net::TcpListener::bind(&bind).map_err(|source| StartError::Bind {
+        addr: bind.clone(),
+        source,
+    })?;
+    let addr = listener.local_addr().map_err(|source| StartError::Bind {
+        addr: bind.clone(),
+        source,
+    })?;
+    let server = HttpServer::new(move || {
+        actix_web::App::new()
+            .app_data(state.clone())
+            .route(
+                "/metrics",
+                web::get().to(crate::http::inspect::open_metrics),
+            )
+            .default_service(web::to(crate::http::routes::not_found))
+    })
+    .workers(1)
+    .disable_signals()
+    .listen(listener)
+    .map_err(|source| StartError::Bind { addr: bind, source })?
+    .run();
+    Ok(Some((server, addr)))
+}
+
 fn http_server(
     cfg: &GatewayConfig,
     listener: std::net::TcpListener,
@@ -356,8 +398,9 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
     warn_about_blind_spots(cfg);
     let epoch = Instant::now();
     let store = open_store(cfg);
+    let metrics = Arc::new(Metrics::new(cfg.policy.kind.name()));
     let (routing, index, selector) =
-        routing_actors(cfg, epoch, store.persister.clone(), store.image);
+        routing_actors(cfg, epoch, store.persister.clone(), store.image, &metrics);
     let control = Arbiter::new();
     let workers = startup_workers(cfg, &store.registry);
     let (registry, poller) = control_actors(
@@ -407,7 +450,11 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         grace: cfg.shutdown_grace_period,
         lifecycle: lifecycle.clone(),
         reads_prompt: cfg.policy.kind.reads_prompt(),
+        decisions: DecisionSink::new(DECISION_LOG_SIZE, metrics.clone()),
+        bytes_per_token: cfg.policy.bytes_per_token,
+        metrics,
     });
+    let metrics = metrics_server(cfg, state.clone())?;
     let server = http_server(cfg, listener, state, routing)?;
     info!(%addr, policy = %cfg.policy.kind, workers = cfg.worker_urls.len(), "kvgate listening");
     let actors = Actors {
@@ -417,10 +464,16 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         index,
         lifecycle,
         admission,
+        metrics_addr: metrics.as_ref().map(|(_, a)| *a),
     };
     let threads = Threads {
         arbiters: vec![control],
         writer: store.writer,
+        metrics: metrics.map(|(server, _)| {
+            let handle = server.handle();
+            actix_rt::spawn(server);
+            handle
+        }),
     };
     Ok((server, addr, actors, threads))
 }
@@ -451,6 +504,9 @@ impl Gateway {
                             let _ =
                                 tx.send(Ok((addr, handle, actors, actix_rt::System::current())));
                             let _ = server.await;
+                            if let Some(m) = &threads.metrics {
+                                m.stop(false).await;
+                            }
                             // In-flight requests have drained and the workers' threads are
                             // ending; the index writes its final snapshot as it stops, and
                             // the join waits for the writer to put it on disk.
@@ -480,6 +536,11 @@ impl Gateway {
     /// `http://host:port` of the gateway.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// `http://host:port` of the `--prometheus-port` listener, when there is one.
+    pub fn metrics_url(&self) -> Option<String> {
+        self.actors.metrics_addr.map(|a| format!("http://{a}"))
     }
 
     #[doc(hidden)]

@@ -1,7 +1,7 @@
 //! The prefix index of kvgate: which worker (tenant) holds which key prefix.
 //!
-//! It owns two structures, one instance per (model, key kind), driven from a single thread
-//! by the gateway's index actor. [`RadixTree`] is one multi-tenant radix tree, generic
+//! It owns three structures, one instance per (model, key kind), driven from a single
+//! thread by the gateway's index actor. [`RadixTree`] is one multi-tenant radix tree, generic
 //! over the key unit (`u8` text bytes, `char`, or `u32` token ids, with whole-page storage
 //! for tokens); it reports for every tenant how much of a key it holds, records routing
 //! decisions in the same descent, evicts least recently used leaves first under a global
@@ -9,8 +9,13 @@
 //! through [`RadixTree::observe`] or [`RadixTree::match_and_insert`], decayed; not
 //! snapshotted), and snapshots in chunks with relative ages. [`HashIndex`] is
 //! the tree-less hash mode: holders per hashed token head at fixed boundaries, with a TTL
-//! and a key bound; it snapshots whole or in parts ([`HashIndex::snapshot_part`]). The crate never reads a clock (time is a `u64` the caller passes),
-//! does no I/O, and depends on nothing async.
+//! and a key bound; it snapshots whole or in parts ([`HashIndex::snapshot_part`]).
+//! [`ChainIndex`] is the exact index fed by the engines' own KV events: blocks keyed by
+//! content (a hash over each block's tokens chained to its parent, [`chain_keys`]), held per
+//! (worker, data-parallel rank), removed and cleared only for the rank that says so, under a
+//! cap on blocks held; it takes plain inputs ([`ChainStore`]), not any wire format. The
+//! crate never reads a clock (time is a `u64` the caller passes), does no I/O, and depends
+//! on nothing async.
 //!
 //! Eviction is O(1) per entry dropped (recency lists kept in leaf-first order) and runs
 //! after each insert by default, so no call returns over budget. Snapshots are flat
@@ -36,6 +41,7 @@
 //! assert_eq!(restored.tenant_units(1), tree.tenant_units(1));
 //! ```
 
+mod chain;
 mod codec;
 mod error;
 mod hash;
@@ -45,6 +51,9 @@ mod small;
 mod snapshot;
 mod tree;
 
+pub use chain::{
+    ChainApply, ChainConfig, ChainIndex, ChainMatch, ChainStats, ChainStore, chain_keys,
+};
 pub use codec::{decode, encode};
 pub use error::SnapshotError;
 pub use hash::{HashConfig, HashIndex, HashProbe, HashRecord, HashSnapshot, SweepStats};

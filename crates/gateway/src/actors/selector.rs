@@ -71,6 +71,8 @@ pub struct SelectorActor {
     next_booking: u64,
     /// What `WorkerView::recent` keeps per dispatch: half of it every `RECENT_HALF_LIFE`.
     recent_keep: f64,
+    /// Where the time each `Select` waited in the mailbox goes (`/metrics`).
+    mailbox_wait: Option<prometheus_client::metrics::histogram::Histogram>,
 }
 
 /// What `dispatch` did.
@@ -135,6 +137,7 @@ impl SelectorActor {
             pending: false,
             next_booking: 0,
             recent_keep: 0.5f64.powf(1.0 / RECENT_HALF_LIFE),
+            mailbox_wait: None,
         }
     }
 
@@ -148,6 +151,15 @@ impl SelectorActor {
     /// Opens a worker's circuit after repeated failures (`cfg.enabled` false: never).
     pub fn with_circuit_breaker(mut self, cfg: CircuitConfig) -> Self {
         self.circuit = cfg;
+        self
+    }
+
+    /// Observes into `h` how long each `Select` waited in the mailbox.
+    pub fn with_mailbox_histogram(
+        mut self,
+        h: prometheus_client::metrics::histogram::Histogram,
+    ) -> Self {
+        self.mailbox_wait = Some(h);
         self
     }
 
@@ -488,7 +500,11 @@ impl Handler<Select> for SelectorActor {
     fn handle(&mut self, msg: Select, ctx: &mut Context<Self>) -> Self::Result {
         let me = ctx.address();
         let span = msg.span;
-        trace!(parent: &span, queued_us = msg.enqueued_at.elapsed().as_micros() as u64, "select");
+        let queued = msg.enqueued_at.elapsed();
+        if let Some(h) = &self.mailbox_wait {
+            h.observe(queued.as_secs_f64());
+        }
+        trace!(parent: &span, queued_us = queued.as_micros() as u64, "select");
         // An unknown model is refused before the index hop, so it never creates an index.
         if let Some(m) = &msg.facts.model
             && !self.by_model.contains_key(m)

@@ -128,3 +128,26 @@ fn defaults_are_valid() {
     let c = GatewayConfig::load(None, &HashMap::new(), vec![]).unwrap();
     assert_eq!(c, GatewayConfig::default());
 }
+
+#[test]
+fn the_prometheus_listener_is_off_by_default_and_not_the_gateway_port() {
+    let c = GatewayConfig::load(None, &HashMap::new(), vec![]).unwrap();
+    assert_eq!(
+        (c.prometheus_port, c.prometheus_host.as_str()),
+        (None, "127.0.0.1")
+    );
+    let c = GatewayConfig::load(
+        None,
+        &env(&[
+            ("KVGATE_PROMETHEUS_PORT", "29000"),
+            ("KVGATE_PROMETHEUS_HOST", "0.0.0.0"),
+        ]),
+        vec![],
+    )
+    .unwrap();
+    assert_eq!(
+        (c.prometheus_port, c.prometheus_host.as_str()),
+        (Some(29000), "0.0.0.0")
+    );
+    assert!(load_err("port = 9000\nprometheus_port = 9000\n", &[]).contains("prometheus_port"));
+}

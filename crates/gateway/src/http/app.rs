@@ -10,6 +10,7 @@ use rand::Rng;
 
 use crate::http::error::ApiError;
 use crate::http::inference;
+use crate::http::inspect;
 use crate::http::parse::Endpoint;
 use crate::http::routes::{self, AppState, RequestId};
 use crate::upstream::Pool;
@@ -91,6 +92,10 @@ pub(crate) fn app(
         )
         .service(post("/flush_cache", routes::flush_cache))
         .service(get("/admin/index", routes::index_stats))
+        .service(post("/admin/explain", inspect::explain))
+        .service(post("/admin/explain/{route:.*}", inspect::explain))
+        .service(get("/admin/decisions", inspect::decisions))
+        .service(get("/metrics", inspect::metrics))
         .service(post("/add_worker", routes::legacy_add))
         .service(post("/remove_worker", routes::legacy_remove))
         .service(get("/list_workers", routes::legacy_list))

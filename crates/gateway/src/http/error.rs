@@ -62,6 +62,8 @@ pub enum ApiError {
     UpstreamTimeout { worker: String, secs: f64 },
     #[error("internal error: a gateway actor is unavailable: {0}")]
     ActorGone(#[from] MailboxError),
+    #[error("{0}")]
+    Internal(String),
 }
 
 impl ApiError {
@@ -88,7 +90,7 @@ impl ApiError {
             ApiError::RateLimited { .. } => ("rate_limit_error", "rate_limited"),
             ApiError::Upstream { .. } => ("upstream_error", "upstream_failed"),
             ApiError::UpstreamTimeout { .. } => ("upstream_error", "upstream_timeout"),
-            ApiError::ActorGone(_) => ("internal_error", "internal_error"),
+            ApiError::ActorGone(_) | ApiError::Internal(_) => ("internal_error", "internal_error"),
         }
     }
 
@@ -121,7 +123,7 @@ impl ResponseError for ApiError {
             }
             ApiError::Upstream { .. } => StatusCode::BAD_GATEWAY,
             ApiError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
-            ApiError::ActorGone(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::ActorGone(_) | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 

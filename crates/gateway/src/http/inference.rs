@@ -11,6 +11,7 @@ use tracing::warn;
 
 use crate::actors::index::ForgetPrefix;
 use crate::actors::selector::{self, SelectError};
+use crate::http::decisions::{Decided, is_text};
 use crate::http::error::ApiError;
 use crate::http::parse::{Endpoint, request_facts};
 use crate::http::proxy::{self, Upstream};
@@ -78,7 +79,34 @@ pub async fn inference(
         id = id.as_deref().unwrap_or(""),
         route = endpoint.path()
     );
-    tracing::Instrument::instrument(proxy_request(endpoint, req, payload, state, pool), span).await
+    let arrived = Instant::now();
+    let metrics = state.metrics.clone();
+    let mut served: Served = Served::default();
+    let answer = tracing::Instrument::instrument(
+        proxy_request(endpoint, req, payload, state, pool, arrived, &mut served),
+        span,
+    )
+    .await;
+    let status = match &answer {
+        Ok(resp) => resp.status().as_u16(),
+        Err(e) => actix_web::ResponseError::status_code(e).as_u16(),
+    };
+    metrics.request(endpoint.path(), status, served.model.as_deref());
+    // A relayed answer's duration is taken when it ends; an error's now.
+    if answer.is_err()
+        && let Some(r) = metrics.route(endpoint.path())
+    {
+        r.duration.observe(arrived.elapsed().as_secs_f64());
+    }
+    answer
+}
+
+/// What the request path learned for the request metrics.
+#[derive(Debug, Default)]
+struct Served {
+    /// The request's model, once a worker serving it was chosen (so the label takes only
+    /// models the fleet serves).
+    model: Option<Arc<str>>,
 }
 
 async fn proxy_request(
@@ -87,6 +115,8 @@ async fn proxy_request(
     payload: web::Payload,
     state: web::Data<AppState>,
     pool: web::Data<Pool>,
+    arrived: Instant,
+    served: &mut Served,
 ) -> Result<HttpResponse, ApiError> {
     state.keys.client(&req)?;
     let peer = req.peer_addr().map(|a| a.ip());
@@ -125,6 +155,8 @@ async fn proxy_request(
     let mut attempt = 1;
     let mut restarted = false;
     loop {
+        let model: Option<Arc<str>> = facts.model.as_deref().map(Arc::from);
+        let (text, facts_stream) = (is_text(&facts.key), facts.stream);
         let d = match selector::select(&state.selector, facts, exclude.clone(), attempt).await? {
             Ok(d) => d,
             // The selector rebuilt its state after a failed decision: ask once more, on
@@ -143,8 +175,32 @@ async fn proxy_request(
             }
         };
         let (worker, url, recorded) = (d.worker, d.url.clone(), d.recorded.clone());
+        let path = if attempt > 1 {
+            state.metrics.retries.inc();
+            "retry"
+        } else {
+            d.decision.path.name()
+        };
+        state.metrics.decision(path);
+        if served.model.is_none() {
+            served.model = Some(model.clone().unwrap_or_else(|| Arc::from("")));
+        }
+        let note = state.decisions.decided(
+            &d.decision,
+            Decided {
+                request_id: request_id.clone(),
+                model,
+                route: endpoint.path(),
+                attempt,
+                worker_url: url.clone(),
+                text,
+                bytes_per_token: state.bytes_per_token,
+                arrived,
+                stream: facts_stream,
+            },
+        );
         up.attempt = attempt;
-        let failure = match proxy::forward(&up, &req, body.clone(), d, &mut ticket).await {
+        let failure = match proxy::forward(&up, &req, body.clone(), d, &mut ticket, note).await {
             Ok(resp) => return Ok(resp),
             Err(f) => f,
         };

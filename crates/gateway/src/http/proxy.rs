@@ -20,6 +20,7 @@ use tokio::sync::watch;
 use crate::actors::selector::Booking;
 use crate::actors::selector::{Dispatch, Outcome};
 use crate::http::admission::Ticket;
+use crate::http::decisions::AnswerNote;
 use crate::http::error::ApiError;
 use crate::upstream::{Body, Pool, UpstreamError};
 
@@ -172,6 +173,7 @@ pub async fn forward(
     body: Bytes,
     dispatch: Dispatch,
     ticket: &mut Option<Ticket>,
+    mut note: AnswerNote,
 ) -> Result<HttpResponse, Failure> {
     let Dispatch {
         url: worker,
@@ -224,6 +226,7 @@ pub async fn forward(
         () = taken_out(&mut down) => return Err(Failure::retry(taken_out_error(&worker))),
     };
     let status = resp.status;
+    note.status(status.as_u16());
     let is_sse = resp
         .header(&header::CONTENT_TYPE)
         .is_some_and(|ct| ct.starts_with("text/event-stream"));
@@ -315,8 +318,10 @@ pub async fn forward(
             sse: is_sse,
             partial: BytesMut::new(),
             ready: None,
+            note,
             _ticket: ticket.take(),
         };
+        relay.note.relayed();
         match first {
             Some(b) => relay.accept(b),
             None => relay.done = true,
@@ -343,6 +348,8 @@ pub async fn forward(
     };
     booking.set_outcome(outcome);
     drop(booking);
+    note.chunk(&body);
+    note.relayed();
     attempts_header(&mut builder, up.attempt);
     Ok(builder.body(body))
 }
@@ -409,6 +416,8 @@ struct Relay {
     partial: BytesMut,
     /// Bytes to hand out before reading on (the first chunk, read before the head went).
     ready: Option<Bytes>,
+    /// The decision log's view of this answer.
+    note: AnswerNote,
     /// The request's admission slot, held while the stream runs.
     _ticket: Option<Ticket>,
 }
@@ -435,6 +444,7 @@ impl Relay {
     fn fail(&mut self, err: ApiError) -> Poll<Option<Result<Bytes, actix_web::Error>>> {
         warn!(worker = %self.worker, request_id = %self.request_id, error = %err, "upstream stream failed");
         self.done = true;
+        self.note.failed();
         // A stream that breaks counts against its worker, first byte or not.
         if let Some(g) = self.guard.as_mut() {
             g.set_outcome(Outcome::Failure);
@@ -444,6 +454,15 @@ impl Relay {
         self.partial.clear();
         let event = format!("data: {}\n\n", err.body());
         Poll::Ready(Some(Ok(Bytes::from(event))))
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        // Dropped before its end: the client went away mid-answer.
+        if !self.done {
+            self.note.abandoned();
+        }
     }
 }
 
@@ -485,6 +504,7 @@ impl Relay {
     /// A chunk of the answer, with what goes out of it now.
     fn take(&mut self, b: Bytes) -> Option<Bytes> {
         self.tail.push(&b);
+        self.note.chunk(&b);
         if let Some(g) = self.guard.as_mut() {
             g.first_byte();
         }

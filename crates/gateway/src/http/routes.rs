@@ -26,8 +26,10 @@ use crate::actors::selector::{
 use crate::config::Secret;
 use crate::http::admission::Admission;
 use crate::http::auth::{AllowList, Keys};
+use crate::http::decisions::DecisionSink;
 use crate::http::error::ApiError;
 use crate::http::inference::RetryPolicy;
+use crate::metrics::Metrics;
 use crate::upstream::{Pool, UpstreamError};
 
 /// Shared by every HTTP worker thread.
@@ -49,6 +51,11 @@ pub struct AppState {
     pub lifecycle: Arc<Lifecycle>,
     /// Whether the policy reads the prompt; without it the routing text is not built.
     pub reads_prompt: bool,
+    /// Where each attempt's decision and its answer go (`GET /admin/decisions`).
+    pub decisions: DecisionSink,
+    /// The policy's text-to-token estimate, for the predicted cached tokens.
+    pub bytes_per_token: f64,
+    pub metrics: Arc<Metrics>,
 }
 
 /// Whether the gateway is on its way out (SIGTERM): readiness says so at once.
@@ -175,6 +182,10 @@ fn worker_json(rec: &WorkerRecord, state: Option<&WorkerState>) -> Value {
     v["circuit"] = json!(state.map_or(CircuitState::Closed, |s| s.circuit));
     v["recent_failures"] = json!(state.map_or(0, |s| s.recent_failures));
     v["reason"] = json!(not_routed_because(rec, state));
+    // What the poller last saw, summed over ranks; null without a fresh report.
+    v["load"] = state
+        .and_then(|s| s.view.load.as_ref())
+        .map_or(Value::Null, crate::http::inspect::load_json);
     v
 }
 

@@ -1,0 +1,252 @@
+//! Inspection routes: `POST /admin/explain` (a dry-run decision for a request body) and
+//! `GET /admin/decisions` (the decision log).
+
+use std::collections::HashMap;
+
+use actix_web::{HttpRequest, HttpResponse, web};
+use kvgate_policies::{CandidateScore, Decision, RoutingText, WorkerLoad, WorkerView};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::actors::index::GetIndexStats;
+use crate::actors::registry::ListWorkers;
+use crate::actors::selector::{CircuitState, Explain, GetViews, GetWorkerStates};
+use crate::http::error::ApiError;
+use crate::http::parse::{Endpoint, request_facts};
+use crate::http::routes::{AppState, read_body};
+use crate::metrics::{Fleet, FleetWorker};
+
+/// The inference route a name stands for: a path (`/v1/chat/completions`, with or without
+/// the leading slash) or a short name (`chat`, `completions`, `generate`).
+fn endpoint_named(name: &str) -> Option<Endpoint> {
+    match name.trim_start_matches('/') {
+        "v1/chat/completions" | "chat" | "chat/completions" => Some(Endpoint::Chat),
+        "v1/completions" | "completions" => Some(Endpoint::Completions),
+        "generate" => Some(Endpoint::Generate),
+        _ => None,
+    }
+}
+
+fn unknown_route(name: &str) -> ApiError {
+    ApiError::BadRequest(format!(
+        "unknown route '{name}': expected /v1/chat/completions, /v1/completions or /generate (or chat, completions, generate)"
+    ))
+}
+
+/// `POST /admin/explain[/{route}]`: the decision the gateway would make for this body now,
+/// with nothing dispatched, credited or recorded.
+pub async fn explain(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    state.keys.admin(&req)?;
+    let body = read_body(&req, payload, state.max_payload_size).await?;
+    let suffix = req.match_info().get("route").filter(|r| !r.is_empty());
+    let field = match serde_json::from_slice::<Value>(&body) {
+        Ok(Value::Object(m)) => m.get("route").cloned(),
+        Ok(_) => {
+            return Err(ApiError::BadRequest(
+                "the body must be a JSON object, as sent to an inference route".into(),
+            ));
+        }
+        Err(e) => return Err(ApiError::BadRequest(format!("invalid JSON body: {e}"))),
+    };
+    let endpoint = match (suffix, field) {
+        (Some(s), _) => endpoint_named(s).ok_or_else(|| unknown_route(s))?,
+        (None, Some(Value::String(s))) => endpoint_named(&s).ok_or_else(|| unknown_route(&s))?,
+        (None, Some(other)) => {
+            return Err(ApiError::BadRequest(format!(
+                "'route' must be a string, not {other}"
+            )));
+        }
+        (None, None) => {
+            return Err(ApiError::BadRequest(
+                "say which route the body is for: a 'route' field or a path suffix, as in /admin/explain/v1/chat/completions".into(),
+            ));
+        }
+    };
+    let facts = request_facts(endpoint, &body, true)?;
+    let prompt = match &facts.key {
+        RoutingText::Text(t) => json!({"kind": "text", "bytes": t.len(),
+            "estimated_tokens": (t.len() as f64 / state.bytes_per_token.max(f64::MIN_POSITIVE)).ceil() as u64}),
+        RoutingText::Tokens(t) => json!({"kind": "tokens", "tokens": t.len()}),
+        RoutingText::Empty => json!({"kind": "none"}),
+    };
+    let model = facts.model.clone();
+    let decision = state.selector.send(Explain { facts }).await??;
+    let views = state.selector.send(GetViews).await?;
+    let mut out = decision_json(&decision, &views);
+    if let Value::Object(m) = &mut out {
+        m.insert("route".into(), json!(endpoint.path()));
+        m.insert("model".into(), json!(model));
+        m.insert("prompt".into(), prompt);
+        m.insert("dispatched".into(), json!(false));
+    }
+    Ok(HttpResponse::Ok().json(out))
+}
+
+/// A decision with every candidate's scores, load figures and URL.
+fn decision_json(d: &Decision, views: &[WorkerView]) -> Value {
+    let by_id: HashMap<_, _> = views.iter().map(|v| (v.id, v)).collect();
+    let url = |id| by_id.get(&id).map(|v| v.url.to_string());
+    let candidates: Vec<Value> = d
+        .candidates
+        .iter()
+        .map(|c| candidate_json(c, by_id.get(&c.worker).copied(), d.worker == Some(c.worker)))
+        .collect();
+    json!({
+        "worker": d.worker.and_then(url),
+        "worker_id": d.worker.map(|w| w.to_string()),
+        "path": d.path.name(),
+        "rule": d.rule,
+        "notes": d.notes.iter().map(|n| n.name()).collect::<Vec<_>>(),
+        "match_rate": d.match_rate,
+        "credit_tokens": d.credit_tokens,
+        "record_prefix": d.record_prefix,
+        "new_prefix": d.new_prefix,
+        "reason": d.to_string(),
+        "candidates": candidates,
+    })
+}
+
+fn candidate_json(c: &CandidateScore, view: Option<&WorkerView>, chosen: bool) -> Value {
+    // In cost mode the score is the expected wait plus the priced prefill.
+    let expected_wait = match (c.score, c.prefill) {
+        (Some(s), Some(p)) => Some(s - p),
+        (s, None) => s,
+        (None, Some(_)) => None,
+    };
+    let load = view.and_then(|v| v.load.as_ref()).map(load_json);
+    json!({
+        "worker": view.map(|v| v.url.to_string()),
+        "worker_id": c.worker.to_string(),
+        "chosen": chosen,
+        "eligible": view.is_some_and(|v| v.eligible),
+        "matched": c.matched,
+        "score": c.score,
+        "expected_wait": expected_wait,
+        "prefill": c.prefill,
+        "in_flight": c.in_flight,
+        "gated": c.gated,
+        "prefix_traffic": c.prefix_traffic,
+        "recent": c.recent,
+        "prefill_rate": c.prefill_rate,
+        "credit_tokens": view.map(|v| v.credit.tokens),
+        "load": load,
+    })
+}
+
+/// A load report summed over ranks (KV usage averaged).
+pub(crate) fn load_json(l: &WorkerLoad) -> Value {
+    let n = l.ranks.len().max(1) as f64;
+    json!({
+        "ranks": l.ranks.len(),
+        "running": l.ranks.iter().map(|r| r.num_running_reqs).sum::<u64>(),
+        "waiting": l.ranks.iter().map(|r| r.num_waiting_reqs).sum::<u64>(),
+        "waiting_uncached_tokens": l.ranks.iter().map(|r| r.num_waiting_uncached_tokens).sum::<u64>(),
+        "kv_usage": l.ranks.iter().map(|r| r.token_usage).sum::<f64>() / n,
+        "gen_throughput": l.ranks.iter().map(|r| r.gen_throughput).sum::<f64>(),
+        "sampled_at_secs": l.sampled_at.as_secs_f64(),
+    })
+}
+
+#[derive(Debug, Deserialize)]
+pub struct DecisionsQuery {
+    limit: Option<usize>,
+    since: Option<u64>,
+}
+
+/// Most decisions one call returns.
+const MAX_DECISIONS: usize = 1024;
+
+/// `GET /admin/decisions?limit=N&since=SEQ`: the newest N decisions, or the first N after
+/// SEQ (for following), oldest first, with each candidate's URL.
+pub async fn decisions(
+    req: HttpRequest,
+    query: web::Query<DecisionsQuery>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    state.keys.admin(&req)?;
+    let limit = query.limit.unwrap_or(100);
+    if limit == 0 || limit > MAX_DECISIONS {
+        return Err(ApiError::BadRequest(format!(
+            "limit must be between 1 and {MAX_DECISIONS}"
+        )));
+    }
+    let mut records = state.decisions.read(limit, query.since);
+    let views = state.selector.send(GetViews).await?;
+    let urls: HashMap<_, _> = views.iter().map(|v| (v.id, v.url.to_string())).collect();
+    for r in &mut records {
+        for c in &mut r.candidates {
+            c.worker = urls.get(&c.worker_id).cloned();
+        }
+    }
+    let last = records.last().map(|r| r.seq).or(query.since);
+    Ok(HttpResponse::Ok().json(json!({"decisions": records, "last_seq": last})))
+}
+
+/// `GET /metrics` on the gateway port (behind the admin key when admin keys are set).
+pub async fn metrics(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    state.keys.admin(&req)?;
+    scrape(&state).await
+}
+
+/// `GET /metrics` on `--prometheus-port`: no key (bind it where only Prometheus reaches).
+pub async fn open_metrics(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    scrape(&state).await
+}
+
+async fn scrape(state: &AppState) -> Result<HttpResponse, ApiError> {
+    let records = state.registry.send(ListWorkers).await?;
+    let states = state.selector.send(GetWorkerStates).await?;
+    let (stats, persist) = state.index.send(GetIndexStats).await?;
+    let urls: HashMap<_, _> = records.iter().map(|r| (r.id, r.url.to_string())).collect();
+    let fleet = Fleet {
+        workers: records
+            .iter()
+            .map(|r| {
+                let s = states.iter().find(|s| s.view.id == r.id);
+                FleetWorker {
+                    url: r.url.to_string(),
+                    healthy: r.healthy(),
+                    in_flight: s.map_or(0, |s| s.view.in_flight),
+                    circuit: match s.map(|s| s.circuit) {
+                        Some(CircuitState::Open) => 2,
+                        Some(CircuitState::HalfOpen) => 1,
+                        _ => 0,
+                    },
+                    ranks: s
+                        .and_then(|s| s.view.load.as_ref())
+                        .map(|l| l.ranks.clone())
+                        .unwrap_or_default(),
+                }
+            })
+            .collect(),
+        index: stats
+            .iter()
+            .flat_map(|m| {
+                m.per_worker.iter().map(|(w, n)| {
+                    (
+                        m.model.clone(),
+                        urls.get(w).cloned().unwrap_or_else(|| w.to_string()),
+                        *n,
+                    )
+                })
+            })
+            .collect(),
+        snapshots_written: persist.snapshots_written,
+        snapshot_failures: persist.write_failures,
+        snapshot_pending: persist.pending,
+    };
+    let body = state
+        .metrics
+        .encode(&fleet)
+        .map_err(|e| ApiError::Internal(format!("encoding the metrics: {e}")))?;
+    Ok(HttpResponse::Ok()
+        .content_type("application/openmetrics-text; version=1.0.0; charset=utf-8")
+        .body(body))
+}

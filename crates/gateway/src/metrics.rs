@@ -1,0 +1,474 @@
+//! The gateway's Prometheus metrics (`GET /metrics`), encoded by `prometheus-client`.
+//!
+//! Counters and histograms on the request path are atomics behind a label lookup; what
+//! the actors know (workers, loads, circuits, the index, snapshots) is read when scraped,
+//! so it costs the request path nothing. Labels are bounded: route, status class, model
+//! (only models the fleet serves), policy, path, worker URL, rank; never request ids or
+//! prompt text. Each metric is documented in `docs/metrics.md`.
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, PoisonError, RwLock};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// Seconds, for LLM latencies: 5 ms to 10 min.
+const LATENCY_BUCKETS: [f64; 16] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+];
+/// Seconds between streamed chunks and in the selector's mailbox: 0.1 ms to 10 s.
+const SHORT_BUCKETS: [f64; 13] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 10.0,
+];
+
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub route: &'static str,
+    pub status: &'static str,
+    pub model: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    pub route: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DecisionLabels {
+    pub policy: &'static str,
+    pub path: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WorkerLabels {
+    pub worker: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RankLabels {
+    pub worker: String,
+    pub rank: u32,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct IndexLabels {
+    pub model: String,
+    pub worker: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReportLabels {
+    pub reported: &'static str,
+}
+
+/// The three inference routes, in the order of [`Metrics::route`].
+const ROUTES: [&str; 3] = ["/v1/chat/completions", "/v1/completions", "/generate"];
+const STATUSES: [&str; 4] = ["2xx", "4xx", "5xx", "other"];
+/// Every `path` label value of a dispatched decision.
+const PATHS: [&str; 10] = [
+    "hit",
+    "spill",
+    "miss",
+    "kv_pressure",
+    "hash",
+    "load",
+    "round_robin",
+    "random",
+    "fallback",
+    "retry",
+];
+/// Models with series of their own; any further one counts as `other`.
+const MAX_MODELS: usize = 64;
+
+/// One route's histograms, looked up once: a labelled lookup hashes its labels with
+/// SipHash, which cost more than the observation itself on every request.
+#[derive(Debug, Clone)]
+pub struct RouteSeries {
+    pub duration: Histogram,
+    pub ttft: Histogram,
+    pub between_chunks: Histogram,
+}
+
+/// A model's request counters, by route and status class.
+type ModelCounters = Arc<[[Counter; 4]; 3]>;
+
+/// Every metric, registered once.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// One scrape at a time sets the scrape-time gauges and encodes them.
+    scrape: std::sync::Mutex<()>,
+    routes: [RouteSeries; 3],
+    paths: [(&'static str, Counter); 10],
+    reported: [Counter; 2],
+    /// Request counters per served model; bounded by the fleet's models.
+    models: RwLock<HashMap<String, ModelCounters>>,
+    pub requests: Family<RequestLabels, Counter>,
+    pub retries: Counter,
+    pub predicted_cached: Counter,
+    pub reported_cached: Counter,
+    pub selector_wait: Histogram,
+    // Set when scraped.
+    pub worker_up: Family<WorkerLabels, Gauge>,
+    pub worker_in_flight: Family<WorkerLabels, Gauge>,
+    pub circuit_open: Family<WorkerLabels, Gauge>,
+    pub rank_running: Family<RankLabels, Gauge>,
+    pub rank_waiting: Family<RankLabels, Gauge>,
+    pub rank_kv_usage: Family<RankLabels, FloatGauge>,
+    pub rank_gen_throughput: Family<RankLabels, FloatGauge>,
+    pub index_units: Family<IndexLabels, Gauge>,
+    pub snapshots_written: Gauge,
+    pub snapshot_failures: Gauge,
+    pub snapshot_pending: Gauge,
+}
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(LATENCY_BUCKETS)
+}
+
+fn short_histogram() -> Histogram {
+    Histogram::new(SHORT_BUCKETS)
+}
+
+type Histograms = Family<RouteLabels, Histogram, fn() -> Histogram>;
+
+impl Metrics {
+    /// The metrics of a gateway running `policy` (the `policy` label of its decisions).
+    pub fn new(policy: &'static str) -> Metrics {
+        let mut r = Registry::with_prefix("kvgate");
+        let requests = Family::<RequestLabels, Counter>::default();
+        r.register(
+            "requests",
+            "Inference requests answered, by route, status class and model",
+            requests.clone(),
+        );
+        let duration: Histograms = Family::new_with_constructor(latency_histogram);
+        r.register(
+            "request_duration_seconds",
+            "Arrival to the end of the answer, at the gateway",
+            duration.clone(),
+        );
+        let ttft: Histograms = Family::new_with_constructor(latency_histogram);
+        r.register(
+            "time_to_first_token_seconds",
+            "Dispatch to the first byte of a streamed answer, at the gateway",
+            ttft.clone(),
+        );
+        let between_chunks: Histograms = Family::new_with_constructor(short_histogram);
+        r.register(
+            "time_between_tokens_seconds",
+            "Gaps between the chunks of a streamed answer, at the gateway",
+            between_chunks.clone(),
+        );
+        let decisions = Family::<DecisionLabels, Counter>::default();
+        r.register(
+            "routing_decisions",
+            "Routing decisions by policy and path (hit, spill, miss, kv_pressure, hash, load, fallback, retry...)",
+            decisions.clone(),
+        );
+        let retries = Counter::default();
+        r.register(
+            "retries",
+            "Attempts on another worker after one failed before any byte reached the client",
+            retries.clone(),
+        );
+        let cache_reports = Family::<ReportLabels, Counter>::default();
+        r.register(
+            "cache_reports",
+            "Answers that did (yes) or did not (no) report cached tokens",
+            cache_reports.clone(),
+        );
+        let predicted_cached = Counter::default();
+        r.register(
+            "predicted_cached_tokens",
+            "Cached tokens the index predicted for the chosen worker, over answers that reported theirs",
+            predicted_cached.clone(),
+        );
+        let reported_cached = Counter::default();
+        r.register(
+            "reported_cached_tokens",
+            "Cached tokens the engines reported in their answers",
+            reported_cached.clone(),
+        );
+        let selector_wait = short_histogram();
+        r.register(
+            "selector_mailbox_wait_seconds",
+            "Time a dispatch waited in the selector's mailbox",
+            selector_wait.clone(),
+        );
+        let worker_up = Family::<WorkerLabels, Gauge>::default();
+        r.register(
+            "worker_healthy",
+            "1 while the worker is ready and receives traffic",
+            worker_up.clone(),
+        );
+        let worker_in_flight = Family::<WorkerLabels, Gauge>::default();
+        r.register(
+            "worker_in_flight",
+            "Requests the gateway has in flight on the worker",
+            worker_in_flight.clone(),
+        );
+        let circuit_open = Family::<WorkerLabels, Gauge>::default();
+        r.register(
+            "worker_circuit_state",
+            "The worker's circuit breaker: 0 closed, 1 half open, 2 open",
+            circuit_open.clone(),
+        );
+        let rank_running = Family::<RankLabels, Gauge>::default();
+        r.register(
+            "worker_running_requests",
+            "Running requests in the worker's last load report, per data-parallel rank",
+            rank_running.clone(),
+        );
+        let rank_waiting = Family::<RankLabels, Gauge>::default();
+        r.register(
+            "worker_waiting_requests",
+            "Waiting requests in the worker's last load report, per rank",
+            rank_waiting.clone(),
+        );
+        let rank_kv_usage = Family::<RankLabels, FloatGauge>::default();
+        r.register(
+            "worker_kv_usage_ratio",
+            "KV pool usage in the worker's last load report, per rank (0 to 1)",
+            rank_kv_usage.clone(),
+        );
+        let rank_gen_throughput = Family::<RankLabels, FloatGauge>::default();
+        r.register(
+            "worker_gen_throughput_tokens_per_second",
+            "gen_throughput in the worker's last load report, per rank (stale on an idle rank)",
+            rank_gen_throughput.clone(),
+        );
+        let index_units = Family::<IndexLabels, Gauge>::default();
+        r.register(
+            "index_units",
+            "Prefix index units (bytes of text or tokens) per model and worker",
+            index_units.clone(),
+        );
+        let snapshots_written = Gauge::default();
+        r.register(
+            "snapshots_written",
+            "Index snapshots written to the store since start",
+            snapshots_written.clone(),
+        );
+        let snapshot_failures = Gauge::default();
+        r.register(
+            "snapshot_write_failures",
+            "Index snapshot writes that failed since start",
+            snapshot_failures.clone(),
+        );
+        let snapshot_pending = Gauge::default();
+        r.register(
+            "snapshot_changes_pending",
+            "1 while the index has changes no committed snapshot holds",
+            snapshot_pending.clone(),
+        );
+        let route = |i: usize| RouteSeries {
+            duration: duration
+                .get_or_create(&RouteLabels { route: ROUTES[i] })
+                .clone(),
+            ttft: ttft
+                .get_or_create(&RouteLabels { route: ROUTES[i] })
+                .clone(),
+            between_chunks: between_chunks
+                .get_or_create(&RouteLabels { route: ROUTES[i] })
+                .clone(),
+        };
+        let routes = [route(0), route(1), route(2)];
+        let reported = ["yes", "no"].map(|reported| {
+            cache_reports
+                .get_or_create(&ReportLabels { reported })
+                .clone()
+        });
+        Metrics {
+            registry: r,
+            scrape: std::sync::Mutex::new(()),
+            routes,
+            paths: PATHS.map(|path| {
+                let c = decisions
+                    .get_or_create(&DecisionLabels { policy, path })
+                    .clone();
+                (path, c)
+            }),
+            reported,
+            models: RwLock::new(HashMap::new()),
+            requests,
+            retries,
+            predicted_cached,
+            reported_cached,
+            selector_wait,
+            worker_up,
+            worker_in_flight,
+            circuit_open,
+            rank_running,
+            rank_waiting,
+            rank_kv_usage,
+            rank_gen_throughput,
+            index_units,
+            snapshots_written,
+            snapshot_failures,
+            snapshot_pending,
+        }
+    }
+
+    /// The text exposition of every metric, with the scrape-time gauges set from `fleet`.
+    pub fn encode(&self, fleet: &Fleet) -> Result<String, std::fmt::Error> {
+        let _one = self
+            .scrape
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Cleared first, so a worker that left has no series.
+        for f in [&self.worker_up, &self.worker_in_flight, &self.circuit_open] {
+            f.clear();
+        }
+        for f in [&self.rank_running, &self.rank_waiting] {
+            f.clear();
+        }
+        for f in [&self.rank_kv_usage, &self.rank_gen_throughput] {
+            f.clear();
+        }
+        self.index_units.clear();
+        for w in &fleet.workers {
+            let l = WorkerLabels {
+                worker: w.url.clone(),
+            };
+            self.worker_up.get_or_create(&l).set(i64::from(w.healthy));
+            self.worker_in_flight
+                .get_or_create(&l)
+                .set(w.in_flight as i64);
+            self.circuit_open.get_or_create(&l).set(w.circuit);
+            for (rank, r) in w.ranks.iter().enumerate() {
+                let l = RankLabels {
+                    worker: w.url.clone(),
+                    rank: r.dp_rank.max(rank as u32),
+                };
+                self.rank_running
+                    .get_or_create(&l)
+                    .set(r.num_running_reqs as i64);
+                self.rank_waiting
+                    .get_or_create(&l)
+                    .set(r.num_waiting_reqs as i64);
+                self.rank_kv_usage.get_or_create(&l).set(r.token_usage);
+                self.rank_gen_throughput
+                    .get_or_create(&l)
+                    .set(r.gen_throughput);
+            }
+        }
+        for (model, worker, units) in &fleet.index {
+            self.index_units
+                .get_or_create(&IndexLabels {
+                    model: model.clone(),
+                    worker: worker.clone(),
+                })
+                .set(*units as i64);
+        }
+        self.snapshots_written.set(fleet.snapshots_written as i64);
+        self.snapshot_failures.set(fleet.snapshot_failures as i64);
+        self.snapshot_pending.set(i64::from(fleet.snapshot_pending));
+        let mut out = String::with_capacity(8 * 1024);
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+
+    /// The histograms of an inference route.
+    pub fn route(&self, route: &str) -> Option<&RouteSeries> {
+        ROUTES
+            .iter()
+            .position(|r| *r == route)
+            .map(|i| &self.routes[i])
+    }
+
+    /// A dispatched decision that took `path` (`retry` for a request's later attempts).
+    pub fn decision(&self, path: &str) {
+        if let Some((_, c)) = self.paths.iter().find(|(p, _)| *p == path) {
+            c.inc();
+        }
+    }
+
+    /// A successful answer that did or did not report its cached tokens.
+    pub fn cache_report(&self, reported: bool) {
+        self.reported[usize::from(!reported)].inc();
+    }
+
+    /// An inference request answered with `status`; `model` is a model the fleet serves.
+    pub fn request(&self, route: &'static str, status: u16, model: Option<&str>) {
+        let Some(r) = ROUTES.iter().position(|x| *x == route) else {
+            return;
+        };
+        let s = match status {
+            200..=299 => 0,
+            400..=499 => 1,
+            500..=599 => 2,
+            _ => 3,
+        };
+        let model = model.unwrap_or("");
+        let known = self
+            .models
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(model)
+            .cloned();
+        let counters = match known {
+            Some(c) => c,
+            None => self.model_counters(model),
+        };
+        counters[r][s].inc();
+    }
+
+    fn model_counters(&self, model: &str) -> ModelCounters {
+        let mut models = self.models.write().unwrap_or_else(PoisonError::into_inner);
+        let name = if models.len() < MAX_MODELS || models.contains_key(model) {
+            model
+        } else {
+            "other"
+        };
+        let make = || {
+            Arc::new([0, 1, 2].map(|r| {
+                [0, 1, 2, 3].map(|s| {
+                    self.requests
+                        .get_or_create(&RequestLabels {
+                            route: ROUTES[r],
+                            status: STATUSES[s],
+                            model: name.to_owned(),
+                        })
+                        .clone()
+                })
+            }))
+        };
+        models.entry(name.to_owned()).or_insert_with(make).clone()
+    }
+}
+
+/// What the actors know, read for one scrape.
+#[derive(Debug, Default)]
+pub struct Fleet {
+    pub workers: Vec<FleetWorker>,
+    /// (model, worker URL, units) of the prefix index.
+    pub index: Vec<(String, String, usize)>,
+    pub snapshots_written: u64,
+    pub snapshot_failures: u64,
+    pub snapshot_pending: bool,
+}
+
+/// One worker as a scrape sees it.
+#[derive(Debug)]
+pub struct FleetWorker {
+    pub url: String,
+    pub healthy: bool,
+    pub in_flight: u64,
+    /// 0 closed, 1 half open, 2 open.
+    pub circuit: i64,
+    pub ranks: Vec<kvgate_policies::RankLoad>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new("cache_aware")
+    }
+}
