@@ -167,6 +167,15 @@ async fn metrics_count_requests_decisions_tokens_and_what_the_fleet_reports() {
             Some(0.0),
             "{w}"
         );
+        assert_eq!(
+            value(
+                &s,
+                "kvgate_worker_health_transitions_total",
+                &[worker, ("to", "healthy")]
+            ),
+            Some(1.0),
+            "{w}"
+        );
         assert!(
             value(&s, "kvgate_worker_kv_usage_ratio", &[worker, ("rank", "0")]).is_some(),
             "{w}"
@@ -182,6 +191,7 @@ async fn metrics_count_requests_decisions_tokens_and_what_the_fleet_reports() {
         })
         .sum();
     assert!(held > 1000.0, "{held}");
+    assert!(value(&s, "kvgate_snapshot_duration_seconds_count", &[]).is_some());
     // Nothing names a request or its text.
     assert!(!s.samples.iter().any(|x| {
         x.labels

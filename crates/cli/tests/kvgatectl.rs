@@ -318,3 +318,45 @@ fn bad_input_is_one_line_on_stderr_and_a_failure() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn decisions_follow_prints_new_decisions_as_they_come() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let fleet = SimFleet::start(1, SimConfig::default()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::start(GatewayConfig {
+        port: 0,
+        http_workers: Some(1),
+        data_dir: dir.path().join("d"),
+        worker_urls: fleet.urls(),
+        ..GatewayConfig::default()
+    })
+    .unwrap();
+    let url = gw.url();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvgatectl"))
+        .args(["--gateway", url.as_str(), "--json", "decisions", "--follow"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    // Two requests after the follower started: each comes out as one JSON line, in order.
+    let mut ids = Vec::new();
+    for q in ["first", "second"] {
+        let b = serde_json::json!({"prompt": q, "max_tokens": 1}).to_string();
+        let mut s = std::net::TcpStream::connect(url.trim_start_matches("http://")).unwrap();
+        write!(s, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Request-Id: follow-{q}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{b}", b.len()).unwrap();
+        let mut answer = String::new();
+        let _ = s.read_to_string(&mut answer);
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        ids.push(format!("follow-{q}"));
+    }
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        let line = lines.next().expect("a line").unwrap();
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        seen.push(v["request_id"].as_str().unwrap().to_owned());
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(seen, ids);
+}

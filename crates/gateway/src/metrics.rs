@@ -64,6 +64,12 @@ pub struct IndexLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TransitionLabels {
+    pub worker: String,
+    pub to: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReportLabels {
     pub reported: &'static str,
 }
@@ -87,6 +93,15 @@ const PATHS: [&str; 10] = [
 /// Models with series of their own; any further one counts as `other`.
 const MAX_MODELS: usize = 64;
 
+/// Tells one `Metrics` from another in [`LAST_MODEL`] (tests run several gateways).
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// The last model this thread counted a request for, and of which `Metrics`.
+    static LAST_MODEL: std::cell::RefCell<Option<(u64, String, ModelCounters)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
 /// One route's histograms, looked up once: a labelled lookup hashes its labels with
 /// SipHash, which cost more than the observation itself on every request.
 #[derive(Debug, Clone)]
@@ -103,6 +118,7 @@ type ModelCounters = Arc<[[Counter; 4]; 3]>;
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
+    id: u64,
     /// One scrape at a time sets the scrape-time gauges and encodes them.
     scrape: std::sync::Mutex<()>,
     routes: [RouteSeries; 3],
@@ -127,6 +143,8 @@ pub struct Metrics {
     pub snapshots_written: Gauge,
     pub snapshot_failures: Gauge,
     pub snapshot_pending: Gauge,
+    pub snapshot_seconds: Histogram,
+    health_transitions: Family<TransitionLabels, Counter>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -269,6 +287,18 @@ impl Metrics {
             "1 while the index has changes no committed snapshot holds",
             snapshot_pending.clone(),
         );
+        let snapshot_seconds = Histogram::new(LATENCY_BUCKETS);
+        r.register(
+            "snapshot_duration_seconds",
+            "An index snapshot, from its start until its commit is handed to the store's writer",
+            snapshot_seconds.clone(),
+        );
+        let health_transitions = Family::<TransitionLabels, Counter>::default();
+        r.register(
+            "worker_health_transitions",
+            "A worker became ready (to=healthy) or stopped being ready (to=unhealthy)",
+            health_transitions.clone(),
+        );
         let route = |i: usize| RouteSeries {
             duration: duration
                 .get_or_create(&RouteLabels { route: ROUTES[i] })
@@ -287,6 +317,7 @@ impl Metrics {
                 .clone()
         });
         Metrics {
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             registry: r,
             scrape: std::sync::Mutex::new(()),
             routes,
@@ -314,6 +345,8 @@ impl Metrics {
             snapshots_written,
             snapshot_failures,
             snapshot_pending,
+            snapshot_seconds,
+            health_transitions,
         }
     }
 
@@ -391,6 +424,32 @@ impl Metrics {
         }
     }
 
+    /// A worker became ready (`healthy`) or stopped being ready.
+    pub fn health_transition(&self, worker: &str, healthy: bool) {
+        self.health_transitions
+            .get_or_create(&TransitionLabels {
+                worker: worker.to_owned(),
+                to: if healthy { "healthy" } else { "unhealthy" },
+            })
+            .inc();
+    }
+
+    /// Inference requests answered since start, all routes and statuses.
+    pub fn requests_total(&self) -> u64 {
+        self.models
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .flat_map(|m| m.iter().flatten())
+            .map(Counter::get)
+            .sum()
+    }
+
+    /// Dispatched decisions since start, per path.
+    pub fn decision_counts(&self) -> Vec<(&'static str, u64)> {
+        self.paths.iter().map(|(p, c)| (*p, c.get())).collect()
+    }
+
     /// A successful answer that did or did not report its cached tokens.
     pub fn cache_report(&self, reported: bool) {
         self.reported[usize::from(!reported)].inc();
@@ -408,6 +467,18 @@ impl Metrics {
             _ => 3,
         };
         let model = model.unwrap_or("");
+        // Most requests of a thread name the model its last one named: that skips the
+        // map's SipHash.
+        let hit = LAST_MODEL.with(|last| match &*last.borrow() {
+            Some((id, name, c)) if *id == self.id && name == model => {
+                c[r][s].inc();
+                true
+            }
+            _ => false,
+        });
+        if hit {
+            return;
+        }
         let known = self
             .models
             .read()
@@ -419,6 +490,7 @@ impl Metrics {
             None => self.model_counters(model),
         };
         counters[r][s].inc();
+        LAST_MODEL.with(|last| *last.borrow_mut() = Some((self.id, model.to_owned(), counters)));
     }
 
     fn model_counters(&self, model: &str) -> ModelCounters {

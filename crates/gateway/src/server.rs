@@ -171,7 +171,8 @@ fn routing_actors(
     let selector = Addr::new(selector_tx);
     let index_cfg =
         IndexConfig::from_policy(&cfg.policy, cfg.snapshot_interval, cfg.snapshot_backoff);
-    let mut index_actor = IndexActor::new(index_cfg, epoch, persister);
+    let mut index_actor = IndexActor::new(index_cfg, epoch, persister)
+        .with_snapshot_histogram(metrics.snapshot_seconds.clone());
     if let Some(img) = image {
         index_actor.restore(img);
     }
@@ -202,7 +203,9 @@ fn control_actors(
     routing: (&Addr<IndexActor>, &Addr<SelectorActor>),
     persister: Option<Persister>,
     image: RegistryImage,
+    metrics: &Arc<Metrics>,
 ) -> (Addr<RegistryActor>, Addr<LoadPoller>) {
+    let metrics = metrics.clone();
     let (index, selector) = routing;
     let sink = selector.clone().recipient();
     let mut poller_cfg = cfg.poller.clone();
@@ -226,7 +229,7 @@ fn control_actors(
         now: poller.clone().recipient(),
     };
     let registry = RegistryActor::start_in_arbiter(&control.handle(), move |_| {
-        RegistryActor::new(reg_cfg, subscribers, Some(link), persister, image)
+        RegistryActor::new(reg_cfg, subscribers, Some(link), persister, image).with_metrics(metrics)
     });
     (registry, poller)
 }
@@ -410,6 +413,7 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         (&index, &selector),
         store.persister,
         store.registry,
+        &metrics,
     );
     let mut routing = routing;
     routing

@@ -150,6 +150,8 @@ pub struct IndexActor {
     /// Test builds: the next lookup panics.
     #[cfg(feature = "fault-injection")]
     panic_next: bool,
+    /// Where each snapshot's duration goes (`/metrics`).
+    snapshot_seconds: Option<prometheus_client::metrics::histogram::Histogram>,
 }
 
 impl IndexActor {
@@ -167,7 +169,18 @@ impl IndexActor {
             #[cfg(feature = "fault-injection")]
             panic_next: false,
             generation: 0,
+            snapshot_seconds: None,
         }
+    }
+
+    /// Observes into `h` how long each snapshot took, start to its commit handed to the
+    /// store's writer.
+    pub fn with_snapshot_histogram(
+        mut self,
+        h: prometheus_client::metrics::histogram::Histogram,
+    ) -> Self {
+        self.snapshot_seconds = Some(h);
+        self
     }
 
     /// Runs `f` on the index; if it panics, the index is rebuilt from the last committed

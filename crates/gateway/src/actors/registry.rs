@@ -12,6 +12,7 @@ use kvgate_poller::{PollNow, PollTarget, SetTargets, UrlError, WorkerUrl};
 use kvgate_store::{Persister, RegistryImage};
 
 use crate::config::Secret;
+use crate::metrics::Metrics;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tracing::{info, warn};
@@ -133,6 +134,9 @@ pub struct RegistryActor {
     poller: Option<PollerLink>,
     /// The workers last handed to the poller.
     polled: BTreeSet<WorkerId>,
+    /// The workers ready at the last publish, for the health transitions metric.
+    ready: BTreeSet<WorkerId>,
+    metrics: Option<Arc<Metrics>>,
     client: awc::Client,
     checking: bool,
     /// What the admin API changed, kept across restarts.
@@ -167,6 +171,8 @@ impl RegistryActor {
             subscribers,
             poller,
             polled: BTreeSet::new(),
+            ready: BTreeSet::new(),
+            metrics: None,
             client,
             checking: false,
             image,
@@ -194,8 +200,25 @@ impl RegistryActor {
         Arc::new(self.workers.values().cloned().collect())
     }
 
+    /// Counts each worker's health transitions into `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
     fn publish(&mut self) {
         let fleet = self.fleet();
+        let ready: BTreeSet<WorkerId> =
+            fleet.iter().filter(|w| w.healthy()).map(|w| w.id).collect();
+        if let Some(m) = &self.metrics {
+            for w in fleet.iter() {
+                let (was, is) = (self.ready.contains(&w.id), ready.contains(&w.id));
+                if was != is {
+                    m.health_transition(w.url.as_str(), is);
+                }
+            }
+        }
+        self.ready = ready;
         for s in &self.subscribers {
             // do_send: a fleet change must never be dropped, and subscribers drain fast.
             s.do_send(FleetChanged(fleet.clone()));

@@ -96,6 +96,8 @@ pub(crate) fn app(
         .service(post("/admin/explain/{route:.*}", inspect::explain))
         .service(get("/admin/decisions", inspect::decisions))
         .service(get("/metrics", inspect::metrics))
+        .service(get("/admin/state", inspect::fleet_state))
+        .service(get("/dashboard", inspect::dashboard))
         .service(post("/add_worker", routes::legacy_add))
         .service(post("/remove_worker", routes::legacy_remove))
         .service(get("/list_workers", routes::legacy_list))

@@ -279,6 +279,35 @@ impl DecisionSink {
     pub fn read(&self, limit: usize, since: Option<u64>) -> Vec<DecisionRecord> {
         self.ring().read(limit, since)
     }
+
+    /// Logged decisions per path made since `since_unix_ms` (as far back as the ring goes).
+    pub fn paths_since(&self, since_unix_ms: u64) -> Vec<(&'static str, u64)> {
+        let mut out: Vec<(&'static str, u64)> = Vec::new();
+        for r in self
+            .ring()
+            .records
+            .iter()
+            .filter(|r| r.time_unix_ms >= since_unix_ms)
+        {
+            let path = if r.attempt > 1 { "retry" } else { r.path };
+            match out.iter_mut().find(|(p, _)| *p == path) {
+                Some((_, n)) => *n += 1,
+                None => out.push((path, 1)),
+            }
+        }
+        out
+    }
+
+    /// The time to first byte (ms) of the newest `n` answered decisions that have one.
+    pub fn recent_ttfts(&self, n: usize) -> Vec<f64> {
+        self.ring()
+            .records
+            .iter()
+            .rev()
+            .filter_map(|r| r.answer.as_ref().and_then(|a| a.ttft_ms))
+            .take(n)
+            .collect()
+    }
 }
 
 /// Collects what a response shows of its decision and reports it when dropped, however the

@@ -250,3 +250,113 @@ async fn scrape(state: &AppState) -> Result<HttpResponse, ApiError> {
         .content_type("application/openmetrics-text; version=1.0.0; charset=utf-8")
         .body(body))
 }
+
+/// The nearest-rank percentile `p` (0 to 100) of `v`, `None` when empty.
+fn percentile(v: &mut [f64], p: f64) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let rank = ((p / 100.0) * v.len() as f64).ceil() as usize;
+    v.get(rank.clamp(1, v.len()) - 1).copied()
+}
+
+/// Answers the TTFT percentiles are taken over.
+const TTFT_WINDOW: usize = 200;
+/// How far back the fleet page's decisions per path go (the log's last 1024 at most).
+const RECENT_WINDOW_MS: u64 = 5 * 60 * 1000;
+
+/// `GET /admin/state`: the fleet and the gateway's counters in one document, for the
+/// fleet page (`/dashboard`) and scripts.
+pub async fn fleet_state(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    state.keys.admin(&req)?;
+    let records = state.registry.send(ListWorkers).await?;
+    let states = state.selector.send(GetWorkerStates).await?;
+    let (stats, _) = state.index.send(GetIndexStats).await?;
+    let mut units: HashMap<_, usize> = HashMap::new();
+    for m in &stats {
+        for (w, n) in &m.per_worker {
+            *units.entry(*w).or_default() += n;
+        }
+    }
+    let total_units: usize = units.values().sum();
+    let workers: Vec<Value> = records
+        .iter()
+        .map(|r| {
+            let s = states.iter().find(|s| s.view.id == r.id);
+            let held = units.get(&r.id).copied().unwrap_or(0);
+            json!({
+                "url": r.url.as_str(),
+                "id": r.id.to_string(),
+                "models": r.models,
+                "status": r.status,
+                "healthy": r.healthy(),
+                "circuit": s.map(|s| s.circuit),
+                "in_flight": s.map_or(0, |s| s.view.in_flight),
+                "load": s.and_then(|s| s.view.load.as_ref()).map(load_json),
+                "index_units": held,
+                "index_share": if total_units > 0 { held as f64 / total_units as f64 } else { 0.0 },
+            })
+        })
+        .collect();
+    let m = &state.metrics;
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |t| t.as_millis() as u64);
+    let recent: serde_json::Map<String, Value> = state
+        .decisions
+        .paths_since(now_ms.saturating_sub(RECENT_WINDOW_MS))
+        .into_iter()
+        .map(|(p, n)| (p.to_owned(), json!(n)))
+        .collect();
+    let mut ttfts = state.decisions.recent_ttfts(TTFT_WINDOW);
+    let paths: serde_json::Map<String, Value> = m
+        .decision_counts()
+        .into_iter()
+        .map(|(p, n)| (p.to_owned(), json!(n)))
+        .collect();
+    Ok(HttpResponse::Ok().json(json!({
+        "time_unix_ms": now_ms,
+        "workers": workers,
+        "requests_total": m.requests_total(),
+        "decisions_by_path": paths,
+        "recent_decisions": {"window_secs": RECENT_WINDOW_MS / 1000, "by_path": recent},
+        "cached_tokens": {
+            "predicted": m.predicted_cached.get(),
+            "reported": m.reported_cached.get(),
+        },
+        "ttft_ms": {
+            "window": ttfts.len(),
+            "p50": percentile(&mut ttfts, 50.0),
+            "p99": percentile(&mut ttfts, 99.0),
+        },
+    })))
+}
+
+/// `GET /dashboard`: the fleet page, one self-contained file (no CDN, nothing fetched but
+/// `/admin/state`).
+pub async fn dashboard() -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/html; charset=utf-8")
+        .insert_header(("cache-control", "no-cache"))
+        .body(DASHBOARD)
+}
+
+const DASHBOARD: &str = include_str!("dashboard.html");
+
+#[cfg(test)]
+mod tests {
+    use super::percentile;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let mut v = vec![5.0, 1.0, 4.0, 2.0, 3.0];
+        assert_eq!(percentile(&mut v, 50.0), Some(3.0));
+        assert_eq!(percentile(&mut v, 99.0), Some(5.0));
+        assert_eq!(percentile(&mut v, 0.0), Some(1.0));
+        assert_eq!(percentile(&mut [], 50.0), None);
+    }
+}

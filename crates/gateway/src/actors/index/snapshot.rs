@@ -133,7 +133,11 @@ impl IndexActor {
                     Ok(()) if is_commit => {
                         // A large index that stays dirty is then written at most
                         // 1 / (1 + backoff) of the time instead of again every interval.
-                        let wait = job.started.elapsed().mul_f64(self.cfg.snapshot_backoff);
+                        let took = job.started.elapsed();
+                        if let Some(h) = &self.snapshot_seconds {
+                            h.observe(took.as_secs_f64());
+                        }
+                        let wait = took.mul_f64(self.cfg.snapshot_backoff);
                         self.next_timed_snapshot = Some(Instant::now() + wait);
                         return true;
                     }
