@@ -681,8 +681,21 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 fn main() {
-    // One line on stderr and a non-zero exit, whatever failed.
-    if let Err(e) = run(Cli::parse()) {
+    // One line on stderr and a non-zero exit, whatever failed (a bad flag included).
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => e.exit(),
+        Err(e) => {
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or("bad arguments");
+            eprintln!(
+                "kvgatectl: {} (kvgatectl --help lists the commands and flags)",
+                first.trim_start_matches("error: ")
+            );
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = run(cli) {
         eprintln!("kvgatectl: {e:#}");
         std::process::exit(1);
     }

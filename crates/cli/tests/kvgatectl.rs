@@ -234,6 +234,30 @@ fn explains_lists_decisions_loads_and_the_index() {
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["route"], "/v1/completions");
     assert_eq!(v["dispatched"], false);
+    // A whole body from a file, for /generate with token ids.
+    let body = dir.path().join("request.json");
+    std::fs::write(
+        &body,
+        r#"{"input_ids": [1, 2, 3, 4], "sampling_params": {"max_new_tokens": 1}}"#,
+    )
+    .unwrap();
+    let (ok, out, err) = ctl(
+        &gw,
+        &[
+            "--json",
+            "explain",
+            "--route",
+            "generate",
+            "--file",
+            body.to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        v["prompt"],
+        serde_json::json!({"kind": "tokens", "tokens": 4})
+    );
 
     // One request through the gateway, then the log and the index show it.
     let system = "You are the kvgatectl test's assistant. ".repeat(20);
@@ -296,14 +320,13 @@ fn bad_input_is_one_line_on_stderr_and_a_failure() {
             "decisions".into(),
         ],
         vec!["no-such-command".to_owned()],
+        vec!["workers".to_owned(), "--no-such-flag".to_owned()],
     ] {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let (ok, out, err) = run(&args);
         assert!(!ok && out.is_empty(), "{args:?}: {out}");
         assert!(!err.contains("panicked"), "{args:?}: {err}");
-        if args[0] == "--gateway" {
-            assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
-        }
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
     }
     // KVGATE_URL names the gateway when no flag does.
     let out = Command::new(env!("CARGO_BIN_EXE_kvgatectl"))
