@@ -7,8 +7,17 @@
 //! a cached prefix always stays reachable from the root. Matching and inserting cost one
 //! child lookup per node on the path plus a comparison of the tokens, so a long prompt is
 //! cheap even at page size 1.
+//!
+//! With events on ([`PrefixCache::recording`]) every node also keeps one engine hash per
+//! page, and stores, evictions and clears are recorded as KV events ([`PrefixCache::take_events`]).
 
 use std::collections::{BTreeSet, HashMap};
+
+use kvgate_kv_events::KvEvent;
+
+use self::events::Recorder;
+
+mod events;
 
 /// A node of the tree; [`ROOT`] is the empty prefix.
 pub(crate) type NodeId = usize;
@@ -19,6 +28,8 @@ struct Node {
     parent: NodeId,
     /// Whole pages this node adds to its parent's prefix.
     tokens: Vec<u32>,
+    /// The engine hash of each of those pages; empty unless events are recorded.
+    hashes: Vec<u64>,
     /// Children by their first page.
     children: HashMap<Box<[u32]>, NodeId>,
     last_used: u64,
@@ -38,6 +49,7 @@ pub(crate) struct PrefixCache {
     tick: u64,
     tokens: usize,
     locked_tokens: usize,
+    events: Option<Recorder>,
 }
 
 /// Where a walk down the tree stopped.
@@ -61,7 +73,20 @@ impl PrefixCache {
             tick: 0,
             tokens: 0,
             locked_tokens: 0,
+            events: None,
         }
+    }
+
+    /// A cache that records its changes as KV events, in blocks of one page.
+    pub(crate) fn recording(page_size: usize) -> Self {
+        let mut cache = Self::new(page_size);
+        cache.events = Some(Recorder::new(cache.page_size));
+        cache
+    }
+
+    /// The events recorded since the last call, oldest first; empty when not recording.
+    pub(crate) fn take_events(&mut self) -> Vec<KvEvent> {
+        self.events.as_mut().map(Recorder::take).unwrap_or_default()
     }
 
     /// Cached tokens at the start of `tokens` (whole pages), touching nothing.
@@ -94,9 +119,15 @@ impl PrefixCache {
         if walk.matched < whole {
             let rest = &tokens[walk.matched..];
             let key: Box<[u32]> = rest[..self.page_size].into();
+            let parent_hash = self.node(node).hashes.last().copied();
+            let hashes = match self.events.as_mut() {
+                Some(rec) => rec.stored(parent_hash, rest),
+                None => Vec::new(),
+            };
             let leaf = self.alloc(Node {
                 parent: node,
                 tokens: rest.to_vec(),
+                hashes,
                 ..Node::default()
             });
             self.node_mut(node).children.insert(key, leaf);
@@ -150,6 +181,9 @@ impl PrefixCache {
                 continue;
             };
             self.free.push(id);
+            if let Some(rec) = self.events.as_mut() {
+                rec.removed(&node.hashes);
+            }
             freed += node.tokens.len();
             self.tokens -= node.tokens.len();
             let (parent, ps) = (node.parent, self.page_size);
@@ -161,7 +195,12 @@ impl PrefixCache {
 
     /// Empties the cache. Only while nothing holds a lock: ids handed out become invalid.
     pub(crate) fn clear(&mut self) {
+        let mut events = self.events.take();
         *self = Self::new(self.page_size);
+        if let Some(rec) = events.as_mut() {
+            rec.cleared();
+        }
+        self.events = events;
     }
 
     /// Tokens resident.
@@ -205,6 +244,9 @@ impl PrefixCache {
         let c = self.node_mut(child);
         let lower = c.tokens.split_off(k);
         let upper_tokens = std::mem::replace(&mut c.tokens, lower);
+        // No hashes when not recording; otherwise one per page, split with the pages.
+        let lower_hashes = c.hashes.split_off((k / ps).min(c.hashes.len()));
+        let upper_hashes = std::mem::replace(&mut c.hashes, lower_hashes);
         let (parent, last_used, lock) = (c.parent, c.last_used, c.lock);
         let mut children = HashMap::new();
         children.insert(self.node(child).tokens[..ps].into(), child);
@@ -212,6 +254,7 @@ impl PrefixCache {
         let upper = self.alloc(Node {
             parent,
             tokens: upper_tokens,
+            hashes: upper_hashes,
             children,
             last_used,
             lock,

@@ -97,6 +97,17 @@ pub struct SimConfig {
     /// When set, every route but `/health` and the simulator's own wants
     /// `Authorization: Bearer <key>` and answers 401 without it, as SGLang's `--api-key`.
     pub api_key: Option<String>,
+    /// Publish prefix-cache changes as SGLang KV events (`--kv-events-config`): the ZMQ PUB
+    /// port of rank 0, rank r on this + r. `Some(0)` picks free consecutive ports (read them
+    /// from `/server_info` `kv_events`). Default `None`: no events, `kv_events: null`.
+    pub kv_events_port: Option<u16>,
+    /// The topic frame of every published message. Default `""`, as SGLang's.
+    pub kv_events_topic: String,
+    /// The replay ROUTER port of rank 0 (rank r on this + r; 0 picks free ports); needs
+    /// `kv_events_port`. Default `None`: no replay.
+    pub kv_events_replay_port: Option<u16>,
+    /// Batches each rank keeps for replay. Default 10 000 (SGLang's `buffer_steps`).
+    pub kv_events_replay_buffer: usize,
 }
 
 impl Default for SimConfig {
@@ -124,6 +135,10 @@ impl Default for SimConfig {
             fixed_response: false,
             seed: 0,
             api_key: None,
+            kv_events_port: None,
+            kv_events_topic: String::new(),
+            kv_events_replay_port: None,
+            kv_events_replay_buffer: 10_000,
         }
     }
 }
@@ -156,6 +171,38 @@ impl SimConfig {
         }
         if !(self.initial_gen_throughput.is_finite() && self.initial_gen_throughput >= 0.0) {
             return fail("initial_gen_throughput", "must be a non-negative number");
+        }
+        self.validate_kv_events()
+    }
+
+    fn validate_kv_events(&self) -> Result<(), ConfigError> {
+        let fail = |field, reason| Err(ConfigError { field, reason });
+        let Some(port) = self.kv_events_port else {
+            if self.kv_events_replay_port.is_some() {
+                return fail("kv_events_replay_port", "needs kv_events_port");
+            }
+            return Ok(());
+        };
+        if self.kv_events_replay_buffer == 0 {
+            return fail("kv_events_replay_buffer", "must be at least 1");
+        }
+        // Rank r takes base + r; free ports (0) are checked when binding.
+        let n = self.dp_size;
+        let fits = |base: u16| usize::from(base) + n - 1 <= usize::from(u16::MAX);
+        if port != 0 && !fits(port) {
+            return fail("kv_events_port", "runs past port 65535 for the last rank");
+        }
+        if let Some(replay) = self.kv_events_replay_port.filter(|p| *p != 0) {
+            if !fits(replay) {
+                return fail(
+                    "kv_events_replay_port",
+                    "runs past port 65535 for the last rank",
+                );
+            }
+            let (a, b) = (usize::from(port), usize::from(replay));
+            if port != 0 && a < b + n && b < a + n {
+                return fail("kv_events_replay_port", "overlaps the kv_events_port ranks");
+            }
         }
         Ok(())
     }

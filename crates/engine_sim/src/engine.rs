@@ -2,12 +2,13 @@
 //! routes and the [`EngineHandle`](crate::EngineHandle) share.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::ApiError;
+use crate::events::{self, Ports};
 use crate::scheduler::{Event, Job, Rank, Snapshot};
 use crate::{Fault, LoadBalanceMethod, SimConfig};
 
@@ -62,6 +63,8 @@ pub(crate) struct Engine {
     next_rank: AtomicUsize,
     /// Inference requests received, whatever became of them.
     pub(crate) received: AtomicU64,
+    /// The KV-event ports bound, once publishing runs.
+    kv_events: OnceLock<Ports>,
 }
 
 impl Engine {
@@ -81,7 +84,26 @@ impl Engine {
             next_rid: AtomicU64::new(0),
             next_rank: AtomicUsize::new(0),
             received: AtomicU64::new(0),
+            kv_events: OnceLock::new(),
         }
+    }
+
+    /// Binds the KV-event sockets (when configured) on `host` and starts publishing on the
+    /// current actix runtime; before the schedulers start, so no change goes unpublished.
+    pub(crate) async fn start_events(&self, host: &str) -> std::io::Result<()> {
+        let Some((ports, outboxes)) = events::start(host, &self.cfg).await? else {
+            return Ok(());
+        };
+        for (rank, outbox) in self.ranks.iter().zip(outboxes) {
+            rank.set_publisher(outbox);
+        }
+        let _ = self.kv_events.set(ports);
+        Ok(())
+    }
+
+    /// The KV-event ports bound; `None` when publishing is off.
+    pub(crate) fn kv_events(&self) -> Option<Ports> {
+        self.kv_events.get().copied()
     }
 
     /// Spawns one step loop per rank on the current actix runtime.

@@ -32,9 +32,14 @@ impl SimFleet {
     }
 
     /// Starts `n` engines on `host`; `base_port` 0 lets the OS pick each port, `P > 0`
-    /// takes ports `P, P+1, ...`.
+    /// takes ports `P, P+1, ...`. Fixed KV-event ports move by `dp_size` per engine (engine
+    /// `i` publishes from `kv_events_port + i × dp_size`, replay likewise); ranges that
+    /// clash fail to bind.
     pub fn start_on(host: &str, base_port: u16, n: usize, cfg: SimConfig) -> io::Result<SimFleet> {
-        Self::start_each(host, base_port, vec![cfg; n])
+        let cfgs = (0..n)
+            .map(|i| nth_engine(&cfg, i))
+            .collect::<io::Result<Vec<_>>>()?;
+        Self::start_each(host, base_port, cfgs)
     }
 
     /// Starts one engine per config, in order (heterogeneous fleets, e.g. one slow engine).
@@ -104,9 +109,16 @@ impl SimFleet {
             .rsplit_once(':')
             .map_or("127.0.0.1", |(h, _)| h)
             .to_owned();
+        // Free ports picked at the first start are kept, as a restarted engine's flags would.
+        let ports = old.engine.kv_events();
+        let old_cfg = &old.engine.cfg;
         let cfg = SimConfig {
             initial_gen_throughput: 0.0,
-            ..(*old.engine.cfg).clone()
+            kv_events_port: ports.map(|p| p.events).or(old_cfg.kv_events_port),
+            kv_events_replay_port: ports
+                .and_then(|p| p.replay)
+                .or(old_cfg.kv_events_replay_port),
+            ..(**old_cfg).clone()
         };
         let (handle, srv) = spawn_engine(i, &host, port, cfg)?;
         self.engines[i] = handle;
@@ -202,6 +214,29 @@ impl EngineHandle {
     }
 }
 
+/// Engine `i`'s config in a fleet of equal engines: fixed event ports shifted past the
+/// ranks of the engines before it.
+fn nth_engine(cfg: &SimConfig, i: usize) -> io::Result<SimConfig> {
+    let shift = |port: Option<u16>| -> io::Result<Option<u16>> {
+        match port {
+            None | Some(0) => Ok(port),
+            Some(p) => i
+                .checked_mul(cfg.dp_size)
+                .and_then(|d| u16::try_from(d).ok())
+                .and_then(|d| p.checked_add(d))
+                .map(Some)
+                .ok_or_else(|| {
+                    io::Error::new(io::ErrorKind::InvalidInput, "kv event ports run past 65535")
+                }),
+        }
+    };
+    Ok(SimConfig {
+        kv_events_port: shift(cfg.kv_events_port)?,
+        kv_events_replay_port: shift(cfg.kv_events_replay_port)?,
+        ..cfg.clone()
+    })
+}
+
 type Started = (EngineHandle, (ServerHandle, Option<JoinHandle<()>>));
 
 fn spawn_engine(index: usize, host: &str, port: u16, cfg: SimConfig) -> io::Result<Started> {
@@ -212,6 +247,10 @@ fn spawn_engine(index: usize, host: &str, port: u16, cfg: SimConfig) -> io::Resu
         .name(format!("kvgate-sim-{index}"))
         .spawn(move || {
             actix_rt::System::new().block_on(async move {
+                if let Err(e) = shared.start_events(&host).await {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
                 match routes::bind(Arc::clone(&shared), &host, port) {
                     Ok((server, addr)) => {
                         shared.start_schedulers();

@@ -18,6 +18,11 @@
 //! ([`Fault`]) and counters ([`EngineStats`]) are reachable from Rust through
 //! [`EngineHandle`] and over HTTP (`GET /sim/stats`, `POST /sim/fault`, `POST /sim/restart`).
 //!
+//! With `kv_events_port` set, each rank publishes its prefix cache's changes as SGLang
+//! 0.5.23 KV events over ZMQ (PUB on the port plus the rank; blocks of one page, chained
+//! engine hashes; `AllBlocksCleared` on a flush or a restart), optionally with a replay
+//! ROUTER (`kv_events_replay_port`), and advertises them in `/server_info` `kv_events`.
+//!
 //! It owns nothing of the gateway and never imports it; it needs no GPU and no network
 //! beyond the ports it binds.
 //!
@@ -53,6 +58,7 @@ mod cache;
 mod config;
 mod engine;
 mod error;
+mod events;
 mod fault;
 mod fleet;
 mod load;

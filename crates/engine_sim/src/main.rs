@@ -81,6 +81,19 @@ struct Args {
     fixed_response: bool,
     #[arg(long)]
     seed: Option<u64>,
+    /// Publish KV events over ZMQ: rank 0's PUB port, rank r on +r (0 picks free ports,
+    /// shown in `/server_info` `kv_events`). Off by default.
+    #[arg(long)]
+    kv_events_port: Option<u16>,
+    /// The topic of published KV events (default empty, as SGLang).
+    #[arg(long)]
+    kv_events_topic: Option<String>,
+    /// Rank 0's replay ROUTER port, rank r on +r (0 picks free ports); needs `--kv-events-port`.
+    #[arg(long)]
+    kv_events_replay_port: Option<u16>,
+    /// Batches each rank keeps for replay (default 10000).
+    #[arg(long)]
+    kv_events_replay_buffer: Option<usize>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -166,6 +179,19 @@ fn config(args: &Args) -> anyhow::Result<SimConfig> {
     );
     set("tokenizer", args.tokenizer.clone().map(Value::from));
     set("seed", args.seed.map(Value::from));
+    set("kv_events_port", args.kv_events_port.map(Value::from));
+    set(
+        "kv_events_topic",
+        args.kv_events_topic.clone().map(Value::from),
+    );
+    set(
+        "kv_events_replay_port",
+        args.kv_events_replay_port.map(Value::from),
+    );
+    set(
+        "kv_events_replay_buffer",
+        args.kv_events_replay_buffer.map(Value::from),
+    );
     for (key, on) in [
         ("report_prefill_counters", args.report_prefill_counters),
         ("enable_cache_report", args.enable_cache_report),

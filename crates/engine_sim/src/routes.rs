@@ -184,7 +184,7 @@ async fn server_info(e: Data<Engine>) -> HttpResponse {
         "startup_time": e.startup_time(),
         "internal_states": internal_states,
         "version": SGLANG_VERSION,
-        "kv_events": null,
+        "kv_events": e.kv_events().map(|p| p.descriptor(c)),
     }))
 }
 

@@ -10,6 +10,11 @@
 //! (but the last token, whose KV was never computed) are cached and the lock released. State
 //! sits behind a mutex that is never held across an await; HTTP handlers on other threads
 //! submit and cancel, the loop on the engine's own thread steps.
+//!
+//! With KV events on, the cache's changes go out as one batch per phase that changed it (an
+//! admission's evictions, a prefill's stores, a decode step's finished requests) and per
+//! abort, flush or restart, handed to the rank's publisher through an unbounded channel so
+//! the step never waits on a socket.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -22,6 +27,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use crate::SimConfig;
 use crate::cache::{NodeId, PrefixCache};
+use crate::events::Outbox;
 use crate::throughput::GenThroughput;
 
 /// What the scheduler tells a request's handler, in order.
@@ -102,6 +108,8 @@ struct State {
     gen_throughput: GenThroughput,
     total_prefill_uncached_tokens: u64,
     total_prefill_busy_us: u64,
+    /// Where the cache's events go, once the publisher runs.
+    events: Option<Outbox>,
 }
 
 #[derive(Debug)]
@@ -165,12 +173,17 @@ impl Rank {
             next_id: 0,
             waiting: VecDeque::new(),
             running: Vec::new(),
-            cache: PrefixCache::new(cfg.page_size),
+            cache: if cfg.kv_events_port.is_some() {
+                PrefixCache::recording(cfg.page_size)
+            } else {
+                PrefixCache::new(cfg.page_size)
+            },
             rng: SmallRng::seed_from_u64(cfg.seed.wrapping_add(index as u64)),
             counters: Counters::default(),
             gen_throughput: GenThroughput::new(cfg.initial_gen_throughput, Instant::now()),
             total_prefill_uncached_tokens: 0,
             total_prefill_busy_us: 0,
+            events: None,
         };
         Self {
             cfg,
@@ -213,6 +226,11 @@ impl Rank {
         }
     }
 
+    /// Sends this rank's cache events to `outbox` from now on.
+    pub(crate) fn set_publisher(&self, outbox: Outbox) {
+        self.state().events = Some(outbox);
+    }
+
     /// A canned reply (`fixed_response`) skips the scheduler but still counts.
     pub(crate) fn count_canned(&self) {
         let mut s = self.state();
@@ -234,6 +252,7 @@ impl Rank {
         };
         let _ = req.tx.send(Event::Done(Finish::Abort));
         s.end(&req, false);
+        s.publish();
         drop(s);
         // Its pool space may let a waiting request in.
         self.wake.notify_one();
@@ -245,6 +264,7 @@ impl Rank {
         let mut s = self.state();
         if let Some(req) = s.take(|r| r.id == id) {
             s.end(&req, false);
+            s.publish();
             drop(s);
             self.wake.notify_one();
         }
@@ -257,6 +277,7 @@ impl Rank {
             return false;
         }
         s.cache.clear();
+        s.publish();
         true
     }
 
@@ -273,6 +294,7 @@ impl Rank {
             }
         }
         s.cache.clear();
+        s.publish();
         s.gen_throughput = GenThroughput::new(0.0, Instant::now());
     }
 
@@ -388,6 +410,7 @@ impl State {
         let time = Duration::from_secs_f64(uncached as f64 / cfg.prefill_tokens_per_sec);
         self.total_prefill_uncached_tokens += uncached as u64;
         self.total_prefill_busy_us += u64::try_from(time.as_micros()).unwrap_or(u64::MAX);
+        self.publish();
         time
     }
 
@@ -418,6 +441,7 @@ impl State {
                 i += 1;
             }
         }
+        self.publish();
     }
 
     /// One decode step: one token for every running request.
@@ -431,6 +455,16 @@ impl State {
         }
         self.gen_throughput
             .decode_batch(decoded, Instant::now(), cfg.decode_log_interval);
+        self.publish();
+    }
+
+    /// Hands the cache's changes since the last call to the publisher, as one batch.
+    fn publish(&mut self) {
+        let events = self.cache.take_events();
+        if let (false, Some(outbox)) = (events.is_empty(), &self.events) {
+            // Closed only once the engine's runtime stops; nothing is listening then.
+            let _ = outbox.send(events);
+        }
     }
 
     /// Gives running request `i` its next token, or ends it; false once it has ended (and

@@ -4,6 +4,7 @@
 //! snapshots). They know no HTTP types; the load poller, the fourth actor, is its own
 //! crate (`kvgate-poller`).
 
+pub mod events;
 pub mod index;
 pub mod registry;
 pub mod selector;

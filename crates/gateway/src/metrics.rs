@@ -144,6 +144,8 @@ pub struct Metrics {
     pub snapshot_failures: Gauge,
     pub snapshot_pending: Gauge,
     pub snapshot_seconds: Histogram,
+    pub events_state: Family<WorkerLabels, Gauge>,
+    pub event_blocks: Family<WorkerLabels, Gauge>,
     health_transitions: Family<TransitionLabels, Counter>,
 }
 
@@ -293,6 +295,18 @@ impl Metrics {
             "An index snapshot, from its start until its commit is handed to the store's writer",
             snapshot_seconds.clone(),
         );
+        let events_state = Family::<WorkerLabels, Gauge>::default();
+        r.register(
+            "worker_kv_events_state",
+            "The worker's KV events: 0 off, 1 connecting, 2 live, 3 stalled (routing falls back to the approximate index unless live)",
+            events_state.clone(),
+        );
+        let event_blocks = Family::<WorkerLabels, Gauge>::default();
+        r.register(
+            "worker_kv_event_blocks",
+            "Blocks the chain index holds for the worker, from its KV events",
+            event_blocks.clone(),
+        );
         let health_transitions = Family::<TransitionLabels, Counter>::default();
         r.register(
             "worker_health_transitions",
@@ -346,6 +360,8 @@ impl Metrics {
             snapshot_failures,
             snapshot_pending,
             snapshot_seconds,
+            events_state,
+            event_blocks,
             health_transitions,
         }
     }
@@ -367,6 +383,8 @@ impl Metrics {
             f.clear();
         }
         self.index_units.clear();
+        self.events_state.clear();
+        self.event_blocks.clear();
         for w in &fleet.workers {
             let l = WorkerLabels {
                 worker: w.url.clone(),
@@ -376,6 +394,10 @@ impl Metrics {
                 .get_or_create(&l)
                 .set(w.in_flight as i64);
             self.circuit_open.get_or_create(&l).set(w.circuit);
+            self.events_state.get_or_create(&l).set(w.events_state);
+            self.event_blocks
+                .get_or_create(&l)
+                .set(w.event_blocks as i64);
             for (rank, r) in w.ranks.iter().enumerate() {
                 let l = RankLabels {
                     worker: w.url.clone(),
@@ -536,6 +558,9 @@ pub struct FleetWorker {
     pub in_flight: u64,
     /// 0 closed, 1 half open, 2 open.
     pub circuit: i64,
+    /// 0 off, 1 connecting, 2 live, 3 stalled.
+    pub events_state: i64,
+    pub event_blocks: usize,
     pub ranks: Vec<kvgate_policies::RankLoad>,
 }
 

@@ -18,6 +18,7 @@ use kvgate_policies::CacheIndex;
 use kvgate_poller::{LoadPoller, WorkerUrl};
 use kvgate_store::{Image, Persister, RegistryImage};
 
+use crate::actors::events::EventsActor;
 use crate::actors::index::{FleetSettled, IndexActor, IndexConfig};
 use crate::actors::registry::{
     AddWorker, PollerLink, RegistryActor, RegistryConfig, RegistryError, WorkerSource,
@@ -69,6 +70,7 @@ pub struct Actors {
     pub(crate) admission: Arc<Admission>,
     /// Where `--prometheus-port` listens, when given.
     pub metrics_addr: Option<SocketAddr>,
+    pub events: Addr<EventsActor>,
 }
 
 /// Idle upstream connections are dropped before the engines' own keep-alive (uvicorn's
@@ -204,7 +206,7 @@ fn control_actors(
     persister: Option<Persister>,
     image: RegistryImage,
     metrics: &Arc<Metrics>,
-) -> (Addr<RegistryActor>, Addr<LoadPoller>) {
+) -> (Addr<RegistryActor>, Addr<LoadPoller>, Addr<EventsActor>) {
     let metrics = metrics.clone();
     let (index, selector) = routing;
     let sink = selector.clone().recipient();
@@ -223,7 +225,13 @@ fn control_actors(
         health_endpoint: cfg.health_check_endpoint.clone(),
         worker_key: cfg.worker_api_key.clone(),
     };
-    let subscribers = vec![selector.clone().recipient(), index.clone().recipient()];
+    // Its subscriber tasks run on this arbiter's runtime, beside the poller's.
+    let events = EventsActor::start_in_arbiter(&control.handle(), |_| EventsActor::new(None));
+    let subscribers = vec![
+        selector.clone().recipient(),
+        index.clone().recipient(),
+        events.clone().recipient(),
+    ];
     let link = PollerLink {
         targets: poller.clone().recipient(),
         now: poller.clone().recipient(),
@@ -231,7 +239,7 @@ fn control_actors(
     let registry = RegistryActor::start_in_arbiter(&control.handle(), move |_| {
         RegistryActor::new(reg_cfg, subscribers, Some(link), persister, image).with_metrics(metrics)
     });
-    (registry, poller)
+    (registry, poller, events)
 }
 
 /// The workers to register at start: the configured ones less those the admin API
@@ -406,7 +414,7 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         routing_actors(cfg, epoch, store.persister.clone(), store.image, &metrics);
     let control = Arbiter::new();
     let workers = startup_workers(cfg, &store.registry);
-    let (registry, poller) = control_actors(
+    let (registry, poller, events) = control_actors(
         cfg,
         epoch,
         &control,
@@ -420,6 +428,7 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         .selector
         .0
         .report_refusals_to(registry.clone().recipient());
+    routing.selector.0.read_events_from(events.clone());
     // Validated at load: an entry that does not parse was refused then.
     let allow = AllowList::parse(&cfg.worker_allow).unwrap_or_default();
     register(&registry, &index, workers, &allow).await;
@@ -455,6 +464,7 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         lifecycle: lifecycle.clone(),
         reads_prompt: cfg.policy.kind.reads_prompt(),
         decisions: DecisionSink::new(DECISION_LOG_SIZE, metrics.clone()),
+        events: events.clone(),
         bytes_per_token: cfg.policy.bytes_per_token,
         metrics,
     });
@@ -469,6 +479,7 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         lifecycle,
         admission,
         metrics_addr: metrics.as_ref().map(|(_, a)| *a),
+        events,
     };
     let threads = Threads {
         arbiters: vec![control],

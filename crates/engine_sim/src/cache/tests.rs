@@ -131,3 +131,50 @@ fn long_prompts_at_page_size_one_stay_cheap() {
         "{per_round:?} per insert + match"
     );
 }
+
+#[test]
+fn recorded_events_name_each_new_page_once_and_survive_splits() {
+    use kvgate_kv_events::{EngineHash, KvEvent};
+
+    let stored = |e: &KvEvent| match e {
+        KvEvent::BlockStored(s) => s.clone(),
+        other => panic!("not a store: {other:?}"),
+    };
+    let mut cache = PrefixCache::recording(2);
+    cache.insert(&seq(0, 7)); // pages [0,1] [2,3] [4,5]; token 6 is not a whole page
+    let first = cache.take_events();
+    assert_eq!(first.len(), 1);
+    let a = stored(&first[0]);
+    assert_eq!((a.block_hashes.len(), a.parent_block_hash), (3, None));
+    assert_eq!((a.token_ids, a.block_size), (seq(0, 6), 2));
+    // A branch after the second page splits the node: its parent is that page's hash.
+    cache.insert(&cat(&seq(0, 4), &[9, 9]));
+    let b = stored(&cache.take_events()[0]);
+    assert_eq!(b.parent_block_hash, Some(a.block_hashes[1]));
+    assert_eq!(b.token_ids, vec![9, 9]);
+    // Inserting what is held stores nothing.
+    cache.insert(&seq(0, 6));
+    assert!(cache.take_events().is_empty());
+    // Evicting both leaves removes exactly their pages; the shared pages stay.
+    cache.evict(4);
+    let removed: Vec<EngineHash> = cache
+        .take_events()
+        .iter()
+        .flat_map(|e| match e {
+            KvEvent::BlockRemoved(r) => r.block_hashes.clone(),
+            other => panic!("not a removal: {other:?}"),
+        })
+        .collect();
+    let mut want = vec![a.block_hashes[2], b.block_hashes[0]];
+    want.sort();
+    let mut got = removed;
+    got.sort();
+    assert_eq!(got, want);
+    cache.clear();
+    assert_eq!(cache.take_events(), vec![KvEvent::AllBlocksCleared]);
+    // Without recording, nothing is kept.
+    let mut plain = PrefixCache::new(2);
+    plain.insert(&seq(0, 7));
+    plain.clear();
+    assert!(plain.take_events().is_empty());
+}

@@ -3,6 +3,7 @@
 // The helpers are test code too, outside `#[test]` fns: a panic there is a failed test.
 #![expect(clippy::unwrap_used, reason = "test code")]
 
+mod events;
 mod faults;
 mod pool;
 mod ranks;

@@ -16,6 +16,7 @@ use rand::rngs::SmallRng;
 use tokio::sync::watch;
 use tracing::{debug, trace};
 
+use super::events::{ChainAnswer, EventsActor, MatchChain};
 use super::index::{IndexActor, MatchPrefix, RecordPrefix};
 use super::registry::{Fleet, WorkerFailed, WorkerStatus};
 use crate::config::Secret;
@@ -73,6 +74,8 @@ pub struct SelectorActor {
     recent_keep: f64,
     /// Where the time each `Select` waited in the mailbox goes (`/metrics`).
     mailbox_wait: Option<prometheus_client::metrics::histogram::Histogram>,
+    /// The chain index fed by engines' KV events: exact holdings for token requests.
+    events: Option<Addr<EventsActor>>,
 }
 
 /// What `dispatch` did.
@@ -138,6 +141,7 @@ impl SelectorActor {
             next_booking: 0,
             recent_keep: 0.5f64.powf(1.0 / RECENT_HALF_LIFE),
             mailbox_wait: None,
+            events: None,
         }
     }
 
@@ -164,6 +168,12 @@ impl SelectorActor {
     }
 
     /// Where refused connections are reported, so the worker is taken out at once.
+    /// Token requests also ask `events` which workers hold their blocks; a worker whose
+    /// events are live is matched by them, the others by the approximate index.
+    pub fn read_events_from(&mut self, events: Addr<EventsActor>) {
+        self.events = Some(events);
+    }
+
     pub fn report_refusals_to(&mut self, registry: Recipient<WorkerFailed>) {
         self.registry = Some(registry);
     }
@@ -492,6 +502,45 @@ impl SelectorActor {
     }
 }
 
+/// The index's matches for `ask`; for a token request, the workers whose KV events are
+/// live are matched by the blocks their engines said they hold instead (both asked at
+/// once).
+fn lookup(
+    index: &Addr<IndexActor>,
+    events: Option<&Addr<EventsActor>>,
+    ask: MatchPrefix,
+) -> impl std::future::Future<Output = Result<(RequestFacts, PrefixMatches), MailboxError>> + 'static
+{
+    let chain = match (&ask.facts.key, events) {
+        (RoutingText::Tokens(t), Some(e)) => Some(e.send(MatchChain { tokens: t.clone() })),
+        _ => None,
+    };
+    let matched = index.send(ask);
+    async move {
+        let (facts, mut m) = matched.await?;
+        if let Some(c) = chain
+            && let Ok(c) = c.await
+        {
+            overlay(&mut m, &c);
+        }
+        Ok((facts, m))
+    }
+}
+
+/// Lays exact chain holdings (blocks × block size, in tokens) over a token tree's matches.
+fn overlay(m: &mut PrefixMatches, c: &ChainAnswer) {
+    if m.source != MatchSource::TokenTree {
+        return;
+    }
+    for &(w, blocks, block_size) in &c.per_worker {
+        m.per_worker.retain(|(x, _)| *x != w);
+        let held = (blocks * block_size as usize).min(m.input_len);
+        if held > 0 {
+            m.per_worker.push((w, held));
+        }
+    }
+}
+
 impl Handler<Select> for SelectorActor {
     // Atomic: no other selection runs between the index lookup and the record, so a
     // burst of one prefix sees its own earlier decisions (the fused match-then-insert).
@@ -533,11 +582,15 @@ impl Handler<Select> for SelectorActor {
         let exclude = msg.exclude;
         let may_hold = msg.may_hold;
         let attempt = msg.attempt;
-        let ask = index.send(MatchPrefix {
-            model: model.clone(),
-            facts: msg.facts,
-            count: msg.first,
-        });
+        let ask = lookup(
+            &index,
+            self.events.as_ref(),
+            MatchPrefix {
+                model: model.clone(),
+                facts: msg.facts,
+                count: msg.first,
+            },
+        );
         AtomicResponse::new(Box::pin(ask.into_actor(self).map(move |answer, act, _| {
             let _enter = span.enter();
             let (facts, matches) = match answer {
@@ -583,11 +636,15 @@ impl Handler<Explain> for SelectorActor {
                 .map(|(_, d)| d);
             return AtomicResponse::new(Box::pin(fut::ready(r)));
         };
-        let ask = index.send(MatchPrefix {
-            model: self.model_key(&msg.facts),
-            facts: msg.facts,
-            count: false,
-        });
+        let ask = lookup(
+            &index,
+            self.events.as_ref(),
+            MatchPrefix {
+                model: self.model_key(&msg.facts),
+                facts: msg.facts,
+                count: false,
+            },
+        );
         AtomicResponse::new(Box::pin(ask.into_actor(self).map(move |answer, act, _| {
             let (facts, matches) = answer.map_err(|_| SelectError::NoHealthy)?;
             act.guarded(|s| s.decide(&facts, Some(&matches), &[], seq))

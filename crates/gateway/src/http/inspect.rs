@@ -8,6 +8,7 @@ use kvgate_policies::{CandidateScore, Decision, RoutingText, WorkerLoad, WorkerV
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::actors::events::{EventState, GetEventStates};
 use crate::actors::index::GetIndexStats;
 use crate::actors::registry::ListWorkers;
 use crate::actors::selector::{CircuitState, Explain, GetViews, GetWorkerStates};
@@ -204,13 +205,22 @@ async fn scrape(state: &AppState) -> Result<HttpResponse, ApiError> {
     let records = state.registry.send(ListWorkers).await?;
     let states = state.selector.send(GetWorkerStates).await?;
     let (stats, persist) = state.index.send(GetIndexStats).await?;
+    let events = state.events.send(GetEventStates).await?;
     let urls: HashMap<_, _> = records.iter().map(|r| (r.id, r.url.to_string())).collect();
     let fleet = Fleet {
         workers: records
             .iter()
             .map(|r| {
                 let s = states.iter().find(|s| s.view.id == r.id);
+                let e = events.get(&r.id);
                 FleetWorker {
+                    events_state: match e.map(|e| e.state) {
+                        None | Some(EventState::Off) => 0,
+                        Some(EventState::Connecting) => 1,
+                        Some(EventState::Live) => 2,
+                        Some(EventState::Stalled) => 3,
+                    },
+                    event_blocks: e.map_or(0, |e| e.blocks),
                     url: r.url.to_string(),
                     healthy: r.healthy(),
                     in_flight: s.map_or(0, |s| s.view.in_flight),

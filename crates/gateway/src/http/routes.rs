@@ -15,6 +15,7 @@ use kvgate_poller::WorkerUrl;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::actors::events::{EventsActor, GetEventStates, WorkerEvents};
 use crate::actors::index::{ClearWorker, GetIndexStats, IndexActor, Ping as IndexPing};
 use crate::actors::registry::{
     AddWorker, DrainWorker, ListWorkers, RegistryActor, RemoveWorker, WorkerRecord, WorkerSource,
@@ -56,6 +57,8 @@ pub struct AppState {
     /// The policy's text-to-token estimate, for the predicted cached tokens.
     pub bytes_per_token: f64,
     pub metrics: Arc<Metrics>,
+    /// The KV-event subscriptions and the chain index.
+    pub events: Addr<EventsActor>,
 }
 
 /// Whether the gateway is on its way out (SIGTERM): readiness says so at once.
@@ -174,7 +177,11 @@ fn not_routed_because(rec: &WorkerRecord, state: Option<&WorkerState>) -> Option
     }
 }
 
-fn worker_json(rec: &WorkerRecord, state: Option<&WorkerState>) -> Value {
+fn worker_json(
+    rec: &WorkerRecord,
+    state: Option<&WorkerState>,
+    events: Option<&WorkerEvents>,
+) -> Value {
     let mut v = serde_json::to_value(rec).unwrap_or_else(|_| json!({}));
     v["id"] = json!(rec.id.to_string());
     v["healthy"] = json!(rec.healthy());
@@ -182,6 +189,12 @@ fn worker_json(rec: &WorkerRecord, state: Option<&WorkerState>) -> Value {
     v["circuit"] = json!(state.map_or(CircuitState::Closed, |s| s.circuit));
     v["recent_failures"] = json!(state.map_or(0, |s| s.recent_failures));
     v["reason"] = json!(not_routed_because(rec, state));
+    // Whether the engine's own KV events feed the chain index, and how far.
+    v["events"] = match (events, &rec.kv_events) {
+        (Some(e), _) => json!(e),
+        (None, Some(_)) => json!({"state": "connecting"}),
+        (None, None) => json!({"state": "off", "reason": "no kv_events in /server_info"}),
+    };
     // What the poller last saw, summed over ranks; null without a fresh report.
     v["load"] = state
         .and_then(|s| s.view.load.as_ref())
@@ -192,9 +205,16 @@ fn worker_json(rec: &WorkerRecord, state: Option<&WorkerState>) -> Value {
 async fn worker_list(state: &AppState) -> Result<Vec<Value>, ApiError> {
     let fleet = state.registry.send(ListWorkers).await?;
     let views = state.selector.send(GetWorkerStates).await?;
+    let events = state.events.send(GetEventStates).await?;
     Ok(fleet
         .iter()
-        .map(|rec| worker_json(rec, views.iter().find(|v| v.view.id == rec.id)))
+        .map(|rec| {
+            worker_json(
+                rec,
+                views.iter().find(|v| v.view.id == rec.id),
+                events.get(&rec.id),
+            )
+        })
         .collect())
 }
 
@@ -329,7 +349,7 @@ pub async fn post_worker(
     let rec = add(&state, b.url, b.api_key).await?;
     Ok(HttpResponse::build(StatusCode::CREATED)
         .insert_header(("location", format!("/workers/{}", rec.id)))
-        .json(worker_json(&rec, None)))
+        .json(worker_json(&rec, None, None)))
 }
 
 pub async fn delete_worker(
@@ -339,7 +359,8 @@ pub async fn delete_worker(
     state.keys.admin(&req)?;
     let key = percent_decode(req.match_info().get("key").unwrap_or(""));
     let rec = drain_and_remove(&state, key).await?;
-    Ok(HttpResponse::Ok().json(json!({"status": "removed", "worker": worker_json(&rec, None)})))
+    Ok(HttpResponse::Ok()
+        .json(json!({"status": "removed", "worker": worker_json(&rec, None, None)})))
 }
 
 #[derive(Deserialize)]
@@ -363,7 +384,7 @@ pub async fn legacy_add(
     Ok(HttpResponse::Ok().json(json!({
         "status": "success",
         "message": format!("Successfully added worker: {}", rec.url),
-        "worker": worker_json(&rec, None),
+        "worker": worker_json(&rec, None, None),
     })))
 }
 

@@ -1,0 +1,225 @@
+//! KV events on the wire, as SGLang 0.5.23's ZMQ publisher sends them: per data-parallel
+//! rank a PUB socket on `port_base + rank` sending `[topic, seq, payload]` (seq from 0, one
+//! per batch), and with replay a ROUTER on `replay_port_base + rank` that answers
+//! `[identity, b"", start_seq]` with every buffered batch from `start_seq`, then the end
+//! marker. Both run as tasks on the engine's runtime; the scheduler hands them batches
+//! through an unbounded channel, so publishing never blocks a step.
+
+use std::collections::VecDeque;
+use std::io;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use bytes::Bytes;
+use kvgate_kv_events::{
+    EventBatch, KvEvent, decode_replay_request, encode_message, encode_replay_batch,
+    encode_replay_end,
+};
+use serde_json::{Value, json};
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
+use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
+
+use crate::SimConfig;
+use crate::engine::unix_now;
+
+/// Where a rank's scheduler sends the events of one batch.
+pub(crate) type Outbox = UnboundedSender<Vec<KvEvent>>;
+
+/// The port bases actually bound: what `/server_info` advertises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Ports {
+    pub(crate) events: u16,
+    pub(crate) replay: Option<u16>,
+}
+
+impl Ports {
+    /// The `kv_events` block of `/server_info`, in SGLang's shape.
+    pub(crate) fn descriptor(&self, cfg: &SimConfig) -> Value {
+        let mut d = json!({
+            "publisher": "zmq",
+            "endpoint_host": "*",
+            "endpoint_port_base": self.events,
+            "topic": cfg.kv_events_topic,
+            // Events carry one page per block, as SGLang's radix cache publishes them.
+            "block_size": cfg.page_size,
+            "dp_size": cfg.dp_size,
+        });
+        if let (Some(port), Some(map)) = (self.replay, d.as_object_mut()) {
+            map.insert("replay_endpoint_port_base".to_owned(), port.into());
+        }
+        d
+    }
+}
+
+/// Batches kept for replay, oldest first.
+type Buffer = Arc<Mutex<VecDeque<(u64, Bytes)>>>;
+
+/// Binds every rank's sockets on `host` and spawns their tasks on the current (actix)
+/// runtime; returns the ports bound and one outbox per rank. `None` when events are off.
+pub(crate) async fn start(host: &str, cfg: &SimConfig) -> io::Result<Option<(Ports, Vec<Outbox>)>> {
+    let Some(base) = cfg.kv_events_port else {
+        return Ok(None);
+    };
+    let n = cfg.dp_size;
+    let (events, publishers) = bind_ranks::<PubSocket>(host, base, n).await?;
+    let (replay, routers) = match cfg.kv_events_replay_port {
+        Some(base) => {
+            let (port, sockets) = bind_ranks::<RouterSocket>(host, base, n).await?;
+            (Some(port), sockets.into_iter().map(Some).collect())
+        }
+        None => (None, (0..n).map(|_| None).collect::<Vec<_>>()),
+    };
+    let topic = Bytes::from(cfg.kv_events_topic.clone().into_bytes());
+    let mut outboxes = Vec::with_capacity(n);
+    for (rank, (socket, router)) in publishers.into_iter().zip(routers).enumerate() {
+        let (tx, rx) = unbounded_channel();
+        outboxes.push(tx);
+        let buffer: Buffer = Arc::default();
+        let keep = router.is_some().then_some(cfg.kv_events_replay_buffer);
+        let rank = u32::try_from(rank).unwrap_or(u32::MAX);
+        actix_rt::spawn(publish(
+            rank,
+            topic.clone(),
+            socket,
+            rx,
+            buffer.clone(),
+            keep,
+        ));
+        if let Some(router) = router {
+            actix_rt::spawn(replay_loop(topic.clone(), router, buffer));
+        }
+    }
+    Ok(Some((Ports { events, replay }, outboxes)))
+}
+
+/// Publishes each batch the scheduler hands over, numbering them from 0.
+async fn publish(
+    rank: u32,
+    topic: Bytes,
+    mut socket: PubSocket,
+    mut rx: UnboundedReceiver<Vec<KvEvent>>,
+    buffer: Buffer,
+    keep: Option<usize>,
+) {
+    let mut seq = 0u64;
+    while let Some(events) = rx.recv().await {
+        let batch = EventBatch {
+            ts: unix_now(),
+            events,
+            attn_dp_rank: Some(rank),
+            unknown_events: 0,
+        };
+        let [_, seq_frame, payload] = encode_message(&topic, seq, &batch);
+        let payload = Bytes::from(payload);
+        if let Some(keep) = keep {
+            let mut b = buffer.lock().unwrap_or_else(PoisonError::into_inner);
+            if b.len() == keep {
+                b.pop_front();
+            }
+            b.push_back((seq, payload.clone()));
+        }
+        let mut msg = ZmqMessage::from(topic.clone());
+        msg.push_back(seq_frame.into());
+        msg.push_back(payload);
+        // PUB drops for slow or absent subscribers; an error here is the socket closing.
+        if let Err(e) = socket.send(msg).await {
+            tracing::warn!(rank, seq, error = %e, "kv event publish failed");
+        }
+        seq += 1;
+    }
+}
+
+/// Answers replay requests, one at a time, from the buffer.
+async fn replay_loop(topic: Bytes, mut socket: RouterSocket, buffer: Buffer) {
+    loop {
+        let request = match socket.recv().await {
+            Ok(m) => m.into_vec(),
+            Err(e) => {
+                // The router reports an error only once it can never receive again.
+                tracing::warn!(error = %e, "kv event replay socket closed");
+                return;
+            }
+        };
+        let Some((identity, rest)) = request.split_first() else {
+            continue;
+        };
+        let start = match decode_replay_request(rest) {
+            Ok(start) => start,
+            Err(e) => {
+                tracing::debug!(error = %e, "malformed kv event replay request ignored");
+                continue;
+            }
+        };
+        let batches: Vec<(u64, Bytes)> = buffer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter(|(seq, _)| *seq >= start)
+            .cloned()
+            .collect();
+        let answers = batches
+            .iter()
+            .map(|(seq, payload)| encode_replay_batch(&topic, *seq, payload))
+            .chain(std::iter::once(encode_replay_end()));
+        for frames in answers {
+            let mut msg = ZmqMessage::from(identity.clone());
+            for f in frames {
+                msg.push_back(f.into());
+            }
+            if let Err(e) = socket.send(msg).await {
+                // The client left; the next request starts afresh.
+                tracing::debug!(error = %e, "kv event replay answer dropped");
+                break;
+            }
+        }
+    }
+}
+
+/// Binds `n` sockets on consecutive ports from `base`; from 0, on the first free run found.
+async fn bind_ranks<S: Socket>(host: &str, base: u16, n: usize) -> io::Result<(u16, Vec<S>)> {
+    // A free port for rank 0 does not promise free ones after it: try a few runs.
+    let tries = if base == 0 { 20 } else { 1 };
+    let mut last = io::Error::other("no port range tried");
+    for _ in 0..tries {
+        match bind_run(host, base, n).await {
+            Ok(bound) => return Ok(bound),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+async fn bind_run<S: Socket>(host: &str, base: u16, n: usize) -> io::Result<(u16, Vec<S>)> {
+    let mut sockets = Vec::with_capacity(n);
+    let mut first = base;
+    for r in 0..n {
+        let port = match r {
+            0 => base,
+            r => u16::try_from(r)
+                .ok()
+                .and_then(|r| first.checked_add(r))
+                .ok_or_else(|| io::Error::other("kv event ports run past 65535"))?,
+        };
+        let mut socket = S::new();
+        let endpoint = socket
+            .bind(&tcp(host, port))
+            .await
+            .map_err(|e| io::Error::other(format!("binding kv events on {host}:{port}: {e}")))?;
+        if r == 0 {
+            first = match endpoint {
+                zeromq::Endpoint::Tcp(_, p) => p,
+                other => return Err(io::Error::other(format!("bound {other}, not TCP"))),
+            };
+        }
+        sockets.push(socket);
+    }
+    Ok((first, sockets))
+}
+
+/// `tcp://host:port`, an IPv6 literal in brackets.
+fn tcp(host: &str, port: u16) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("tcp://[{host}]:{port}")
+    } else {
+        format!("tcp://{host}:{port}")
+    }
+}

@@ -1,0 +1,223 @@
+//! The subscriber against a real ZMQ publisher and replay router on loopback, built from
+//! the wire crate's encoders as an SGLang engine sends them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kvgate_kv_events::{
+    BlockRemoved, BlockStored, EngineHash, EventBatch, KvEvent, decode_replay_request,
+    encode_message, encode_payload, encode_replay_batch, encode_replay_end,
+};
+use kvgate_poller::WorkerUrl;
+use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
+
+use super::*;
+use crate::actors::registry::{Runtime, WorkerRecord, WorkerSource, WorkerStatus};
+
+const BS: u32 = 4;
+
+fn stored(hashes: &[i64], parent: Option<i64>, tokens: std::ops::Range<u32>) -> KvEvent {
+    KvEvent::BlockStored(BlockStored {
+        block_hashes: hashes.iter().map(|h| EngineHash::from_i64(*h)).collect(),
+        parent_block_hash: parent.map(EngineHash::from_i64),
+        token_ids: tokens.collect(),
+        block_size: BS,
+        ..BlockStored::default()
+    })
+}
+
+fn batch(events: Vec<KvEvent>) -> EventBatch {
+    EventBatch {
+        ts: 1.0,
+        events,
+        attn_dp_rank: Some(0),
+        unknown_events: 0,
+    }
+}
+
+fn record(id: u64, port: u16, replay: Option<u16>) -> WorkerRecord {
+    let mut kv = serde_json::json!({"publisher": "zmq", "endpoint_host": "*",
+        "endpoint_port_base": port, "topic": "kv", "block_size": BS, "dp_size": 1});
+    if let Some(r) = replay {
+        kv["replay_endpoint_port_base"] = serde_json::json!(r);
+    }
+    WorkerRecord {
+        id: WorkerId(id),
+        url: WorkerUrl::parse("http://127.0.0.1:1").expect("url"),
+        models: vec!["m".into()],
+        status: WorkerStatus::Ready,
+        runtime: Runtime::Sglang,
+        source: WorkerSource::Config,
+        max_running_requests: None,
+        dp_size: None,
+        page_size: None,
+        startup_time: None,
+        kv_events: Some(kv),
+        added_at: 0.0,
+        consecutive_failures: 0,
+        consecutive_successes: 0,
+        last_error: None,
+        incarnation: 1,
+        api_key: None,
+    }
+}
+
+fn msg(frames: impl IntoIterator<Item = Vec<u8>>) -> ZmqMessage {
+    message_of(frames.into_iter().collect()).expect("frames")
+}
+
+fn port_of(ep: &zeromq::Endpoint) -> u16 {
+    match ep {
+        zeromq::Endpoint::Tcp(_, p) => *p,
+        other => panic!("not tcp: {other}"),
+    }
+}
+
+/// Polls `f` on the actor until it holds (state, not time, is what is asserted).
+async fn until(
+    a: &Addr<EventsActor>,
+    what: &str,
+    f: impl Fn(&HashMap<WorkerId, WorkerEvents>) -> bool,
+) {
+    for _ in 0..500 {
+        if let Ok(s) = a.send(GetEventStates).await
+            && f(&s)
+        {
+            return;
+        }
+        actix_rt::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!(
+        "timed out waiting for {what}: {:?}",
+        a.send(GetEventStates).await
+    );
+}
+
+async fn blocks_of(
+    a: &Addr<EventsActor>,
+    tokens: impl IntoIterator<Item = u32>,
+) -> Vec<(WorkerId, usize, u32)> {
+    a.send(MatchChain {
+        tokens: tokens.into_iter().collect(),
+    })
+    .await
+    .expect("answer")
+    .per_worker
+}
+
+#[actix_rt::test]
+async fn blocks_stored_before_the_gateway_come_by_replay_and_live_ones_follow() {
+    // The engine has published batches 0 and 1 before anyone subscribed.
+    let history = [
+        batch(vec![stored(&[11, 12], None, 0..8)]),
+        batch(vec![stored(&[13], Some(12), 8..12)]),
+    ];
+    let mut publisher = zeromq::PubSocket::new();
+    let pub_ep = publisher.bind("tcp://127.0.0.1:0").await.expect("bind");
+    let mut router = zeromq::RouterSocket::new();
+    let rep_ep = router.bind("tcp://127.0.0.1:0").await.expect("bind");
+    let payloads: Vec<Vec<u8>> = history.iter().map(encode_payload).collect();
+    actix_rt::spawn(async move {
+        while let Ok(req) = router.recv().await {
+            let frames: Vec<Vec<u8>> = req.iter().map(|f| f.to_vec()).collect();
+            let (id, rest) = frames.split_first().expect("identity");
+            let from = decode_replay_request(rest).expect("a replay request");
+            for (seq, p) in payloads.iter().enumerate().skip(from as usize) {
+                let mut m = vec![id.clone()];
+                m.extend(encode_replay_batch(b"kv", seq as u64, p));
+                router.send(msg(m)).await.expect("send");
+            }
+            let mut end = vec![id.clone()];
+            end.extend(encode_replay_end());
+            router.send(msg(end)).await.expect("send");
+        }
+    });
+    let a = EventsActor::new(None).start();
+    let w = WorkerId(7);
+    a.do_send(FleetChanged(Arc::new(vec![record(
+        7,
+        port_of(&pub_ep),
+        Some(port_of(&rep_ep)),
+    )])));
+    until(&a, "a replay", |s| {
+        s.get(&w).is_some_and(|e| e.replays >= 1 && e.blocks == 3)
+    })
+    .await;
+    assert_eq!(blocks_of(&a, 0..16).await, vec![(w, 3, BS)]);
+    // A request sharing only the first block matches one.
+    assert_eq!(blocks_of(&a, (0..4).chain(90..98)).await, vec![(w, 1, BS)]);
+
+    // Live batches continue the sequence: a removal, then a clear.
+    let mut seq = 2;
+    let removed = batch(vec![KvEvent::BlockRemoved(BlockRemoved {
+        block_hashes: vec![EngineHash::from_i64(13)],
+        medium: None,
+    })]);
+    // The subscription may not have reached the publisher yet: send until it lands.
+    for _ in 0..200 {
+        publisher
+            .send(msg(encode_message(b"kv", seq, &removed)))
+            .await
+            .expect("send");
+        actix_rt::time::sleep(Duration::from_millis(10)).await;
+        if a.send(GetEventStates)
+            .await
+            .is_ok_and(|s| s.get(&w).is_some_and(|e| e.blocks == 2))
+        {
+            break;
+        }
+    }
+    until(&a, "the removal", |s| {
+        s.get(&w).is_some_and(|e| e.blocks == 2)
+    })
+    .await;
+    seq += 1;
+    publisher
+        .send(msg(encode_message(
+            b"kv",
+            seq,
+            &batch(vec![KvEvent::AllBlocksCleared]),
+        )))
+        .await
+        .expect("send");
+    until(&a, "the clear", |s| {
+        s.get(&w)
+            .is_some_and(|e| e.blocks == 0 && e.state == EventState::Live)
+    })
+    .await;
+    assert_eq!(blocks_of(&a, 0..16).await, vec![(w, 0, BS)]);
+    // A frame that is not a batch is counted and skipped.
+    publisher
+        .send(msg([b"kv".to_vec(), vec![0; 3], b"junk".to_vec()]))
+        .await
+        .expect("send");
+    until(&a, "the malformed count", |s| {
+        s.get(&w).is_some_and(|e| e.malformed >= 1)
+    })
+    .await;
+}
+
+#[actix_rt::test]
+async fn a_worker_without_usable_kv_events_is_off_with_a_reason_and_one_unreachable_is_stalled() {
+    let a = EventsActor::new(None).start();
+    let mut bad = record(1, 1, None);
+    bad.kv_events = Some(serde_json::json!({"publisher": "nats", "endpoint_port_base": 1}));
+    // Nothing listens on this port: the subscriber keeps trying.
+    let free = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let dead_port = free.local_addr().expect("addr").port();
+    drop(free);
+    let dead = record(2, dead_port, Some(dead_port));
+    a.do_send(FleetChanged(Arc::new(vec![bad, dead])));
+    until(&a, "both states", |s| {
+        s.get(&WorkerId(1))
+            .is_some_and(|e| e.state == EventState::Off && e.reason.is_some())
+            && s.get(&WorkerId(2))
+                .is_some_and(|e| e.state != EventState::Live)
+    })
+    .await;
+    // Routing reads no chain match from a worker that is not live.
+    assert!(blocks_of(&a, 0..16).await.is_empty());
+    // Gone from the fleet: gone here.
+    a.do_send(FleetChanged(Arc::new(vec![])));
+    until(&a, "an empty table", |s| s.is_empty()).await;
+}

@@ -1,0 +1,134 @@
+//! KV events end to end: simulated SGLang engines publish their cache changes over ZMQ,
+//! the gateway subscribes (replay included), and token requests go to the engine whose
+//! events say it holds their blocks, including prefixes cached before the gateway started
+//! and never routed by it.
+
+use kvgate_engine_sim::{SimConfig, SimFleet, engine_of};
+use kvgate_gateway::Gateway;
+use kvgate_tests::{get, post_json, test_config};
+use serde_json::{Value, json};
+
+fn engine() -> SimConfig {
+    SimConfig {
+        max_running_requests: 16,
+        enable_cache_report: true,
+        kv_events_port: Some(0),
+        kv_events_replay_port: Some(0),
+        ..SimConfig::default()
+    }
+}
+
+/// A prompt of `n` token ids no other prompt here starts with.
+fn prefix(k: u32, n: u32) -> Vec<u32> {
+    (0..n).map(|i| 1000 + k * 5000 + i).collect()
+}
+
+async fn workers(gw: &Gateway) -> Vec<Value> {
+    get(&format!("{}/workers", gw.url())).await.json()["workers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+async fn until_events(gw: &Gateway, what: &str, ok: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+    for _ in 0..500 {
+        let w = workers(gw).await;
+        if ok(&w) {
+            return w;
+        }
+        actix_rt::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("timed out waiting for {what}: {:?}", workers(gw).await);
+}
+
+fn blocks_of(ws: &[Value], url: &str) -> u64 {
+    ws.iter()
+        .find(|w| w["url"] == url)
+        .and_then(|w| w["events"]["blocks"].as_u64())
+        .unwrap_or(0)
+}
+
+#[actix_rt::test]
+async fn token_requests_go_where_the_engines_events_say_their_blocks_are() {
+    let fleet = SimFleet::start_each("127.0.0.1", 0, vec![engine(), engine()]).expect("fleet");
+    let urls = fleet.urls();
+    // Before any gateway: eight fresh prefixes, each cached on a chosen engine directly.
+    for k in 0..8u32 {
+        let at = &urls[(k % 2) as usize];
+        let r = post_json(
+            &format!("{at}/generate"),
+            &json!({"input_ids": prefix(k, 192), "sampling_params": {"max_new_tokens": 1}}),
+        )
+        .await;
+        assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    }
+    let dir = tempfile::tempdir().expect("dir");
+    let mut cfg = test_config(&dir);
+    cfg.worker_urls = urls.clone();
+    cfg.seed = Some(3);
+    let gw = Gateway::start(cfg).expect("gateway");
+    // The replay brings what was stored before the subscription.
+    let ws = until_events(&gw, "live events with the replayed blocks", |ws| {
+        ws.len() == 2
+            && ws.iter().all(|w| w["events"]["state"] == "live")
+            && urls.iter().all(|u| blocks_of(ws, u) > 0)
+    })
+    .await;
+    assert!(
+        ws.iter()
+            .all(|w| w["events"]["replays"].as_u64() >= Some(1)),
+        "{ws:?}"
+    );
+    let metrics = get(&format!("{}/metrics", gw.url())).await.text();
+    for u in &urls {
+        let line = format!("kvgate_worker_kv_events_state{{worker=\"{u}\"}} 2");
+        assert!(metrics.contains(&line), "{line} not in {metrics}");
+    }
+
+    // Each prefix plus a new tail goes to the engine holding the prefix: 8 of 8, where the
+    // approximate index alone knows none of them.
+    for k in 0..8u32 {
+        let mut ids = prefix(k, 192);
+        ids.extend(prefix(100 + k, 16));
+        let r = post_json(
+            &format!("{}/generate", gw.url()),
+            &json!({"input_ids": ids, "sampling_params": {"max_new_tokens": 1}}),
+        )
+        .await;
+        assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+        let j = r.json();
+        let served = engine_of(j["meta_info"]["id"].as_str().unwrap_or("")).expect("an engine id");
+        assert_eq!(served, (k % 2) as usize, "prefix {k}: {j}");
+        assert!(
+            j["meta_info"]["cached_tokens"].as_u64() >= Some(192 - 16),
+            "{j}"
+        );
+    }
+
+    // An engine's flush clears only its own holdings.
+    let before = workers(&gw).await;
+    let r = post_json(&format!("{}/flush_cache", urls[0]), &json!({})).await;
+    assert!(r.status.is_success(), "{}", r.text());
+    let after = until_events(&gw, "the flush", |ws| blocks_of(ws, &urls[0]) == 0).await;
+    assert_eq!(blocks_of(&after, &urls[1]), blocks_of(&before, &urls[1]));
+    gw.stop();
+}
+
+#[actix_rt::test]
+async fn a_worker_without_events_says_so_and_is_routed_by_the_approximate_index() {
+    let fleet = SimFleet::start(1, SimConfig::default()).expect("fleet");
+    let dir = tempfile::tempdir().expect("dir");
+    let mut cfg = test_config(&dir);
+    cfg.worker_urls = fleet.urls();
+    let gw = Gateway::start(cfg).expect("gateway");
+    let ws = workers(&gw).await;
+    assert_eq!(ws[0]["events"]["state"], "off", "{ws:?}");
+    assert!(ws[0]["events"]["reason"].is_string(), "{ws:?}");
+    let r = post_json(
+        &format!("{}/generate", gw.url()),
+        &json!({"input_ids": prefix(1, 64), "sampling_params": {"max_new_tokens": 1}}),
+    )
+    .await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    gw.stop();
+}
