@@ -105,6 +105,23 @@ async fn token_requests_go_where_the_engines_events_say_their_blocks_are() {
         );
     }
 
+    // Explain says which index matched each candidate.
+    let e = post_json(
+        &format!("{}/admin/explain/generate", gw.url()),
+        &json!({"input_ids": prefix(3, 192)}),
+    )
+    .await
+    .json();
+    assert_eq!(e["worker"], *urls[1].as_str(), "{e}");
+    let holder = e["candidates"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["worker"] == *urls[1].as_str()))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(holder["matched_by"], "kv_events", "{e}");
+    assert_eq!(holder["events"], "live", "{e}");
+    assert!(holder["matched"].as_u64() >= Some(191), "{e}");
+
     // An engine's flush clears only its own holdings.
     let before = workers(&gw).await;
     let r = post_json(&format!("{}/flush_cache", urls[0]), &json!({})).await;
@@ -130,5 +147,46 @@ async fn a_worker_without_events_says_so_and_is_routed_by_the_approximate_index(
     )
     .await;
     assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    gw.stop();
+}
+
+#[actix_rt::test]
+async fn a_restarted_engine_is_subscribed_afresh_and_its_old_blocks_are_gone() {
+    let mut fleet = SimFleet::start_each("127.0.0.1", 0, vec![engine()]).expect("fleet");
+    let url = fleet.urls()[0].clone();
+    let dir = tempfile::tempdir().expect("dir");
+    let mut cfg = test_config(&dir);
+    cfg.worker_urls = vec![url.clone()];
+    // Re-detection (every few health ticks) is what notices the new startup_time.
+    cfg.health_check_interval = std::time::Duration::from_millis(100);
+    let gw = Gateway::start(cfg).expect("gateway");
+    let send = |k: u32| {
+        let url = url.clone();
+        async move {
+            let r = post_json(
+                &format!("{url}/generate"),
+                &json!({"input_ids": prefix(k, 64), "sampling_params": {"max_new_tokens": 1}}),
+            )
+            .await;
+            assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+        }
+    };
+    until_events(&gw, "live events", |ws| {
+        ws.first().is_some_and(|w| w["events"]["state"] == "live")
+    })
+    .await;
+    send(1).await;
+    until_events(&gw, "the first blocks", |ws| blocks_of(ws, &url) > 0).await;
+    // A new process on the same ports: its batches number from 0 again, its cache is empty.
+    fleet.revive(0).expect("revive");
+    until_events(&gw, "the restart noticed", |ws| {
+        blocks_of(ws, &url) == 0 && ws[0]["events"]["state"] == "live"
+    })
+    .await;
+    send(2).await;
+    until_events(&gw, "blocks from the new process", |ws| {
+        blocks_of(ws, &url) > 0
+    })
+    .await;
     gw.stop();
 }

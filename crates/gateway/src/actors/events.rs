@@ -69,6 +69,9 @@ pub struct WorkerEvents {
 #[derive(Debug)]
 struct Worker {
     url: String,
+    /// The engine's `/server_info` `startup_time` when subscribed: a new one means a new
+    /// process, whose sequence numbers start again at 0 and whose cache is empty.
+    startup_time: Option<f64>,
     desc: KvEventsDescriptor,
     ranks: BTreeMap<u32, RankState>,
     tasks: Vec<SpawnHandle>,
@@ -136,6 +139,7 @@ impl EventsActor {
         ctx: &mut Context<Self>,
         id: WorkerId,
         url: &str,
+        startup_time: Option<f64>,
         raw: &serde_json::Value,
     ) {
         let desc = match serde_json::from_value::<KvEventsDescriptor>(raw.clone()) {
@@ -173,6 +177,7 @@ impl EventsActor {
             id,
             Worker {
                 url: url.to_owned(),
+                startup_time,
                 desc,
                 ranks,
                 tasks,
@@ -233,15 +238,17 @@ impl Handler<FleetChanged> for EventsActor {
         let fleet = msg.0;
         let present: HashMap<WorkerId, &crate::actors::registry::WorkerRecord> =
             fleet.iter().map(|w| (w.id, w)).collect();
+        // Gone, not routable, or restarted (a new process numbers its batches from 0 again
+        // and holds nothing): the subscription ends and what it held goes with it.
         let gone: Vec<WorkerId> = self
             .workers
-            .keys()
-            .filter(|id| {
-                present
-                    .get(id)
-                    .is_none_or(|w| w.kv_events.is_none() || !w.healthy())
+            .iter()
+            .filter(|(id, sub)| {
+                present.get(id).is_none_or(|w| {
+                    w.kv_events.is_none() || !w.healthy() || w.startup_time != sub.startup_time
+                })
             })
-            .copied()
+            .map(|(id, _)| *id)
             .collect();
         for id in gone {
             self.stop_worker(ctx, id);
@@ -250,7 +257,7 @@ impl Handler<FleetChanged> for EventsActor {
         for w in fleet.iter() {
             match &w.kv_events {
                 Some(raw) if w.healthy() && !self.workers.contains_key(&w.id) => {
-                    self.start_worker(ctx, w.id, w.url.as_str(), raw);
+                    self.start_worker(ctx, w.id, w.url.as_str(), w.startup_time, raw);
                 }
                 _ => {}
             }

@@ -75,9 +75,24 @@ pub async fn explain(
         RoutingText::Empty => json!({"kind": "none"}),
     };
     let model = facts.model.clone();
+    let tokens = matches!(facts.key, RoutingText::Tokens(_));
     let decision = state.selector.send(Explain { facts }).await??;
     let views = state.selector.send(GetViews).await?;
+    let events = state.events.send(GetEventStates).await?;
     let mut out = decision_json(&decision, &views);
+    // Which index matched each candidate: a token request reads a worker's own KV events
+    // when they are live, the approximate index otherwise.
+    if let Some(cands) = out["candidates"].as_array_mut() {
+        for c in cands {
+            let e = views
+                .iter()
+                .find(|v| c["worker_id"] == v.id.to_string().as_str())
+                .and_then(|v| events.get(&v.id));
+            let live = e.is_some_and(|e| e.state == EventState::Live);
+            c["events"] = json!(e.map_or(EventState::Off, |e| e.state));
+            c["matched_by"] = json!(if tokens && live { "kv_events" } else { "index" });
+        }
+    }
     if let Value::Object(m) = &mut out {
         m.insert("route".into(), json!(endpoint.path()));
         m.insert("model".into(), json!(model));
