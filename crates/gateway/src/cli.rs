@@ -287,6 +287,12 @@ const FLAGS: &[(&str, &str, Kind, &str)] = &[
         "HTTP threads; the routing actors share the first",
     ),
     (
+        "kv-events-max-blocks",
+        "kv_events_max_blocks",
+        Kind::Int,
+        "Blocks the KV-event chain index holds before it evicts (about 170 B each)",
+    ),
+    (
         "prometheus-port",
         "prometheus_port",
         Kind::Int,

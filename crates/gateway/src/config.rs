@@ -93,6 +93,9 @@ pub struct GatewayConfig {
     pub prometheus_port: Option<u16>,
     /// Where that listener binds; loopback unless Prometheus scrapes from elsewhere.
     pub prometheus_host: String,
+    /// Blocks the KV-event chain index holds, over every worker and rank, before it
+    /// evicts the oldest chain ends (about 170 bytes each).
+    pub kv_events_max_blocks: usize,
     pub policy: PolicyConfig,
     /// Load polling (`--load-monitor-interval` is `poller.interval_secs`).
     pub poller: PollerConfig,
@@ -230,6 +233,7 @@ impl Default for GatewayConfig {
             http_workers: Some(1),
             prometheus_port: None,
             prometheus_host: "127.0.0.1".into(),
+            kv_events_max_blocks: 1_000_000,
             policy: PolicyConfig::with_kind(kvgate_policies::PolicyKind::CacheAware),
             poller: PollerConfig::default(),
             seed: None,
@@ -465,6 +469,9 @@ impl GatewayConfig {
         }
         if self.http_workers == Some(0) {
             return invalid("http_workers", "must be at least 1");
+        }
+        if self.kv_events_max_blocks == 0 {
+            return invalid("kv_events_max_blocks", "must be at least 1");
         }
         if self
             .prometheus_port

@@ -226,7 +226,10 @@ fn control_actors(
         worker_key: cfg.worker_api_key.clone(),
     };
     // Its subscriber tasks run on this arbiter's runtime, beside the poller's.
-    let events = EventsActor::start_in_arbiter(&control.handle(), |_| EventsActor::new(None));
+    let max_blocks = cfg.kv_events_max_blocks;
+    let events = EventsActor::start_in_arbiter(&control.handle(), move |_| {
+        EventsActor::new(Some(max_blocks))
+    });
     let subscribers = vec![
         selector.clone().recipient(),
         index.clone().recipient(),

@@ -151,3 +151,17 @@ fn the_prometheus_listener_is_off_by_default_and_not_the_gateway_port() {
     );
     assert!(load_err("port = 9000\nprometheus_port = 9000\n", &[]).contains("prometheus_port"));
 }
+
+#[test]
+fn the_kv_event_index_is_capped_and_the_cap_cannot_be_zero() {
+    let c = GatewayConfig::load(None, &HashMap::new(), vec![]).unwrap();
+    assert_eq!(c.kv_events_max_blocks, 1_000_000);
+    let c = GatewayConfig::load(
+        None,
+        &env(&[("KVGATE_KV_EVENTS_MAX_BLOCKS", "5000")]),
+        vec![],
+    )
+    .unwrap();
+    assert_eq!(c.kv_events_max_blocks, 5000);
+    assert!(load_err("kv_events_max_blocks = 0\n", &[]).contains("kv_events_max_blocks"));
+}
