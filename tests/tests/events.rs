@@ -190,3 +190,62 @@ async fn a_restarted_engine_is_subscribed_afresh_and_its_old_blocks_are_gone() {
     .await;
     gw.stop();
 }
+
+#[actix_rt::test]
+async fn pushed_load_refreshes_the_running_count_between_polls() {
+    let sim = SimConfig {
+        load_publish_port: Some(0),
+        load_heartbeat: std::time::Duration::from_millis(50),
+        ..engine()
+    };
+    let fleet = SimFleet::start_each("127.0.0.1", 0, vec![sim]).expect("fleet");
+    let dir = tempfile::tempdir().expect("dir");
+    let mut cfg = test_config(&dir);
+    cfg.worker_urls = fleet.urls();
+    // One poll at the start and none after: only pushes can move the counts.
+    cfg.poller.interval = std::time::Duration::from_secs(3600);
+    let gw = Gateway::start(cfg).expect("gateway");
+    let sel = gw.actors().selector.clone();
+    let running = || {
+        let sel = sel.clone();
+        async move {
+            sel.send(kvgate_gateway::testing::GetViews)
+                .await
+                .ok()
+                .and_then(|v| v.first().and_then(|w| w.load.clone()))
+                .map(|l| l.ranks.iter().map(|r| r.num_running_reqs).sum::<u64>())
+        }
+    };
+    for _ in 0..500 {
+        if running().await == Some(0) {
+            break;
+        }
+        actix_rt::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(running().await, Some(0));
+    // A long answer: while it decodes, the pushed count says 1.
+    let url = format!("{}/v1/completions", gw.url());
+    let long = actix_rt::spawn(async move {
+        post_json(&url, &json!({"prompt": "a long answer", "max_tokens": 400})).await
+    });
+    let mut seen = None;
+    for _ in 0..500 {
+        seen = running().await;
+        if seen == Some(1) {
+            break;
+        }
+        actix_rt::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(seen, Some(1), "no pushed load showed the running request");
+    let r = long.await.expect("the request");
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    for _ in 0..500 {
+        seen = running().await;
+        if seen == Some(0) {
+            break;
+        }
+        actix_rt::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(seen, Some(0), "the pushed count did not come back to 0");
+    gw.stop();
+}

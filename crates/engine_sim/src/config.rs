@@ -108,6 +108,19 @@ pub struct SimConfig {
     pub kv_events_replay_port: Option<u16>,
     /// Batches each rank keeps for replay. Default 10 000 (SGLang's `buffer_steps`).
     pub kv_events_replay_buffer: usize,
+    /// Push each rank's load as SGLang `LoadStat` gauges (`--load-publish-endpoint`): the
+    /// ZMQ PUB port of rank 0, rank r on this + r; `Some(0)` picks free consecutive ports.
+    /// Advertised inside `/server_info` `kv_events` (`load_endpoint_port_base`,
+    /// `load_topic`), so it needs `kv_events_port`. Default `None`: no pushed load.
+    pub load_publish_port: Option<u16>,
+    /// The topic frame of every pushed-load message. Default `"load"`, as SGLang's.
+    pub load_topic: String,
+    /// A rank pushes its load after every this many scheduler steps (a prefill or a decode
+    /// batch). Default 5.
+    pub load_publish_every_steps: u32,
+    /// A rank pushes its load at least this often, idle or not. Default `"1s"`.
+    #[serde(with = "duration_text")]
+    pub load_heartbeat: Duration,
 }
 
 impl Default for SimConfig {
@@ -139,6 +152,10 @@ impl Default for SimConfig {
             kv_events_topic: String::new(),
             kv_events_replay_port: None,
             kv_events_replay_buffer: 10_000,
+            load_publish_port: None,
+            load_topic: "load".to_owned(),
+            load_publish_every_steps: 5,
+            load_heartbeat: Duration::from_secs(1),
         }
     }
 }
@@ -181,28 +198,59 @@ impl SimConfig {
             if self.kv_events_replay_port.is_some() {
                 return fail("kv_events_replay_port", "needs kv_events_port");
             }
+            if self.load_publish_port.is_some() {
+                // `/server_info` advertises the load sockets inside `kv_events`, whose
+                // `endpoint_port_base` is required.
+                return fail("load_publish_port", "needs kv_events_port");
+            }
             return Ok(());
         };
         if self.kv_events_replay_buffer == 0 {
             return fail("kv_events_replay_buffer", "must be at least 1");
         }
+        if self.load_publish_every_steps == 0 {
+            return fail("load_publish_every_steps", "must be at least 1");
+        }
+        if self.load_publish_port.is_some() && self.load_heartbeat.is_zero() {
+            return fail("load_heartbeat", "must be positive");
+        }
         // Rank r takes base + r; free ports (0) are checked when binding.
         let n = self.dp_size;
         let fits = |base: u16| usize::from(base) + n - 1 <= usize::from(u16::MAX);
+        let overlap = |a: Option<u16>, b: Option<u16>| match (a, b) {
+            (Some(a), Some(b)) if a != 0 && b != 0 => {
+                let (a, b) = (usize::from(a), usize::from(b));
+                a < b + n && b < a + n
+            }
+            _ => false,
+        };
         if port != 0 && !fits(port) {
             return fail("kv_events_port", "runs past port 65535 for the last rank");
         }
-        if let Some(replay) = self.kv_events_replay_port.filter(|p| *p != 0) {
-            if !fits(replay) {
-                return fail(
-                    "kv_events_replay_port",
-                    "runs past port 65535 for the last rank",
-                );
-            }
-            let (a, b) = (usize::from(port), usize::from(replay));
-            if port != 0 && a < b + n && b < a + n {
-                return fail("kv_events_replay_port", "overlaps the kv_events_port ranks");
-            }
+        let (replay, load) = (self.kv_events_replay_port, self.load_publish_port);
+        if replay.is_some_and(|p| p != 0 && !fits(p)) {
+            return fail(
+                "kv_events_replay_port",
+                "runs past port 65535 for the last rank",
+            );
+        }
+        if overlap(Some(port), replay) {
+            return fail("kv_events_replay_port", "overlaps the kv_events_port ranks");
+        }
+        if load.is_some_and(|p| p != 0 && !fits(p)) {
+            return fail(
+                "load_publish_port",
+                "runs past port 65535 for the last rank",
+            );
+        }
+        if overlap(Some(port), load) {
+            return fail("load_publish_port", "overlaps the kv_events_port ranks");
+        }
+        if overlap(replay, load) {
+            return fail(
+                "load_publish_port",
+                "overlaps the kv_events_replay_port ranks",
+            );
         }
         Ok(())
     }
@@ -290,4 +338,24 @@ fn new_fields_read_from_text_and_default_as_documented() {
     assert_eq!(cfg.initial_gen_throughput, 0.35);
     let old = serde_json::from_str::<SimConfig>(r#"{"idle_gen_throughput_residual": 0.36}"#);
     assert!(old.is_err(), "the old field is gone");
+}
+
+#[cfg(test)]
+#[test]
+fn pushed_load_defaults_as_sglang_and_reads_durations_with_units() {
+    let d = SimConfig::default();
+    assert_eq!((d.load_publish_port, d.load_topic.as_str()), (None, "load"));
+    assert_eq!(d.load_publish_every_steps, 5);
+    assert_eq!(d.load_heartbeat, Duration::from_secs(1));
+    let cfg: SimConfig = serde_json::from_str(
+        r#"{"kv_events_port": 0, "load_publish_port": 0, "load_heartbeat": "250ms"}"#,
+    )
+    .unwrap();
+    assert_eq!(cfg.load_heartbeat, Duration::from_millis(250));
+    assert!(cfg.validate().is_ok());
+    let zero = SimConfig {
+        load_heartbeat: Duration::ZERO,
+        ..cfg
+    };
+    assert!(zero.validate().is_err());
 }

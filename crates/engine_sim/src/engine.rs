@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::ApiError;
 use crate::events::{self, Ports};
+use crate::pushed_load;
 use crate::scheduler::{Event, Job, Rank, Snapshot};
 use crate::{Fault, LoadBalanceMethod, SimConfig};
 
@@ -88,15 +89,18 @@ impl Engine {
         }
     }
 
-    /// Binds the KV-event sockets (when configured) on `host` and starts publishing on the
-    /// current actix runtime; before the schedulers start, so no change goes unpublished.
+    /// Binds the KV-event and pushed-load sockets (when configured) on `host` and starts
+    /// publishing on the current actix runtime; before the schedulers start, so no change
+    /// goes unpublished.
     pub(crate) async fn start_events(&self, host: &str) -> std::io::Result<()> {
-        let Some((ports, outboxes)) = events::start(host, &self.cfg).await? else {
+        let Some((mut ports, outboxes)) = events::start(host, &self.cfg).await? else {
             return Ok(());
         };
         for (rank, outbox) in self.ranks.iter().zip(outboxes) {
             rank.set_publisher(outbox);
         }
+        // Validation keeps pushed load to engines with KV events: it is advertised there.
+        ports.load = pushed_load::start(host, &self.cfg, &self.ranks).await?;
         let _ = self.kv_events.set(ports);
         Ok(())
     }

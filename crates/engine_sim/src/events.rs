@@ -29,6 +29,8 @@ pub(crate) type Outbox = UnboundedSender<Vec<KvEvent>>;
 pub(crate) struct Ports {
     pub(crate) events: u16,
     pub(crate) replay: Option<u16>,
+    /// Pushed load's PUB base ([`crate::pushed_load`]), advertised here as SGLang does.
+    pub(crate) load: Option<u16>,
 }
 
 impl Ports {
@@ -43,8 +45,14 @@ impl Ports {
             "block_size": cfg.page_size,
             "dp_size": cfg.dp_size,
         });
-        if let (Some(port), Some(map)) = (self.replay, d.as_object_mut()) {
-            map.insert("replay_endpoint_port_base".to_owned(), port.into());
+        if let Some(map) = d.as_object_mut() {
+            if let Some(port) = self.replay {
+                map.insert("replay_endpoint_port_base".to_owned(), port.into());
+            }
+            if let Some(port) = self.load {
+                map.insert("load_endpoint_port_base".to_owned(), port.into());
+                map.insert("load_topic".to_owned(), cfg.load_topic.clone().into());
+            }
         }
         d
     }
@@ -88,7 +96,12 @@ pub(crate) async fn start(host: &str, cfg: &SimConfig) -> io::Result<Option<(Por
             actix_rt::spawn(replay_loop(topic.clone(), router, buffer));
         }
     }
-    Ok(Some((Ports { events, replay }, outboxes)))
+    let ports = Ports {
+        events,
+        replay,
+        load: None,
+    };
+    Ok(Some((ports, outboxes)))
 }
 
 /// Publishes each batch the scheduler hands over, numbering them from 0.
@@ -175,7 +188,11 @@ async fn replay_loop(topic: Bytes, mut socket: RouterSocket, buffer: Buffer) {
 }
 
 /// Binds `n` sockets on consecutive ports from `base`; from 0, on the first free run found.
-async fn bind_ranks<S: Socket>(host: &str, base: u16, n: usize) -> io::Result<(u16, Vec<S>)> {
+pub(crate) async fn bind_ranks<S: Socket>(
+    host: &str,
+    base: u16,
+    n: usize,
+) -> io::Result<(u16, Vec<S>)> {
     // A free port for rank 0 does not promise free ones after it: try a few runs.
     let tries = if base == 0 { 20 } else { 1 };
     let mut last = io::Error::other("no port range tried");
@@ -197,13 +214,13 @@ async fn bind_run<S: Socket>(host: &str, base: u16, n: usize) -> io::Result<(u16
             r => u16::try_from(r)
                 .ok()
                 .and_then(|r| first.checked_add(r))
-                .ok_or_else(|| io::Error::other("kv event ports run past 65535"))?,
+                .ok_or_else(|| io::Error::other("ZMQ ports run past 65535"))?,
         };
         let mut socket = S::new();
         let endpoint = socket
             .bind(&tcp(host, port))
             .await
-            .map_err(|e| io::Error::other(format!("binding kv events on {host}:{port}: {e}")))?;
+            .map_err(|e| io::Error::other(format!("binding ZMQ on {host}:{port}: {e}")))?;
         if r == 0 {
             first = match endpoint {
                 zeromq::Endpoint::Tcp(_, p) => p,

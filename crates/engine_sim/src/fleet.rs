@@ -33,7 +33,7 @@ impl SimFleet {
 
     /// Starts `n` engines on `host`; `base_port` 0 lets the OS pick each port, `P > 0`
     /// takes ports `P, P+1, ...`. Fixed KV-event ports move by `dp_size` per engine (engine
-    /// `i` publishes from `kv_events_port + i × dp_size`, replay likewise); ranges that
+    /// `i` publishes from `kv_events_port + i × dp_size`, replay and load likewise); ranges that
     /// clash fail to bind.
     pub fn start_on(host: &str, base_port: u16, n: usize, cfg: SimConfig) -> io::Result<SimFleet> {
         let cfgs = (0..n)
@@ -118,6 +118,7 @@ impl SimFleet {
             kv_events_replay_port: ports
                 .and_then(|p| p.replay)
                 .or(old_cfg.kv_events_replay_port),
+            load_publish_port: ports.and_then(|p| p.load).or(old_cfg.load_publish_port),
             ..(**old_cfg).clone()
         };
         let (handle, srv) = spawn_engine(i, &host, port, cfg)?;
@@ -226,13 +227,17 @@ fn nth_engine(cfg: &SimConfig, i: usize) -> io::Result<SimConfig> {
                 .and_then(|d| p.checked_add(d))
                 .map(Some)
                 .ok_or_else(|| {
-                    io::Error::new(io::ErrorKind::InvalidInput, "kv event ports run past 65535")
+                    io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        "kv event or load ports run past 65535",
+                    )
                 }),
         }
     };
     Ok(SimConfig {
         kv_events_port: shift(cfg.kv_events_port)?,
         kv_events_replay_port: shift(cfg.kv_events_replay_port)?,
+        load_publish_port: shift(cfg.load_publish_port)?,
         ..cfg.clone()
     })
 }

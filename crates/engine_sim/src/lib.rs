@@ -22,6 +22,10 @@
 //! 0.5.23 KV events over ZMQ (PUB on the port plus the rank; blocks of one page, chained
 //! engine hashes; `AllBlocksCleared` on a flush or a restart), optionally with a replay
 //! ROUTER (`kv_events_replay_port`), and advertises them in `/server_info` `kv_events`.
+//! With `load_publish_port` as well, each rank pushes SGLang `LoadStat` gauges (the
+//! `/v1/loads` figures) on its own PUB socket every `load_publish_every_steps` scheduler
+//! steps and at least every `load_heartbeat`, advertised as `load_endpoint_port_base` and
+//! `load_topic` in the same descriptor.
 //!
 //! It owns nothing of the gateway and never imports it; it needs no GPU and no network
 //! beyond the ports it binds.
@@ -62,6 +66,7 @@ mod events;
 mod fault;
 mod fleet;
 mod load;
+mod pushed_load;
 mod routes;
 mod scheduler;
 mod throughput;

@@ -1,10 +1,12 @@
 //! What an engine reports about its load: the `/v1/loads` body and the Prometheus text of
 //! `/metrics` (SGLang `sglang_`/`sglang:` gauges or vLLM `vllm:` series) and
-//! `/v1/loads?format=prometheus`.
+//! `/v1/loads?format=prometheus`, and the pushed `LoadStat` gauge ([`load_stat`]), built from
+//! the same figures.
 
 use std::fmt::Write;
 use std::time::SystemTime;
 
+use kvgate_kv_events::LoadStat;
 use serde::Serialize;
 
 use crate::engine::{Engine, unix_now};
@@ -87,6 +89,24 @@ fn rank_load(cfg: &SimConfig, dp_rank: usize, s: &Snapshot, now: f64) -> RankLoa
         total_prefill_uncached_tokens: counter(s.total_prefill_uncached_tokens),
         total_prefill_busy_us: counter(s.total_prefill_busy_us),
         decode_moments: None,
+    }
+}
+
+/// Rank `dp_rank`'s pushed load: the figures `/v1/loads` reports for the same snapshot.
+pub(crate) fn load_stat(cfg: &SimConfig, dp_rank: usize, s: &Snapshot) -> LoadStat {
+    let l = rank_load(cfg, dp_rank, s, 0.0);
+    let n = |v: usize| u64::try_from(v).unwrap_or(u64::MAX);
+    LoadStat {
+        num_running_reqs: n(l.num_running_reqs),
+        num_waiting_reqs: n(l.num_waiting_reqs),
+        num_tokens: n(l.num_used_tokens),
+        max_total_num_tokens: n(l.max_total_num_tokens),
+        attn_dp_rank: u32::try_from(l.dp_rank).unwrap_or(u32::MAX),
+        num_waiting_uncached_tokens: Some(n(l.num_waiting_uncached_tokens)),
+        num_total_tokens: Some(n(l.num_total_tokens)),
+        max_running_requests: Some(n(l.max_running_requests)),
+        total_prefill_uncached_tokens: Some(l.total_prefill_uncached_tokens),
+        total_prefill_busy_us: Some(l.total_prefill_busy_us),
     }
 }
 

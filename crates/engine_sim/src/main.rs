@@ -94,6 +94,20 @@ struct Args {
     /// Batches each rank keeps for replay (default 10000).
     #[arg(long)]
     kv_events_replay_buffer: Option<usize>,
+    /// Push SGLang `LoadStat` gauges over ZMQ (SGLang `--load-publish-endpoint`): rank 0's PUB
+    /// port, rank r on +r (0 picks free ports, shown in `/server_info` `kv_events`); needs
+    /// `--kv-events-port`. Off by default.
+    #[arg(long)]
+    load_publish_port: Option<u16>,
+    /// The topic of pushed-load messages (default `load`, as SGLang).
+    #[arg(long)]
+    load_topic: Option<String>,
+    /// Scheduler steps between pushed loads (default 5).
+    #[arg(long)]
+    load_publish_every_steps: Option<u32>,
+    /// Longest gap between pushed loads, idle or not, with a unit (default `1s`).
+    #[arg(long)]
+    load_heartbeat: Option<String>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -191,6 +205,16 @@ fn config(args: &Args) -> anyhow::Result<SimConfig> {
     set(
         "kv_events_replay_buffer",
         args.kv_events_replay_buffer.map(Value::from),
+    );
+    set("load_publish_port", args.load_publish_port.map(Value::from));
+    set("load_topic", args.load_topic.clone().map(Value::from));
+    set(
+        "load_publish_every_steps",
+        args.load_publish_every_steps.map(Value::from),
+    );
+    set(
+        "load_heartbeat",
+        args.load_heartbeat.clone().map(Value::from),
     );
     for (key, on) in [
         ("report_prefill_counters", args.report_prefill_counters),

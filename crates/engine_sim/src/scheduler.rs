@@ -14,7 +14,9 @@
 //! With KV events on, the cache's changes go out as one batch per phase that changed it (an
 //! admission's evictions, a prefill's stores, a decode step's finished requests) and per
 //! abort, flush or restart, handed to the rank's publisher through an unbounded channel so
-//! the step never waits on a socket.
+//! the step never waits on a socket. With pushed load on, every `load_publish_every_steps`th
+//! step (a prefill or a decode batch) hands the rank's snapshot to its load publisher the
+//! same way.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -28,6 +30,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use crate::SimConfig;
 use crate::cache::{NodeId, PrefixCache};
 use crate::events::Outbox;
+use crate::pushed_load::LoadOutbox;
 use crate::throughput::GenThroughput;
 
 /// What the scheduler tells a request's handler, in order.
@@ -110,6 +113,10 @@ struct State {
     total_prefill_busy_us: u64,
     /// Where the cache's events go, once the publisher runs.
     events: Option<Outbox>,
+    /// Where pushed load goes, once its publisher runs.
+    load: Option<LoadOutbox>,
+    /// Scheduler steps since the load was last pushed.
+    steps: u32,
 }
 
 #[derive(Debug)]
@@ -184,6 +191,8 @@ impl Rank {
             total_prefill_uncached_tokens: 0,
             total_prefill_busy_us: 0,
             events: None,
+            load: None,
+            steps: 0,
         };
         Self {
             cfg,
@@ -229,6 +238,11 @@ impl Rank {
     /// Sends this rank's cache events to `outbox` from now on.
     pub(crate) fn set_publisher(&self, outbox: Outbox) {
         self.state().events = Some(outbox);
+    }
+
+    /// Pushes this rank's load to `outbox` every `load_publish_every_steps` steps from now on.
+    pub(crate) fn set_load_publisher(&self, outbox: LoadOutbox) {
+        self.state().load = Some(outbox);
     }
 
     /// A canned reply (`fixed_response`) skips the scheduler but still counts.
@@ -299,26 +313,7 @@ impl Rank {
     }
 
     pub(crate) fn snapshot(&self) -> Snapshot {
-        let s = self.state();
-        let ps = self.cfg.page_size;
-        Snapshot {
-            running: s.running.len(),
-            waiting: s.waiting.len(),
-            waiting_uncached_tokens: s
-                .waiting
-                .iter()
-                .map(|r| {
-                    let p = &r.job.prompt;
-                    p.len() - s.cache.peek(&p[..reusable(p.len(), ps)])
-                })
-                .sum(),
-            used_tokens: s.cache.locked_tokens() + s.running.iter().map(Req::used).sum::<usize>(),
-            cache_tokens: s.cache.tokens(),
-            gen_throughput: s.gen_throughput.value(),
-            total_prefill_uncached_tokens: s.total_prefill_uncached_tokens,
-            total_prefill_busy_us: s.total_prefill_busy_us,
-            counters: s.counters,
-        }
+        self.state().snapshot(self.cfg.page_size)
     }
 
     /// The step loop; runs until the engine's runtime stops.
@@ -357,6 +352,29 @@ fn reusable(len: usize, page_size: usize) -> usize {
 }
 
 impl State {
+    /// The rank's state now, as `/v1/loads` and pushed load report it.
+    fn snapshot(&self, ps: usize) -> Snapshot {
+        Snapshot {
+            running: self.running.len(),
+            waiting: self.waiting.len(),
+            waiting_uncached_tokens: self
+                .waiting
+                .iter()
+                .map(|r| {
+                    let p = &r.job.prompt;
+                    p.len() - self.cache.peek(&p[..reusable(p.len(), ps)])
+                })
+                .sum(),
+            used_tokens: self.cache.locked_tokens()
+                + self.running.iter().map(Req::used).sum::<usize>(),
+            cache_tokens: self.cache.tokens(),
+            gen_throughput: self.gen_throughput.value(),
+            total_prefill_uncached_tokens: self.total_prefill_uncached_tokens,
+            total_prefill_busy_us: self.total_prefill_busy_us,
+            counters: self.counters,
+        }
+    }
+
     /// Pool tokens spoken for: every cached page plus what running requests need beyond
     /// the pages they lock.
     fn committed(&self) -> usize {
@@ -418,6 +436,7 @@ impl State {
     /// tokens. A health probe's one token counts as a decode batch of one, as SGLang's
     /// one-token generation does in its throughput window.
     fn finish_prefill(&mut self, cfg: &SimConfig) {
+        let mut prefilled = false;
         let mut i = 0;
         while i < self.running.len() {
             let req = &mut self.running[i];
@@ -426,6 +445,7 @@ impl State {
                 continue;
             }
             req.prefilled = true;
+            prefilled = true;
             let probe = req.job.probe;
             let node = self.cache.insert(&req.job.prompt);
             self.cache.lock(node);
@@ -442,6 +462,9 @@ impl State {
             }
         }
         self.publish();
+        if prefilled {
+            self.stepped(cfg);
+        }
     }
 
     /// One decode step: one token for every running request.
@@ -456,6 +479,20 @@ impl State {
         self.gen_throughput
             .decode_batch(decoded, Instant::now(), cfg.decode_log_interval);
         self.publish();
+        self.stepped(cfg);
+    }
+
+    /// A scheduler step (a prefill or a decode batch) ended: every
+    /// `load_publish_every_steps`th one pushes the rank's load as it now stands.
+    fn stepped(&mut self, cfg: &SimConfig) {
+        let Some(outbox) = &self.load else {
+            return;
+        };
+        self.steps = (self.steps + 1) % cfg.load_publish_every_steps.max(1);
+        if self.steps == 0 {
+            // Closed only once the engine's runtime stops; nothing is listening then.
+            let _ = outbox.send(self.snapshot(cfg.page_size));
+        }
     }
 
     /// Hands the cache's changes since the last call to the publisher, as one batch.

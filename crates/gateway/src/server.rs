@@ -227,8 +227,9 @@ fn control_actors(
     };
     // Its subscriber tasks run on this arbiter's runtime, beside the poller's.
     let max_blocks = cfg.kv_events_max_blocks;
+    let loads = selector.clone().recipient();
     let events = EventsActor::start_in_arbiter(&control.handle(), move |_| {
-        EventsActor::new(Some(max_blocks))
+        EventsActor::new(Some(max_blocks), Some(loads))
     });
     let subscribers = vec![
         selector.clone().recipient(),

@@ -6,6 +6,7 @@
 mod events;
 mod faults;
 mod pool;
+mod pushed_load;
 mod ranks;
 mod reports;
 mod routes;

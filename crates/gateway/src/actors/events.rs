@@ -11,6 +11,10 @@
 //! it applies them to a [`ChainIndex`] scoped per (worker, rank), so one engine's removals
 //! and clears never touch another's holdings.
 //!
+//! When the descriptor names a pushed-load endpoint (`load_endpoint_port_base`), a second
+//! task per rank subscribes to its `LoadStat` frames and forwards them to the selector
+//! (`LoadPushed`): fresher running and waiting counts than the poll's.
+//!
 //! Each worker has an event state (`GET /workers` `events`): `off` (it publishes none),
 //! `connecting`, `live` (a batch or a replay arrived on every rank), `stalled` (the
 //! publisher is unreachable: routing falls back to the approximate index, visibly).
@@ -20,8 +24,8 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use kvgate_kv_events::{
-    EventBatch, KvEvent, KvEventsDescriptor, Medium, ReplayFrame, decode_message,
-    decode_replay_frame, encode_replay_request, rank_endpoints,
+    EventBatch, KvEvent, KvEventsDescriptor, Medium, ReplayFrame, decode_load_message,
+    decode_message, decode_replay_frame, encode_replay_request, rank_endpoints,
 };
 use kvgate_kv_index::{ChainConfig, ChainIndex, ChainStats, ChainStore};
 use kvgate_policies::WorkerId;
@@ -30,6 +34,7 @@ use tracing::{debug, info, warn};
 use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
 
 use crate::actors::registry::FleetChanged;
+use crate::actors::selector::LoadPushed;
 
 /// Longest wait for a replay's end marker.
 const REPLAY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -93,15 +98,18 @@ enum RankState {
 #[derive(Debug)]
 pub struct EventsActor {
     index: ChainIndex<WorkerId>,
+    /// Where pushed load goes (the selector), when the engines push it.
+    loads: Option<Recipient<LoadPushed>>,
     workers: HashMap<WorkerId, Worker>,
     /// Workers whose `kv_events` could not be used, and why.
     off: HashMap<WorkerId, String>,
 }
 
 impl EventsActor {
-    pub fn new(max_blocks: Option<usize>) -> EventsActor {
+    pub fn new(max_blocks: Option<usize>, loads: Option<Recipient<LoadPushed>>) -> EventsActor {
         EventsActor {
             index: ChainIndex::new(ChainConfig { max_blocks }),
+            loads,
             workers: HashMap::new(),
             off: HashMap::new(),
         }
@@ -161,6 +169,20 @@ impl EventsActor {
         let mut ranks = BTreeMap::new();
         let mut tasks = Vec::new();
         for ep in endpoints {
+            if let (Some(load), Some(sink)) = (&ep.load, &self.loads) {
+                let topic = desc.load_topic.clone().unwrap_or_else(|| "load".into());
+                let h = ctx.spawn(
+                    fut::wrap_future::<_, Self>(pushed_load(
+                        sink.clone(),
+                        id,
+                        ep.rank,
+                        load.clone(),
+                        topic,
+                    ))
+                    .map(|_, _, _| ()),
+                );
+                tasks.push(h);
+            }
             ranks.insert(ep.rank, RankState::Connecting);
             let topic = desc.topic.clone();
             let me = me.clone();
@@ -447,6 +469,40 @@ impl Handler<MatchChain> for EventsActor {
             per_worker,
             stats: self.index.stats(),
         })
+    }
+}
+
+/// One rank's pushed load, forwarded to the selector as it comes; reconnected with backoff.
+async fn pushed_load(
+    sink: Recipient<LoadPushed>,
+    worker: WorkerId,
+    rank: u32,
+    endpoint: String,
+    topic: String,
+) {
+    let mut backoff = BACKOFF_FIRST;
+    loop {
+        let mut sub = zeromq::SubSocket::new();
+        let ok = match actix_rt::time::timeout(CONNECT_TIMEOUT, sub.connect(&endpoint)).await {
+            Ok(Ok(())) => sub.subscribe(&topic).await.is_ok(),
+            _ => false,
+        };
+        if ok {
+            backoff = BACKOFF_FIRST;
+            while let Ok(m) = sub.recv().await {
+                let frames: Vec<&[u8]> = m.iter().map(|f| f.as_ref()).collect();
+                // A frame that is not a LoadStat is skipped: the next one will do.
+                if let Ok(msg) = decode_load_message(&frames) {
+                    sink.do_send(LoadPushed {
+                        worker,
+                        rank,
+                        stat: msg.stat,
+                    });
+                }
+            }
+        }
+        actix_rt::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(BACKOFF_MAX);
     }
 }
 

@@ -33,8 +33,8 @@ pub use events::InjectPanic;
 use hold::Holds;
 pub use hold::{Hold, select};
 pub use messages::{
-    Booking, Dispatch, Explain, GetViews, GetWorkerStates, Ping, Release, Select, SelectError,
-    Selected, Warmed, WorkerState,
+    Booking, Dispatch, Explain, GetViews, GetWorkerStates, LoadPushed, Ping, Release, Select,
+    SelectError, Selected, Warmed, WorkerState,
 };
 
 pub struct SelectorActor {
@@ -76,6 +76,9 @@ pub struct SelectorActor {
     mailbox_wait: Option<prometheus_client::metrics::histogram::Histogram>,
     /// The chain index fed by engines' KV events: exact holdings for token requests.
     events: Option<Addr<EventsActor>>,
+    /// When each (worker, rank) last pushed its load: a report is as fresh as its oldest
+    /// rank.
+    pushed: HashMap<(WorkerId, u32), Duration>,
 }
 
 /// What `dispatch` did.
@@ -142,6 +145,7 @@ impl SelectorActor {
             recent_keep: 0.5f64.powf(1.0 / RECENT_HALF_LIFE),
             mailbox_wait: None,
             events: None,
+            pushed: HashMap::new(),
         }
     }
 

@@ -132,7 +132,7 @@ async fn blocks_stored_before_the_gateway_come_by_replay_and_live_ones_follow() 
             router.send(msg(end)).await.expect("send");
         }
     });
-    let a = EventsActor::new(None).start();
+    let a = EventsActor::new(None, None).start();
     let w = WorkerId(7);
     a.do_send(FleetChanged(Arc::new(vec![record(
         7,
@@ -199,7 +199,7 @@ async fn blocks_stored_before_the_gateway_come_by_replay_and_live_ones_follow() 
 
 #[actix_rt::test]
 async fn a_worker_without_usable_kv_events_is_off_with_a_reason_and_one_unreachable_is_stalled() {
-    let a = EventsActor::new(None).start();
+    let a = EventsActor::new(None, None).start();
     let mut bad = record(1, 1, None);
     bad.kv_events = Some(serde_json::json!({"publisher": "nats", "endpoint_port_base": 1}));
     // Nothing listens on this port: the subscriber keeps trying.

@@ -6,7 +6,9 @@ use actix::prelude::*;
 use kvgate_poller::LoadsPolled;
 use tracing::warn;
 
-use super::{GetViews, GetWorkerStates, Release, SelectorActor, Warmed, WorkerState};
+use std::time::Duration;
+
+use super::{GetViews, GetWorkerStates, LoadPushed, Release, SelectorActor, Warmed, WorkerState};
 use crate::actors::registry::{FleetChanged, WorkerFailed};
 
 impl Handler<Release> for SelectorActor {
@@ -88,6 +90,56 @@ impl Handler<LoadsPolled> for SelectorActor {
         }
         v.load = load;
         v.credit = self.ledger.credit(id);
+    }
+}
+
+impl Handler<LoadPushed> for SelectorActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: LoadPushed, _: &mut Context<Self>) {
+        let LoadPushed {
+            worker: id,
+            rank,
+            stat,
+        } = msg;
+        let now = self.now();
+        let Some(v) = self.views.iter_mut().find(|v| v.id == id) else {
+            return;
+        };
+        // A poll gives the ranks and their gen_throughput first; pushes refresh the rest.
+        let Some(load) = v.load.as_mut() else {
+            return;
+        };
+        let Some(r) = load.ranks.iter_mut().find(|r| r.dp_rank == rank) else {
+            return;
+        };
+        r.num_running_reqs = stat.num_running_reqs;
+        r.num_waiting_reqs = stat.num_waiting_reqs;
+        r.num_waiting_uncached_tokens = stat.num_waiting_uncached_tokens.unwrap_or(0);
+        r.num_used_tokens = stat.num_tokens;
+        if stat.max_total_num_tokens > 0 {
+            r.max_total_num_tokens = stat.max_total_num_tokens;
+            r.token_usage = stat.num_tokens as f64 / stat.max_total_num_tokens as f64;
+        }
+        if let Some(m) = stat.max_running_requests {
+            r.max_running_requests = m;
+        }
+        self.pushed.insert((id, rank), now);
+        // The report is as fresh as its least recently pushed rank: only then does the
+        // credit of what was dispatched before it go.
+        let oldest = load
+            .ranks
+            .iter()
+            .map(|r| self.pushed.get(&(id, r.dp_rank)).copied())
+            .collect::<Option<Vec<Duration>>>()
+            .and_then(|t| t.into_iter().min());
+        if let Some(at) = oldest
+            && at > load.sampled_at
+        {
+            load.sampled_at = at;
+            self.ledger.on_report(id, Some(at));
+            v.credit = self.ledger.credit(id);
+        }
     }
 }
 

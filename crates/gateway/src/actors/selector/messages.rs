@@ -178,6 +178,16 @@ impl Handler<Ping> for SelectorActor {
     fn handle(&mut self, _: Ping, _: &mut Context<Self>) {}
 }
 
+/// A rank's load as its engine pushed it (SGLang `LoadStat`): fresher than a poll for
+/// the running and waiting counts; the poll still brings `gen_throughput`.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct LoadPushed {
+    pub worker: WorkerId,
+    pub rank: u32,
+    pub stat: kvgate_kv_events::LoadStat,
+}
+
 /// The selector's current per-worker views (inspection, tests).
 #[derive(Message, Debug)]
 #[rtype(result = "Vec<WorkerView>")]
