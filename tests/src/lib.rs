@@ -58,6 +58,22 @@ impl Harness {
         format!("{}{path}", self.gw.url())
     }
 
+    /// Asks for a poll now and waits until the selector has a load report from every
+    /// engine.
+    pub async fn wait_for_load_reports(&self) {
+        self.gw.actors().poller.do_send(kvgate_poller::PollNow);
+        let sel = self.gw.actors().selector.clone();
+        wait_for_async(10, "a load report from every engine", || {
+            let sel = sel.clone();
+            async move {
+                sel.send(kvgate_gateway::testing::GetViews)
+                    .await
+                    .is_ok_and(|v| v.iter().all(|w| w.load.is_some()))
+            }
+        })
+        .await;
+    }
+
     /// Requests each engine has accepted, in fleet order.
     pub fn split(&self) -> Vec<u64> {
         (0..self.fleet.len())

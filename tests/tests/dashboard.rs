@@ -7,9 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use kvgate_engine_sim::SimConfig;
-use kvgate_gateway::testing::GetViews;
-use kvgate_poller::PollNow;
-use kvgate_tests::{Harness, post_json, wait_for_async};
+use kvgate_tests::{Harness, post_json};
 use serde_json::json;
 
 fn chromium() -> Option<PathBuf> {
@@ -78,17 +76,7 @@ async fn the_fleet_page_shows_every_worker_and_moves_with_traffic() {
         },
         |c| c.seed = Some(4),
     );
-    h.gw.actors().poller.do_send(PollNow);
-    let sel = h.gw.actors().selector.clone();
-    wait_for_async(10, "a load report from every engine", || {
-        let sel = sel.clone();
-        async move {
-            sel.send(GetViews)
-                .await
-                .is_ok_and(|v| v.iter().all(|w| w.load.is_some()))
-        }
-    })
-    .await;
+    h.wait_for_load_reports().await;
     let profile = tempfile::tempdir().expect("profile dir");
     let page = h.url("/dashboard");
 

@@ -3,9 +3,7 @@
 //! engine then reported.
 
 use kvgate_engine_sim::{SimConfig, engine_of};
-use kvgate_gateway::testing::GetViews;
-use kvgate_poller::PollNow;
-use kvgate_tests::{Harness, get, post_json, sse_events, wait_for_async};
+use kvgate_tests::{Harness, get, post_json, sse_events};
 use serde_json::{Value, json};
 
 fn sim() -> SimConfig {
@@ -18,17 +16,7 @@ fn sim() -> SimConfig {
 
 async fn fleet(n: usize) -> Harness {
     let h = Harness::start(n, sim(), |c| c.seed = Some(3));
-    h.gw.actors().poller.do_send(PollNow);
-    let sel = h.gw.actors().selector.clone();
-    wait_for_async(10, "a load report from every engine", || {
-        let sel = sel.clone();
-        async move {
-            sel.send(GetViews)
-                .await
-                .is_ok_and(|v| v.iter().all(|w| w.load.is_some()))
-        }
-    })
-    .await;
+    h.wait_for_load_reports().await;
     h
 }
 

@@ -5,9 +5,7 @@
 
 use kvgate_engine_sim::SimConfig;
 use kvgate_gateway::Secret;
-use kvgate_gateway::testing::GetViews;
-use kvgate_poller::PollNow;
-use kvgate_tests::{Harness, client, get, post_json, wait_for_async};
+use kvgate_tests::{Harness, client, get, post_json};
 use prometheus_parse::{Scrape, Value};
 use serde_json::json;
 
@@ -52,17 +50,7 @@ async fn metrics_count_requests_decisions_tokens_and_what_the_fleet_reports() {
         },
         |c| c.seed = Some(9),
     );
-    h.gw.actors().poller.do_send(PollNow);
-    let sel = h.gw.actors().selector.clone();
-    wait_for_async(10, "a load report from every engine", || {
-        let sel = sel.clone();
-        async move {
-            sel.send(GetViews)
-                .await
-                .is_ok_and(|v| v.iter().all(|w| w.load.is_some()))
-        }
-    })
-    .await;
+    h.wait_for_load_reports().await;
     let chat = h.url("/v1/chat/completions");
     let system = "You are the metrics test's assistant. ".repeat(30);
     let ask = |q: &str, stream: bool| {
