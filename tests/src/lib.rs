@@ -74,6 +74,20 @@ impl Harness {
         .await;
     }
 
+    /// `n` unrelated completions at once (the seed's burst), each answered 200.
+    pub async fn burst(&self, n: usize) {
+        let reqs = (0..n).map(|i| {
+            let url = self.url("/v1/completions");
+            async move {
+                let prompt = format!("unrelated prompt number {i} about topic {}", i * 7919);
+                let body = serde_json::json!({"prompt": prompt, "max_tokens": 8});
+                let r = post_json(&url, &body).await;
+                assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+            }
+        });
+        futures_util::future::join_all(reqs).await;
+    }
+
     /// Requests each engine has accepted, in fleet order.
     pub fn split(&self) -> Vec<u64> {
         (0..self.fleet.len())

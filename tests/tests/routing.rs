@@ -43,18 +43,6 @@ async fn wait_for_views(h: &Harness, what: &str, ok: fn(&[WorkerView]) -> bool) 
     .await;
 }
 
-async fn burst(h: &Harness, n: usize) {
-    let reqs = (0..n).map(|i| {
-        let url = h.url("/v1/completions");
-        async move {
-            let body = json!({"prompt": format!("unrelated prompt number {i} about topic {}", i * 7919), "max_tokens": 8});
-            let r = post_json(&url, &body).await;
-            assert_eq!(r.status.as_u16(), 200, "{}", r.text());
-        }
-    });
-    futures_util::future::join_all(reqs).await;
-}
-
 #[actix_rt::test]
 async fn a_burst_of_unrelated_prompts_splits_evenly_over_two_engines() {
     for policy in [
@@ -63,7 +51,7 @@ async fn a_burst_of_unrelated_prompts_splits_evenly_over_two_engines() {
         PolicyKind::PowerOfTwo,
     ] {
         let h = with_loads(2, policy).await;
-        burst(&h, 32).await;
+        h.burst(32).await;
         let split = h.split();
         assert_eq!(split.iter().sum::<u64>(), 32);
         assert!(
@@ -81,7 +69,7 @@ async fn a_burst_over_four_engines_gives_each_six_to_ten() {
         PolicyKind::PowerOfTwo,
     ] {
         let h = with_loads(4, policy).await;
-        burst(&h, 32).await;
+        h.burst(32).await;
         let split = h.split();
         assert_eq!(split.iter().sum::<u64>(), 32);
         assert!(

@@ -7,8 +7,7 @@ use kvgate_engine_sim::SimConfig;
 use kvgate_gateway::testing::GetViews;
 use kvgate_policies::PolicyKind;
 use kvgate_poller::PollNow;
-use kvgate_tests::{Harness, post_json, wait_for_async};
-use serde_json::json;
+use kvgate_tests::{Harness, wait_for_async};
 
 fn engine(gauge: f64) -> SimConfig {
     SimConfig {
@@ -58,15 +57,7 @@ async fn a_burst_splits_evenly_whatever_the_idle_engines_gauges_say() {
             PolicyKind::PowerOfTwo,
         ] {
             let h = fleet(gauges, policy).await;
-            let reqs = (0..32).map(|i| {
-                let url = h.url("/v1/completions");
-                async move {
-                    let body = json!({"prompt": format!("unrelated prompt number {i} about topic {}", i * 7919), "max_tokens": 8});
-                    let r = post_json(&url, &body).await;
-                    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
-                }
-            });
-            futures_util::future::join_all(reqs).await;
+            h.burst(32).await;
             let split = h.split();
             assert_eq!(split.iter().sum::<u64>(), 32);
             assert!(

@@ -18,7 +18,7 @@ use kvgate_policies::CacheIndex;
 use kvgate_poller::{LoadPoller, WorkerUrl};
 use kvgate_store::{Image, Persister, RegistryImage};
 
-use crate::actors::events::EventsActor;
+use crate::actors::events::{EventsActor, SelectorLink};
 use crate::actors::index::{FleetSettled, IndexActor, IndexConfig};
 use crate::actors::registry::{
     AddWorker, PollerLink, RegistryActor, RegistryConfig, RegistryError, WorkerSource,
@@ -227,9 +227,12 @@ fn control_actors(
     };
     // Its subscriber tasks run on this arbiter's runtime, beside the poller's.
     let max_blocks = cfg.kv_events_max_blocks;
-    let loads = selector.clone().recipient();
+    let to_selector = SelectorLink {
+        loads: selector.clone().recipient(),
+        live: selector.clone().recipient(),
+    };
     let events = EventsActor::start_in_arbiter(&control.handle(), move |_| {
-        EventsActor::new(Some(max_blocks), Some(loads))
+        EventsActor::new(Some(max_blocks), Some(to_selector))
     });
     let subscribers = vec![
         selector.clone().recipient(),

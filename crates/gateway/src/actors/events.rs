@@ -34,7 +34,7 @@ use tracing::{debug, info, warn};
 use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
 
 use crate::actors::registry::FleetChanged;
-use crate::actors::selector::LoadPushed;
+use crate::actors::selector::{EventsLive, LoadPushed};
 
 /// Longest wait for a replay's end marker.
 const REPLAY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -87,6 +87,20 @@ struct Worker {
     resets: u64,
 }
 
+impl Worker {
+    /// Events live on every rank: its holdings can be trusted for routing.
+    fn live(&self) -> bool {
+        self.ranks.values().all(|r| *r == RankState::Live)
+    }
+}
+
+/// Where the actor reaches the selector.
+#[derive(Debug, Clone)]
+pub struct SelectorLink {
+    pub loads: Recipient<LoadPushed>,
+    pub live: Recipient<EventsLive>,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum RankState {
     Connecting,
@@ -98,18 +112,21 @@ enum RankState {
 #[derive(Debug)]
 pub struct EventsActor {
     index: ChainIndex<WorkerId>,
-    /// Where pushed load goes (the selector), when the engines push it.
-    loads: Option<Recipient<LoadPushed>>,
+    /// The selector: where pushed load goes, and whether any worker's events are live.
+    selector: Option<SelectorLink>,
+    /// What the selector was last told: whether any worker is live.
+    told_live: bool,
     workers: HashMap<WorkerId, Worker>,
     /// Workers whose `kv_events` could not be used, and why.
     off: HashMap<WorkerId, String>,
 }
 
 impl EventsActor {
-    pub fn new(max_blocks: Option<usize>, loads: Option<Recipient<LoadPushed>>) -> EventsActor {
+    pub fn new(max_blocks: Option<usize>, selector: Option<SelectorLink>) -> EventsActor {
         EventsActor {
             index: ChainIndex::new(ChainConfig { max_blocks }),
-            loads,
+            selector,
+            told_live: false,
             workers: HashMap::new(),
             off: HashMap::new(),
         }
@@ -169,7 +186,7 @@ impl EventsActor {
         let mut ranks = BTreeMap::new();
         let mut tasks = Vec::new();
         for ep in endpoints {
-            if let (Some(load), Some(sink)) = (&ep.load, &self.loads) {
+            if let (Some(load), Some(sink)) = (&ep.load, self.selector.as_ref().map(|s| &s.loads)) {
                 let topic = desc.load_topic.clone().unwrap_or_else(|| "load".into());
                 let h = ctx.spawn(
                     fut::wrap_future::<_, Self>(pushed_load(
@@ -210,6 +227,18 @@ impl EventsActor {
                 resets: 0,
             },
         );
+    }
+
+    /// Tells the selector when the first worker's events become live or the last one's
+    /// stop, so token requests ask this actor only while some worker can answer.
+    fn tell_live(&mut self) {
+        let live = self.workers.values().any(Worker::live);
+        if live != self.told_live
+            && let Some(s) = &self.selector
+        {
+            s.live.do_send(EventsLive(live));
+            self.told_live = live;
+        }
     }
 
     fn stop_worker(&mut self, ctx: &mut Context<Self>, id: WorkerId) {
@@ -284,6 +313,7 @@ impl Handler<FleetChanged> for EventsActor {
                 _ => {}
             }
         }
+        self.tell_live();
     }
 }
 
@@ -319,6 +349,13 @@ impl Handler<Feed> for EventsActor {
     type Result = ();
 
     fn handle(&mut self, msg: Feed, _: &mut Context<Self>) {
+        self.feed(msg);
+        self.tell_live();
+    }
+}
+
+impl EventsActor {
+    fn feed(&mut self, msg: Feed) {
         match msg {
             Feed::Batch {
                 worker,
@@ -386,7 +423,7 @@ impl Handler<GetEventStates> for EventsActor {
             .workers
             .iter()
             .map(|(id, w)| {
-                let state = if w.ranks.values().all(|r| *r == RankState::Live) {
+                let state = if w.live() {
                     EventState::Live
                 } else if w.ranks.values().any(|r| *r == RankState::Stalled) {
                     EventState::Stalled
@@ -452,7 +489,7 @@ impl Handler<MatchChain> for EventsActor {
             let Some(bs) = w.desc.block_size.filter(|b| *b > 0) else {
                 continue;
             };
-            if !w.ranks.values().all(|r| *r == RankState::Live) {
+            if !w.live() {
                 continue;
             }
             let m = self.index.match_tokens(&msg.tokens, bs as usize, 0);
@@ -636,28 +673,24 @@ async fn catch_up(
     match replayed {
         Some(batches) => {
             me.do_send(Feed::Replayed { worker });
-            let mut covered = gap_to.is_none();
             for (seq, batch) in batches {
                 if seq < *next {
                     continue;
                 }
                 if seq > *next {
-                    break; // the replay buffer itself starts later: treated below
+                    // What was missed is gone from the replay buffer too: rebuild from here.
+                    me.do_send(Feed::Reset { worker, rank });
                 }
                 *next = seq + 1;
-                if gap_to.is_some_and(|g| *next >= g) {
-                    covered = true;
-                }
                 me.do_send(Feed::Batch {
                     worker,
                     rank,
                     batch,
                 });
             }
-            if gap_to.is_some_and(|g| *next >= g) {
-                covered = true;
-            }
-            if !covered && let Some(g) = gap_to {
+            if let Some(g) = gap_to
+                && *next < g
+            {
                 me.do_send(Feed::Reset { worker, rank });
                 *next = g;
             }

@@ -132,9 +132,7 @@ pub struct RegistryActor {
     workers: BTreeMap<WorkerId, WorkerRecord>,
     subscribers: Vec<Recipient<FleetChanged>>,
     poller: Option<PollerLink>,
-    /// The workers last handed to the poller.
-    polled: BTreeSet<WorkerId>,
-    /// The workers ready at the last publish, for the health transitions metric.
+    /// The workers ready at the last publish (the ones the poller was given).
     ready: BTreeSet<WorkerId>,
     metrics: Option<Arc<Metrics>>,
     client: awc::Client,
@@ -170,7 +168,6 @@ impl RegistryActor {
             workers: BTreeMap::new(),
             subscribers,
             poller,
-            polled: BTreeSet::new(),
             ready: BTreeSet::new(),
             metrics: None,
             client,
@@ -208,6 +205,7 @@ impl RegistryActor {
 
     fn publish(&mut self) {
         let fleet = self.fleet();
+        // The routable workers: the ones polled, and the health transitions' reference.
         let ready: BTreeSet<WorkerId> =
             fleet.iter().filter(|w| w.healthy()).map(|w| w.id).collect();
         if let Some(m) = &self.metrics {
@@ -218,6 +216,7 @@ impl RegistryActor {
                 }
             }
         }
+        let joined = ready.iter().any(|w| !self.ready.contains(w));
         self.ready = ready;
         for s in &self.subscribers {
             // do_send: a fleet change must never be dropped, and subscribers drain fast.
@@ -234,9 +233,6 @@ impl RegistryActor {
                     api_key: w.api_key.as_ref().map(|k| k.expose().to_owned()),
                 })
                 .collect();
-            let polled: BTreeSet<WorkerId> = targets.iter().map(|t| t.worker).collect();
-            let joined = polled.iter().any(|w| !self.polled.contains(w));
-            self.polled = polled;
             p.targets.do_send(SetTargets(targets));
             if joined {
                 // Same mailbox, so the poll sees the new set.

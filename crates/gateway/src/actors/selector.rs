@@ -33,8 +33,8 @@ pub use events::InjectPanic;
 use hold::Holds;
 pub use hold::{Hold, select};
 pub use messages::{
-    Booking, Dispatch, Explain, GetViews, GetWorkerStates, LoadPushed, Ping, Release, Select,
-    SelectError, Selected, Warmed, WorkerState,
+    Booking, Dispatch, EventsLive, Explain, GetViews, GetWorkerStates, LoadPushed, Ping, Release,
+    Select, SelectError, Selected, Warmed, WorkerState,
 };
 
 pub struct SelectorActor {
@@ -76,6 +76,9 @@ pub struct SelectorActor {
     mailbox_wait: Option<prometheus_client::metrics::histogram::Histogram>,
     /// The chain index fed by engines' KV events: exact holdings for token requests.
     events: Option<Addr<EventsActor>>,
+    /// Some worker's events are live: only then is `events` asked (a hop to another
+    /// thread per token request).
+    events_live: bool,
     /// When each (worker, rank) last pushed its load: a report is as fresh as its oldest
     /// rank.
     pushed: HashMap<(WorkerId, u32), Duration>,
@@ -145,6 +148,7 @@ impl SelectorActor {
             recent_keep: 0.5f64.powf(1.0 / RECENT_HALF_LIFE),
             mailbox_wait: None,
             events: None,
+            events_live: false,
             pushed: HashMap::new(),
         }
     }
@@ -588,7 +592,7 @@ impl Handler<Select> for SelectorActor {
         let attempt = msg.attempt;
         let ask = lookup(
             &index,
-            self.events.as_ref(),
+            self.events.as_ref().filter(|_| self.events_live),
             MatchPrefix {
                 model: model.clone(),
                 facts: msg.facts,
@@ -642,7 +646,7 @@ impl Handler<Explain> for SelectorActor {
         };
         let ask = lookup(
             &index,
-            self.events.as_ref(),
+            self.events.as_ref().filter(|_| self.events_live),
             MatchPrefix {
                 model: self.model_key(&msg.facts),
                 facts: msg.facts,

@@ -81,7 +81,9 @@ pub async fn inference(
     );
     let arrived = Instant::now();
     let metrics = state.metrics.clone();
-    let mut served: Served = Served::default();
+    // The request's model once a worker serving it was chosen: the label takes only
+    // models the fleet serves.
+    let mut served: Option<Arc<str>> = None;
     let answer = tracing::Instrument::instrument(
         proxy_request(endpoint, req, payload, state, pool, arrived, &mut served),
         span,
@@ -91,7 +93,7 @@ pub async fn inference(
         Ok(resp) => resp.status().as_u16(),
         Err(e) => actix_web::ResponseError::status_code(e).as_u16(),
     };
-    metrics.request(endpoint.path(), status, served.model.as_deref());
+    metrics.request(endpoint.path(), status, served.as_deref());
     // A relayed answer's duration is taken when it ends; an error's now.
     if answer.is_err()
         && let Some(r) = metrics.route(endpoint.path())
@@ -101,14 +103,6 @@ pub async fn inference(
     answer
 }
 
-/// What the request path learned for the request metrics.
-#[derive(Debug, Default)]
-struct Served {
-    /// The request's model, once a worker serving it was chosen (so the label takes only
-    /// models the fleet serves).
-    model: Option<Arc<str>>,
-}
-
 async fn proxy_request(
     endpoint: Endpoint,
     req: HttpRequest,
@@ -116,7 +110,7 @@ async fn proxy_request(
     state: web::Data<AppState>,
     pool: web::Data<Pool>,
     arrived: Instant,
-    served: &mut Served,
+    served: &mut Option<Arc<str>>,
 ) -> Result<HttpResponse, ApiError> {
     state.keys.client(&req)?;
     let peer = req.peer_addr().map(|a| a.ip());
@@ -182,9 +176,7 @@ async fn proxy_request(
             d.decision.path.name()
         };
         state.metrics.decision(path);
-        if served.model.is_none() {
-            served.model = Some(model.clone().unwrap_or_else(|| Arc::from("")));
-        }
+        served.clone_from(&model);
         let note = state.decisions.decided(
             &d.decision,
             Decided {

@@ -4,11 +4,11 @@
 use std::collections::HashMap;
 
 use actix_web::{HttpRequest, HttpResponse, web};
-use kvgate_policies::{CandidateScore, Decision, RoutingText, WorkerLoad, WorkerView};
+use kvgate_policies::{CandidateScore, Decision, RoutingText, WorkerId, WorkerLoad, WorkerView};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::actors::events::{EventState, GetEventStates};
+use crate::actors::events::{EventState, GetEventStates, WorkerEvents};
 use crate::actors::index::GetIndexStats;
 use crate::actors::registry::ListWorkers;
 use crate::actors::selector::{CircuitState, Explain, GetViews, GetWorkerStates};
@@ -79,20 +79,7 @@ pub async fn explain(
     let decision = state.selector.send(Explain { facts }).await??;
     let views = state.selector.send(GetViews).await?;
     let events = state.events.send(GetEventStates).await?;
-    let mut out = decision_json(&decision, &views);
-    // Which index matched each candidate: a token request reads a worker's own KV events
-    // when they are live, the approximate index otherwise.
-    if let Some(cands) = out["candidates"].as_array_mut() {
-        for c in cands {
-            let e = views
-                .iter()
-                .find(|v| c["worker_id"] == v.id.to_string().as_str())
-                .and_then(|v| events.get(&v.id));
-            let live = e.is_some_and(|e| e.state == EventState::Live);
-            c["events"] = json!(e.map_or(EventState::Off, |e| e.state));
-            c["matched_by"] = json!(if tokens && live { "kv_events" } else { "index" });
-        }
-    }
+    let mut out = decision_json(&decision, &views, &events, tokens);
     if let Value::Object(m) = &mut out {
         m.insert("route".into(), json!(endpoint.path()));
         m.insert("model".into(), json!(model));
@@ -103,13 +90,32 @@ pub async fn explain(
 }
 
 /// A decision with every candidate's scores, load figures and URL.
-fn decision_json(d: &Decision, views: &[WorkerView]) -> Value {
+/// `tokens`: the request is token ids, which a worker's live KV events match.
+fn decision_json(
+    d: &Decision,
+    views: &[WorkerView],
+    events: &HashMap<WorkerId, WorkerEvents>,
+    tokens: bool,
+) -> Value {
     let by_id: HashMap<_, _> = views.iter().map(|v| (v.id, v)).collect();
     let url = |id| by_id.get(&id).map(|v| v.url.to_string());
     let candidates: Vec<Value> = d
         .candidates
         .iter()
-        .map(|c| candidate_json(c, by_id.get(&c.worker).copied(), d.worker == Some(c.worker)))
+        .map(|c| {
+            let view = by_id.get(&c.worker).copied();
+            let mut j = candidate_json(c, view, d.worker == Some(c.worker));
+            // Which index matched it: a token request reads a worker's own KV events when
+            // they are live, the approximate index otherwise.
+            let state = events.get(&c.worker).map_or(EventState::Off, |e| e.state);
+            j["events"] = json!(state);
+            j["matched_by"] = json!(if tokens && state == EventState::Live {
+                "kv_events"
+            } else {
+                "index"
+            });
+            j
+        })
         .collect();
     json!({
         "worker": d.worker.and_then(url),

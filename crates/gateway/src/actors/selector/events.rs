@@ -8,7 +8,9 @@ use tracing::warn;
 
 use std::time::Duration;
 
-use super::{GetViews, GetWorkerStates, LoadPushed, Release, SelectorActor, Warmed, WorkerState};
+use super::{
+    EventsLive, GetViews, GetWorkerStates, LoadPushed, Release, SelectorActor, Warmed, WorkerState,
+};
 use crate::actors::registry::{FleetChanged, WorkerFailed};
 
 impl Handler<Release> for SelectorActor {
@@ -90,6 +92,14 @@ impl Handler<LoadsPolled> for SelectorActor {
         }
         v.load = load;
         v.credit = self.ledger.credit(id);
+    }
+}
+
+impl Handler<EventsLive> for SelectorActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: EventsLive, _: &mut Context<Self>) {
+        self.events_live = msg.0;
     }
 }
 

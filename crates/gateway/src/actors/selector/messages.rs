@@ -188,6 +188,12 @@ pub struct LoadPushed {
     pub stat: kvgate_kv_events::LoadStat,
 }
 
+/// Whether any worker's KV events are live: token requests ask the events actor only
+/// while one is.
+#[derive(Message, Debug, Clone, Copy)]
+#[rtype(result = "()")]
+pub struct EventsLive(pub bool);
+
 /// The selector's current per-worker views (inspection, tests).
 #[derive(Message, Debug)]
 #[rtype(result = "Vec<WorkerView>")]
