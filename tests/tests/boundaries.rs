@@ -97,6 +97,18 @@ fn each_crate_links_only_what_its_role_allows() {
         "kvgate-kv-events",
         &["kvgate-kv-index", "kvgate-gateway", "kvgate-poller"],
     );
+    // The tokenizer: no runtime (it runs on whatever thread calls it), no other kvgate crate.
+    assert_links_none(&g, "kvgate-tokenize", &runtime);
+    assert_links_none(
+        &g,
+        "kvgate-tokenize",
+        &[
+            "kvgate-kv-index",
+            "kvgate-gateway",
+            "kvgate-policies",
+            "kvgate-engine-sim",
+        ],
+    );
     // The worker protocols know nothing of the gateway or its store.
     assert_links_none(
         &g,

@@ -8,7 +8,8 @@ use serde_json::{Value, json};
 
 use crate::error::ApiError;
 use crate::scheduler::{Event, Finish};
-use crate::{SimConfig, Tokenizer, tokenizer};
+use crate::vocab::Vocab;
+use crate::{SimConfig, tokenizer};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Api {
@@ -120,20 +121,24 @@ pub(crate) fn json_body<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, Api
 }
 
 /// Parses and checks an inference body, tokenizing its prompt.
-pub(crate) fn parse(api: Api, body: &[u8], cfg: &SimConfig) -> Result<Request, ApiError> {
-    let kind = cfg.tokenizer;
+pub(crate) fn parse(
+    api: Api,
+    body: &[u8],
+    cfg: &SimConfig,
+    vocab: &Vocab,
+) -> Result<Request, ApiError> {
     let (prompts, max_new, common) = match api {
         Api::Generate => {
             let b: GenerateBody = json_body(body)?;
             let prompts = match (b.text, b.input_ids) {
-                (Some(p), None) | (None, Some(p)) => batch(kind, p),
+                (Some(p), None) | (None, Some(p)) => batch(vocab, p)?,
                 _ => return Err(bad("Either text or input_ids should be provided.")),
             };
             (prompts, b.sampling_params.max_new_tokens, b.common)
         }
         Api::Completion => {
             let b: CompletionBody = json_body(body)?;
-            let prompts = batch(kind, b.prompt.ok_or_else(|| bad("prompt is required"))?);
+            let prompts = batch(vocab, b.prompt.ok_or_else(|| bad("prompt is required"))?)?;
             (prompts, b.max_tokens, b.common)
         }
         Api::Chat => {
@@ -144,9 +149,17 @@ pub(crate) fn parse(api: Api, body: &[u8], cfg: &SimConfig) -> Result<Request, A
                 .into_iter()
                 .map(|m| (m.role, content_text(m.content)))
                 .collect();
-            let text = tokenizer::render_chat(texts.iter().map(|(r, c)| (r.as_str(), c.as_str())));
+            let ids = match vocab.chat(body) {
+                // The template's own refusals are the client's error, as in SGLang.
+                Some(ids) => ids.map_err(bad)?,
+                None => {
+                    let text =
+                        tokenizer::render_chat(texts.iter().map(|(r, c)| (r.as_str(), c.as_str())));
+                    vocab.encode(&text).map_err(bad)?
+                }
+            };
             let max_new = b.max_completion_tokens.or(b.max_tokens);
-            (vec![kind.encode(&text)], max_new, b.common)
+            (vec![ids], max_new, b.common)
         }
     };
     let stream = common.stream.unwrap_or(false);
@@ -209,13 +222,16 @@ fn check_prompt(prompt: &[u32], max_new_tokens: usize, cfg: &SimConfig) -> Resul
 }
 
 /// The prompts of a body: one, or each element of a list.
-fn batch(kind: Tokenizer, prompt: Prompt) -> Vec<Vec<u32>> {
-    match prompt {
-        Prompt::Text(t) => vec![kind.encode(&t)],
+fn batch(vocab: &Vocab, prompt: Prompt) -> Result<Vec<Vec<u32>>, ApiError> {
+    Ok(match prompt {
+        Prompt::Text(t) => vec![vocab.encode(&t).map_err(bad)?],
         Prompt::Ids(ids) => vec![ids],
-        Prompt::Texts(v) => v.iter().map(|t| kind.encode(t)).collect(),
+        Prompt::Texts(v) => v
+            .iter()
+            .map(|t| vocab.encode(t).map_err(bad))
+            .collect::<Result<_, _>>()?,
         Prompt::IdLists(v) => v,
-    }
+    })
 }
 
 fn content_text(content: Option<Content>) -> String {

@@ -90,6 +90,11 @@ pub struct SimConfig {
     pub enable_metrics: bool,
     /// How prompts become tokens. Default [`Tokenizer::WordPieces`].
     pub tokenizer: Tokenizer,
+    /// A model's Hugging Face tokenizer (its directory, or its `tokenizer.json` with
+    /// `tokenizer_config.json` beside it): prompts are encoded with it and chats rendered
+    /// with its chat template, as SGLang does, instead of `tokenizer`; `/server_info` and
+    /// `/model_info` report it as `tokenizer_path`. Default none.
+    pub tokenizer_path: Option<std::path::PathBuf>,
     /// Canned replies with no tokenizing or scheduling, to measure a gateway's own overhead.
     pub fixed_response: bool,
     /// Seeds the generated tokens. Default 0.
@@ -145,6 +150,7 @@ impl Default for SimConfig {
             enable_cache_report: false,
             enable_metrics: false,
             tokenizer: Tokenizer::WordPieces,
+            tokenizer_path: None,
             fixed_response: false,
             seed: 0,
             api_key: None,

@@ -11,6 +11,7 @@ use crate::error::ApiError;
 use crate::events::{self, Ports};
 use crate::pushed_load;
 use crate::scheduler::{Event, Job, Rank, Snapshot};
+use crate::vocab::Vocab;
 use crate::{Fault, LoadBalanceMethod, SimConfig};
 
 /// A copy of an engine's counters (`GET /sim/stats`). Counts survive flushes and restarts;
@@ -53,6 +54,7 @@ pub fn engine_of(id: &str) -> Option<usize> {
 #[derive(Debug)]
 pub(crate) struct Engine {
     pub(crate) cfg: Arc<SimConfig>,
+    pub(crate) vocab: Arc<Vocab>,
     pub(crate) ranks: Vec<Arc<Rank>>,
     index: usize,
     fault: Mutex<Fault>,
@@ -69,13 +71,16 @@ pub(crate) struct Engine {
 }
 
 impl Engine {
-    pub(crate) fn new(index: usize, cfg: SimConfig) -> Self {
+    /// Fails when the configured tokenizer cannot be loaded.
+    pub(crate) fn new(index: usize, cfg: SimConfig) -> std::io::Result<Self> {
         let cfg = Arc::new(cfg);
+        let vocab = Arc::new(Vocab::load(&cfg)?);
         let ranks = (0..cfg.dp_size)
-            .map(|r| Arc::new(Rank::new(r, Arc::clone(&cfg))))
+            .map(|r| Arc::new(Rank::new(r, Arc::clone(&cfg), Arc::clone(&vocab))))
             .collect();
-        Self {
+        Ok(Self {
             cfg,
+            vocab,
             ranks,
             index,
             fault: Mutex::new(Fault::None),
@@ -86,7 +91,7 @@ impl Engine {
             next_rank: AtomicUsize::new(0),
             received: AtomicU64::new(0),
             kv_events: OnceLock::new(),
-        }
+        })
     }
 
     /// Binds the KV-event and pushed-load sockets (when configured) on `host` and starts

@@ -245,7 +245,7 @@ fn nth_engine(cfg: &SimConfig, i: usize) -> io::Result<SimConfig> {
 type Started = (EngineHandle, (ServerHandle, Option<JoinHandle<()>>));
 
 fn spawn_engine(index: usize, host: &str, port: u16, cfg: SimConfig) -> io::Result<Started> {
-    let engine = Arc::new(Engine::new(index, cfg));
+    let engine = Arc::new(Engine::new(index, cfg)?);
     let (tx, rx) = mpsc::channel();
     let (host, shared) = (host.to_owned(), Arc::clone(&engine));
     let thread = std::thread::Builder::new()

@@ -71,6 +71,7 @@ mod routes;
 mod scheduler;
 mod throughput;
 pub mod tokenizer;
+mod vocab;
 
 pub use config::{Flavor, LoadBalanceMethod, SimConfig};
 pub use engine::{EngineStats, engine_of};

@@ -76,6 +76,10 @@ struct Args {
     /// word-pieces (default) | four-bytes
     #[arg(long)]
     tokenizer: Option<String>,
+    /// A model's Hugging Face tokenizer (directory or tokenizer.json): prompts encoded and
+    /// chats rendered with it, as SGLang does; overrides --tokenizer.
+    #[arg(long)]
+    tokenizer_path: Option<String>,
     /// Canned replies, no scheduling: for measuring a gateway's own overhead.
     #[arg(long)]
     fixed_response: bool,
@@ -192,6 +196,10 @@ fn config(args: &Args) -> anyhow::Result<SimConfig> {
         args.initial_gen_throughput.map(Value::from),
     );
     set("tokenizer", args.tokenizer.clone().map(Value::from));
+    set(
+        "tokenizer_path",
+        args.tokenizer_path.clone().map(Value::from),
+    );
     set("seed", args.seed.map(Value::from));
     set("kv_events_port", args.kv_events_port.map(Value::from));
     set(

@@ -172,7 +172,7 @@ async fn server_info(e: Data<Engine>) -> HttpResponse {
         .collect();
     HttpResponse::Ok().json(json!({
         "model_path": c.model,
-        "tokenizer_path": c.model,
+        "tokenizer_path": tokenizer_path(c),
         "served_model_name": c.model,
         "tp_size": 1,
         "dp_size": c.dp_size,
@@ -188,10 +188,19 @@ async fn server_info(e: Data<Engine>) -> HttpResponse {
     }))
 }
 
+/// The configured tokenizer's path, else the model's name (as SGLang reports the model path
+/// when no separate tokenizer was given).
+fn tokenizer_path(c: &crate::SimConfig) -> Value {
+    match &c.tokenizer_path {
+        Some(p) => Value::from(p.to_string_lossy().into_owned()),
+        None => Value::from(c.model.as_str()),
+    }
+}
+
 async fn model_info(e: Data<Engine>) -> HttpResponse {
     HttpResponse::Ok().json(json!({
         "model_path": e.cfg.model,
-        "tokenizer_path": e.cfg.model,
+        "tokenizer_path": tokenizer_path(&e.cfg),
         "is_generation": true,
         "preferred_sampling_params": null,
         "weight_version": "default",
@@ -339,7 +348,7 @@ async fn infer(e: Data<Engine>, api: Api, body: Bytes) -> Answer {
     if e.cfg.fixed_response {
         return canned(&e, api, &body);
     }
-    let req = api::parse(api, &body, &e.cfg)?;
+    let req = api::parse(api, &body, &e.cfg, &e.vocab)?;
     let pinned = match e.check_rank(req.dp_rank) {
         Ok(pinned) => pinned,
         // SGLang raises inside its generator: a stream answers 200 with the error as its
@@ -557,7 +566,7 @@ fn canned(e: &Engine, api: Api, body: &[u8]) -> Answer {
         rank.count_canned();
     }
     let mut reply = Reply::new(api, "canned".to_owned(), e.cfg.model.clone(), false, 1);
-    let (id, text) = e.cfg.tokenizer.generated(0);
+    let (id, text) = e.vocab.generated(0);
     let token = Event::Token {
         id,
         text,

@@ -32,6 +32,7 @@ use crate::cache::{NodeId, PrefixCache};
 use crate::events::Outbox;
 use crate::pushed_load::LoadOutbox;
 use crate::throughput::GenThroughput;
+use crate::vocab::Vocab;
 
 /// What the scheduler tells a request's handler, in order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,6 +118,7 @@ struct State {
     load: Option<LoadOutbox>,
     /// Scheduler steps since the load was last pushed.
     steps: u32,
+    vocab: Arc<Vocab>,
 }
 
 #[derive(Debug)]
@@ -175,7 +177,7 @@ impl Drop for CancelOnDrop {
 }
 
 impl Rank {
-    pub(crate) fn new(index: usize, cfg: Arc<SimConfig>) -> Self {
+    pub(crate) fn new(index: usize, cfg: Arc<SimConfig>, vocab: Arc<Vocab>) -> Self {
         let state = State {
             next_id: 0,
             waiting: VecDeque::new(),
@@ -193,6 +195,7 @@ impl Rank {
             events: None,
             load: None,
             steps: 0,
+            vocab,
         };
         Self {
             cfg,
@@ -457,7 +460,7 @@ impl State {
                 self.gen_throughput
                     .decode_batch(1, Instant::now(), cfg.decode_log_interval);
             }
-            if self.step(i, cfg) {
+            if self.step(i) {
                 i += 1;
             }
         }
@@ -472,7 +475,7 @@ impl State {
         let decoded = self.running.len() as u64;
         let mut i = 0;
         while i < self.running.len() {
-            if self.step(i, cfg) {
+            if self.step(i) {
                 i += 1;
             }
         }
@@ -506,7 +509,7 @@ impl State {
 
     /// Gives running request `i` its next token, or ends it; false once it has ended (and
     /// left `running`).
-    fn step(&mut self, i: usize, cfg: &SimConfig) -> bool {
+    fn step(&mut self, i: usize) -> bool {
         let req = &mut self.running[i];
         if req.output.len() >= req.job.max_new_tokens {
             let req = self.running.swap_remove(i);
@@ -514,9 +517,9 @@ impl State {
             self.end(&req, true);
             return false;
         }
-        let (id, text) = cfg
-            .tokenizer
-            .generated(self.rng.gen_range(0..cfg.tokenizer.generated_len()));
+        let (id, text) = self
+            .vocab
+            .generated(self.rng.gen_range(0..self.vocab.generated_len()));
         req.output.push(id);
         let finished = req.output.len() >= req.job.max_new_tokens;
         let _ = req.tx.send(Event::Token {

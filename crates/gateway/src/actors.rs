@@ -8,3 +8,4 @@ pub mod events;
 pub mod index;
 pub mod registry;
 pub mod selector;
+pub mod tokenizers;

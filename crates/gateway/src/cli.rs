@@ -293,6 +293,12 @@ const FLAGS: &[(&str, &str, Kind, &str)] = &[
         "Blocks the KV-event chain index holds before it evicts (about 170 B each)",
     ),
     (
+        "tokenizer-path",
+        "tokenizer_path",
+        Kind::Text,
+        "The model's tokenizer (directory or tokenizer.json) for matching text requests on KV events",
+    ),
+    (
         "prometheus-port",
         "prometheus_port",
         Kind::Int,

@@ -96,6 +96,10 @@ pub struct GatewayConfig {
     /// Blocks the KV-event chain index holds, over every worker and rank, before it
     /// evicts the oldest chain ends (about 170 bytes each).
     pub kv_events_max_blocks: usize,
+    /// The model's Hugging Face tokenizer (a directory with `tokenizer.json`, or the file),
+    /// for text requests to workers that publish KV events; without it, each worker's
+    /// `tokenizer_path` from `/server_info` or `/model_info` is used when it is a local path.
+    pub tokenizer_path: Option<PathBuf>,
     pub policy: PolicyConfig,
     /// Load polling (`--load-monitor-interval` is `poller.interval_secs`).
     pub poller: PollerConfig,
@@ -234,6 +238,7 @@ impl Default for GatewayConfig {
             prometheus_port: None,
             prometheus_host: "127.0.0.1".into(),
             kv_events_max_blocks: 1_000_000,
+            tokenizer_path: None,
             policy: PolicyConfig::with_kind(kvgate_policies::PolicyKind::CacheAware),
             poller: PollerConfig::default(),
             seed: None,

@@ -12,3 +12,4 @@ pub mod inspect;
 pub mod parse;
 pub mod proxy;
 pub mod routes;
+pub mod tokens;

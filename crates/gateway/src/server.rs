@@ -24,6 +24,7 @@ use crate::actors::registry::{
     AddWorker, PollerLink, RegistryActor, RegistryConfig, RegistryError, WorkerSource,
 };
 use crate::actors::selector::{CircuitConfig, SelectorActor};
+use crate::actors::tokenizers::{TokenizerActor, Tokenizers};
 use crate::config::GatewayConfig;
 use crate::http::admission::Admission;
 use crate::http::auth::{AllowList, Keys};
@@ -206,7 +207,12 @@ fn control_actors(
     persister: Option<Persister>,
     image: RegistryImage,
     metrics: &Arc<Metrics>,
-) -> (Addr<RegistryActor>, Addr<LoadPoller>, Addr<EventsActor>) {
+) -> (
+    Addr<RegistryActor>,
+    Addr<LoadPoller>,
+    Addr<EventsActor>,
+    Arc<Tokenizers>,
+) {
     let metrics = metrics.clone();
     let (index, selector) = routing;
     let sink = selector.clone().recipient();
@@ -234,10 +240,16 @@ fn control_actors(
     let events = EventsActor::start_in_arbiter(&control.handle(), move |_| {
         EventsActor::new(Some(max_blocks), Some(to_selector))
     });
+    let tokenizers = Arc::new(Tokenizers::new(cfg.tokenizer_path.clone()));
+    let loader = TokenizerActor {
+        tokenizers: tokenizers.clone(),
+    };
+    let loader = TokenizerActor::start_in_arbiter(&control.handle(), move |_| loader);
     let subscribers = vec![
         selector.clone().recipient(),
         index.clone().recipient(),
         events.clone().recipient(),
+        loader.recipient(),
     ];
     let link = PollerLink {
         targets: poller.clone().recipient(),
@@ -246,7 +258,7 @@ fn control_actors(
     let registry = RegistryActor::start_in_arbiter(&control.handle(), move |_| {
         RegistryActor::new(reg_cfg, subscribers, Some(link), persister, image).with_metrics(metrics)
     });
-    (registry, poller, events)
+    (registry, poller, events, tokenizers)
 }
 
 /// The workers to register at start: the configured ones less those the admin API
@@ -421,7 +433,7 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         routing_actors(cfg, epoch, store.persister.clone(), store.image, &metrics);
     let control = Arbiter::new();
     let workers = startup_workers(cfg, &store.registry);
-    let (registry, poller, events) = control_actors(
+    let (registry, poller, events, tokenizers) = control_actors(
         cfg,
         epoch,
         &control,
@@ -472,6 +484,7 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         reads_prompt: cfg.policy.kind.reads_prompt(),
         decisions: DecisionSink::new(DECISION_LOG_SIZE, metrics.clone()),
         events: events.clone(),
+        tokenizers,
         bytes_per_token: cfg.policy.bytes_per_token,
         metrics,
     });

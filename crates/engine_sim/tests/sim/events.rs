@@ -16,7 +16,7 @@ use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage
 use crate::scheduling::ids;
 use crate::support::{fast, get_json, one, post, post_json};
 
-const TOPIC: &str = "kv";
+pub const TOPIC: &str = "kv";
 
 fn publishing() -> SimConfig {
     SimConfig {
@@ -118,6 +118,23 @@ async fn replay(port: u16, start: u64) -> Vec<EventMessage> {
             ReplayFrame::End => return out,
         }
     }
+}
+
+/// A subscriber on rank 0 of the engine at `url`, as advertised.
+pub async fn descriptor_port(url: &str) -> SubSocket {
+    let d = descriptor(url).await;
+    subscribe(port(&d, "endpoint_port_base")).await
+}
+
+/// Syncs `sub`, runs `traffic`, and returns the first block store published after it.
+pub async fn first_store_after_sync(
+    url: &str,
+    sub: &mut SubSocket,
+    traffic: impl Future<Output = ()>,
+) -> BlockStored {
+    let from = sync(url, std::slice::from_mut(sub)).await;
+    traffic.await;
+    only_store(&next(sub, from).await)
 }
 
 fn only_store(msg: &EventMessage) -> BlockStored {

@@ -5,6 +5,7 @@
 
 mod events;
 mod faults;
+mod model_tokenizer;
 mod pool;
 mod pushed_load;
 mod ranks;

@@ -68,6 +68,10 @@ pub struct WorkerRecord {
     pub startup_time: Option<f64>,
     /// The `kv_events` block of `/server_info`, kept for event subscription.
     pub kv_events: Option<serde_json::Value>,
+    /// Where the engine loaded its tokenizer from (`tokenizer_path` of `/server_info` or
+    /// `/model_info`): a local path or a hub name.
+    #[serde(default)]
+    pub tokenizer_path: Option<String>,
     /// Seconds since the Unix epoch when it was registered.
     pub added_at: f64,
     pub consecutive_failures: u32,
@@ -264,6 +268,7 @@ impl RegistryActor {
         rec.page_size = d.page_size;
         rec.startup_time = d.startup_time;
         rec.kv_events = d.kv_events;
+        rec.tokenizer_path = d.tokenizer_path;
     }
 
     fn health_tick(&mut self, ctx: &mut Context<Self>) {
@@ -427,6 +432,7 @@ impl Handler<AddWorker> for RegistryActor {
                 page_size: None,
                 startup_time: None,
                 kv_events: None,
+                tokenizer_path: None,
                 added_at,
                 consecutive_failures: 0,
                 consecutive_successes: 0,

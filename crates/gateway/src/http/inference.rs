@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
+use bytes::Bytes;
 use kvgate_policies::{RequestFacts, WorkerId};
 use rand::Rng;
 use tracing::warn;
@@ -16,6 +17,7 @@ use crate::http::error::ApiError;
 use crate::http::parse::{Endpoint, request_facts};
 use crate::http::proxy::{self, Upstream};
 use crate::http::routes::{AppState, RequestId, read_body};
+use crate::http::tokens;
 use crate::upstream::Pool;
 
 /// How failed attempts are tried again.
@@ -52,14 +54,17 @@ fn routing_key(req: &HttpRequest) -> Option<String> {
         .map(str::to_owned)
 }
 
-fn facts_of(
+/// The routing facts of a body: the prompt as text or tokens (the engine's own, when the
+/// model has a tokenizer), the model, the sticky key.
+async fn facts_of(
     endpoint: Endpoint,
     req: &HttpRequest,
-    body: &[u8],
-    prompt: bool,
+    body: &Bytes,
+    state: &AppState,
 ) -> Result<RequestFacts, ApiError> {
-    let mut facts = request_facts(endpoint, body, prompt)?;
+    let mut facts = request_facts(endpoint, body, state.reads_prompt)?;
     facts.routing_key = routing_key(req);
+    tokens::tokenize(&state.tokenizers, endpoint, body, &mut facts).await;
     Ok(facts)
 }
 
@@ -126,7 +131,7 @@ async fn proxy_request(
     )
     .await
     .map_err(|_| ApiError::BodyTimeout(state.body_timeout.as_secs_f64()))??;
-    let mut facts = facts_of(endpoint, &req, &body, state.reads_prompt)?;
+    let mut facts = facts_of(endpoint, &req, &body, &state).await?;
     let request_id = req
         .extensions()
         .get::<RequestId>()
@@ -157,7 +162,7 @@ async fn proxy_request(
             // the fresh state (a second failure is this request's own answer).
             Err(SelectError::Restarted) if !restarted => {
                 restarted = true;
-                facts = facts_of(endpoint, &req, &body, state.reads_prompt)?;
+                facts = facts_of(endpoint, &req, &body, &state).await?;
                 continue;
             }
             // Every worker left was tried: the client gets the last failure, not a 503.
@@ -196,7 +201,7 @@ async fn proxy_request(
             Ok(resp) => return Ok(resp),
             Err(f) => f,
         };
-        let next = facts_of(endpoint, &req, &body, state.reads_prompt)?;
+        let next = facts_of(endpoint, &req, &body, &state).await?;
         if let Some((model, keep)) = recorded {
             // Nothing of the failed attempt stays in the index.
             state.index.do_send(ForgetPrefix {

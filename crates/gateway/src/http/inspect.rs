@@ -15,6 +15,7 @@ use crate::actors::selector::{CircuitState, Explain, GetViews, GetWorkerStates};
 use crate::http::error::ApiError;
 use crate::http::parse::{Endpoint, request_facts};
 use crate::http::routes::{AppState, read_body};
+use crate::http::tokens;
 use crate::metrics::{Fleet, FleetWorker};
 
 /// The inference route a name stands for: a path (`/v1/chat/completions`, with or without
@@ -67,13 +68,16 @@ pub async fn explain(
             ));
         }
     };
-    let facts = request_facts(endpoint, &body, true)?;
-    let prompt = match &facts.key {
+    let mut facts = request_facts(endpoint, &body, true)?;
+    let source = tokens::tokenize(&state.tokenizers, endpoint, &body, &mut facts).await;
+    let mut prompt = match &facts.key {
         RoutingText::Text(t) => json!({"kind": "text", "bytes": t.len(),
             "estimated_tokens": (t.len() as f64 / state.bytes_per_token.max(f64::MIN_POSITIVE)).ceil() as u64}),
         RoutingText::Tokens(t) => json!({"kind": "tokens", "tokens": t.len()}),
         RoutingText::Empty => json!({"kind": "none"}),
     };
+    // Where the tokens came from, or why the text is matched as text.
+    prompt["tokens_from"] = json!(source);
     let model = facts.model.clone();
     let tokens = matches!(facts.key, RoutingText::Tokens(_));
     let decision = state.selector.send(Explain { facts }).await??;

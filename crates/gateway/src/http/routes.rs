@@ -1,6 +1,7 @@
 //! HTTP handlers: the gateway's own routes and the worker admin API (REST and the
 //! sglang-router legacy forms). The proxied inference routes are in `inference`.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -24,6 +25,7 @@ use crate::actors::registry::{
 use crate::actors::selector::{
     CircuitState, GetViews, GetWorkerStates, Ping, SelectorActor, WorkerState,
 };
+use crate::actors::tokenizers::{Slot, Tokenizers};
 use crate::config::Secret;
 use crate::http::admission::Admission;
 use crate::http::auth::{AllowList, Keys};
@@ -59,6 +61,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// The KV-event subscriptions and the chain index.
     pub events: Addr<EventsActor>,
+    /// The models' tokenizers, for text requests to workers with KV events.
+    pub tokenizers: Arc<Tokenizers>,
 }
 
 /// Whether the gateway is on its way out (SIGTERM): readiness says so at once.
@@ -181,6 +185,7 @@ fn worker_json(
     rec: &WorkerRecord,
     state: Option<&WorkerState>,
     events: Option<&WorkerEvents>,
+    tokenizers: &HashMap<String, Slot>,
 ) -> Value {
     let mut v = serde_json::to_value(rec).unwrap_or_else(|_| json!({}));
     v["id"] = json!(rec.id.to_string());
@@ -195,6 +200,18 @@ fn worker_json(
         (None, Some(_)) => json!({"state": "connecting"}),
         (None, None) => json!({"state": "off", "reason": "no kv_events in /server_info"}),
     };
+    // Whether text requests to it are matched on its events: its model's tokenizer.
+    v["tokenizer"] = match rec.models.iter().find_map(|m| tokenizers.get(m)) {
+        _ if rec.kv_events.is_none() => {
+            json!({"state": "unused", "reason": "no KV events to match"})
+        }
+        None => json!({"state": "pending"}),
+        Some(Slot::Loading(p)) => json!({"state": "loading", "path": p}),
+        Some(Slot::Ready(t)) => json!({"state": "ready", "path": t.path(),
+            "chat_template": t.has_chat_template()}),
+        Some(Slot::Failed(e)) => json!({"state": "failed", "reason": e}),
+        Some(Slot::Missing(r)) => json!({"state": "missing", "reason": r}),
+    };
     // What the poller last saw, summed over ranks; null without a fresh report.
     v["load"] = state
         .and_then(|s| s.view.load.as_ref())
@@ -206,6 +223,7 @@ async fn worker_list(state: &AppState) -> Result<Vec<Value>, ApiError> {
     let fleet = state.registry.send(ListWorkers).await?;
     let views = state.selector.send(GetWorkerStates).await?;
     let events = state.events.send(GetEventStates).await?;
+    let tokenizers = state.tokenizers.all();
     Ok(fleet
         .iter()
         .map(|rec| {
@@ -213,6 +231,7 @@ async fn worker_list(state: &AppState) -> Result<Vec<Value>, ApiError> {
                 rec,
                 views.iter().find(|v| v.view.id == rec.id),
                 events.get(&rec.id),
+                &tokenizers,
             )
         })
         .collect())
@@ -349,7 +368,7 @@ pub async fn post_worker(
     let rec = add(&state, b.url, b.api_key).await?;
     Ok(HttpResponse::build(StatusCode::CREATED)
         .insert_header(("location", format!("/workers/{}", rec.id)))
-        .json(worker_json(&rec, None, None)))
+        .json(worker_json(&rec, None, None, &state.tokenizers.all())))
 }
 
 pub async fn delete_worker(
@@ -360,7 +379,7 @@ pub async fn delete_worker(
     let key = percent_decode(req.match_info().get("key").unwrap_or(""));
     let rec = drain_and_remove(&state, key).await?;
     Ok(HttpResponse::Ok()
-        .json(json!({"status": "removed", "worker": worker_json(&rec, None, None)})))
+        .json(json!({"status": "removed", "worker": worker_json(&rec, None, None, &state.tokenizers.all())})))
 }
 
 #[derive(Deserialize)]
@@ -384,7 +403,7 @@ pub async fn legacy_add(
     Ok(HttpResponse::Ok().json(json!({
         "status": "success",
         "message": format!("Successfully added worker: {}", rec.url),
-        "worker": worker_json(&rec, None, None),
+        "worker": worker_json(&rec, None, None, &state.tokenizers.all()),
     })))
 }
 

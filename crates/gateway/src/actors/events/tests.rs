@@ -53,6 +53,7 @@ fn record(id: u64, port: u16, replay: Option<u16>) -> WorkerRecord {
         page_size: None,
         startup_time: None,
         kv_events: Some(kv),
+        tokenizer_path: None,
         added_at: 0.0,
         consecutive_failures: 0,
         consecutive_successes: 0,

@@ -72,6 +72,7 @@ pub struct Detected {
     pub page_size: Option<u64>,
     pub startup_time: Option<f64>,
     pub kv_events: Option<serde_json::Value>,
+    pub tokenizer_path: Option<String>,
     /// Whether `/server_info` (or `/get_server_info`) answered; when it did not, the
     /// fields above from it are unknown, not absent.
     pub server_info: bool,
@@ -108,6 +109,12 @@ pub(super) fn read_server_info(d: &mut Detected, url: &WorkerUrl, v: &serde_json
     d.page_size = count("page_size");
     d.startup_time = field("startup_time", |x| x.is_number()).and_then(|x| x.as_f64());
     d.kv_events = field("kv_events", |_| true);
+    d.tokenizer_path = tokenizer_path(v);
+}
+
+fn tokenizer_path(v: &serde_json::Value) -> Option<String> {
+    let p = v.get("tokenizer_path")?.as_str()?;
+    (!p.is_empty()).then(|| p.to_owned())
 }
 
 async fn get_json<T: serde::de::DeserializeOwned>(
@@ -154,6 +161,16 @@ pub async fn detect(probe: Probe<'_>, url: &WorkerUrl) -> Result<Detected, Probe
     };
     if let Some(v) = info {
         read_server_info(&mut d, url, &v);
+    }
+    // Older engines name the tokenizer only in /model_info.
+    if d.server_info && d.tokenizer_path.is_none() {
+        let info = match get_json::<serde_json::Value>(probe, url.join("/model_info")).await {
+            Ok(i) => Some(i),
+            Err(_) => get_json::<serde_json::Value>(probe, url.join("/get_model_info"))
+                .await
+                .ok(),
+        };
+        d.tokenizer_path = info.as_ref().and_then(tokenizer_path);
     }
     Ok(d)
 }

@@ -43,6 +43,7 @@ fn rec() -> WorkerRecord {
         page_size: None,
         startup_time: None,
         kv_events: None,
+        tokenizer_path: None,
         added_at: 0.0,
         consecutive_failures: 0,
         consecutive_successes: 0,

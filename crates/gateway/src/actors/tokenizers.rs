@@ -1,0 +1,154 @@
+//! The models' tokenizers, for text requests to workers that publish KV events: their
+//! blocks are keyed by token ids, so a text request matches them only once it is the
+//! engine's own tokens. A tokenizer is loaded (off the actor threads) for each model one of
+//! whose workers advertises `kv_events`: from `--tokenizer-path` when given, else from the
+//! worker's `tokenizer_path` when that is a local path. The HTTP side reads the map.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
+
+use actix::{Actor, Context, Handler};
+use kvgate_tokenize::ModelTokenizer;
+use tracing::{info, warn};
+
+use crate::actors::registry::{Fleet, FleetChanged};
+
+/// One model's tokenizer, as far as it got.
+#[derive(Debug, Clone)]
+pub enum Slot {
+    Loading(PathBuf),
+    Ready(Arc<ModelTokenizer>),
+    Failed(String),
+    /// No usable path: the reason.
+    Missing(String),
+}
+
+/// What the HTTP side reads: per model, its slot.
+#[derive(Debug)]
+pub struct Tokenizers {
+    configured: Option<PathBuf>,
+    models: RwLock<HashMap<String, Slot>>,
+    /// Whether any model has a slot: until one does, requests skip the lock.
+    any: AtomicBool,
+}
+
+impl Tokenizers {
+    pub fn new(configured: Option<PathBuf>) -> Tokenizers {
+        Tokenizers {
+            configured,
+            models: RwLock::new(HashMap::new()),
+            any: AtomicBool::new(false),
+        }
+    }
+
+    /// The slot of `model`; a request that names none takes the only model's, when the
+    /// fleet's workers with events serve one.
+    pub fn lookup(&self, model: Option<&str>) -> Option<Slot> {
+        if !self.any.load(Ordering::Relaxed) {
+            return None;
+        }
+        let models = self.models.read().unwrap_or_else(PoisonError::into_inner);
+        match model {
+            Some(m) => models.get(m).cloned(),
+            None if models.len() == 1 => models.values().next().cloned(),
+            None => None,
+        }
+    }
+
+    /// Every model's slot, for inspection.
+    pub fn all(&self) -> HashMap<String, Slot> {
+        self.models
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Starts loading a tokenizer for each model newly served by a worker with events.
+    fn sync(self: &Arc<Self>, fleet: &Fleet) {
+        for w in fleet.iter().filter(|w| w.kv_events.is_some()) {
+            for model in &w.models {
+                let known = self
+                    .models
+                    .read()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .get(model)
+                    .is_some_and(|s| !matches!(s, Slot::Missing(_)));
+                if known {
+                    continue;
+                }
+                let slot = match self.path_for(w.tokenizer_path.as_deref()) {
+                    Ok(path) => {
+                        self.load(model.clone(), path.clone());
+                        Slot::Loading(path)
+                    }
+                    Err(reason) => Slot::Missing(reason),
+                };
+                let mut models = self.models.write().unwrap_or_else(PoisonError::into_inner);
+                // A load may have finished already; it wins over Loading.
+                if !matches!(models.get(model), Some(Slot::Ready(_) | Slot::Failed(_))) {
+                    models.insert(model.clone(), slot);
+                }
+                self.any.store(true, Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn path_for(&self, advertised: Option<&str>) -> Result<PathBuf, String> {
+        if let Some(p) = &self.configured {
+            return Ok(p.clone());
+        }
+        match advertised {
+            Some(p) if Path::new(p).exists() => Ok(PathBuf::from(p)),
+            Some(p) => Err(format!(
+                "the engine's tokenizer_path '{p}' is not a path on this host; give --tokenizer-path"
+            )),
+            None => Err("the engine names no tokenizer_path; give --tokenizer-path".into()),
+        }
+    }
+
+    /// Loads on a thread of its own: a large tokenizer.json takes a while to parse.
+    fn load(self: &Arc<Self>, model: String, path: PathBuf) {
+        let me = Arc::clone(self);
+        let spawned = std::thread::Builder::new()
+            .name("kvgate-tokenizer".into())
+            .spawn(move || {
+                let slot = match ModelTokenizer::from_path(&path) {
+                    Ok(t) => {
+                        info!(model, path = %path.display(), chat_template = t.has_chat_template(), segmented = t.segmented(), "tokenizer loaded");
+                        Slot::Ready(Arc::new(t))
+                    }
+                    Err(e) => {
+                        warn!(model, error = %e, "tokenizer not loaded; text requests use the approximate index");
+                        Slot::Failed(e.to_string())
+                    }
+                };
+                me.models
+                    .write()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(model, slot);
+            });
+        if let Err(e) = spawned {
+            warn!(error = %e, "no thread to load a tokenizer on");
+        }
+    }
+}
+
+/// Keeps [`Tokenizers`] in step with the fleet.
+#[derive(Debug)]
+pub struct TokenizerActor {
+    pub tokenizers: Arc<Tokenizers>,
+}
+
+impl Actor for TokenizerActor {
+    type Context = Context<Self>;
+}
+
+impl Handler<FleetChanged> for TokenizerActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: FleetChanged, _: &mut Context<Self>) {
+        self.tokenizers.sync(&msg.0);
+    }
+}

@@ -1,0 +1,101 @@
+//! A text request's tokens, when its model has a tokenizer: the chat rendered with the
+//! model's chat template, or the prompt encoded with the special tokens the tokenizer adds,
+//! so the selector matches it on the blocks workers report in their KV events. Long bodies
+//! are tokenized on actix's blocking pool, not on the HTTP thread; the tokenizer caches by
+//! segment, so a conversation's later turns encode only what is new.
+
+use actix_web::web;
+use bytes::Bytes;
+use kvgate_policies::{RequestFacts, RoutingText};
+use serde::Serialize;
+
+use crate::actors::tokenizers::{Slot, Tokenizers};
+use crate::http::parse::Endpoint;
+
+/// Bodies up to this size are tokenized where they were read.
+const INLINE_MAX: usize = 16 * 1024;
+
+/// Where a request's routing key came from: explain and the decision log show it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "source", rename_all = "snake_case")]
+pub enum TokenSource {
+    /// The request carried token ids (`input_ids`, a token-array prompt).
+    Request,
+    /// Encoded with the model's tokenizer, loaded from `tokenizer`.
+    Tokenizer { tokenizer: String },
+    /// Matched as text on the approximate index, for this reason.
+    Text { reason: String },
+    /// The policy does not read the prompt.
+    None,
+}
+
+impl TokenSource {
+    fn text(reason: impl Into<String>) -> TokenSource {
+        TokenSource::Text {
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Replaces a text key with the engine's tokens when the model has a tokenizer; a failure
+/// leaves the text key (the engine gives the request its own answer).
+pub async fn tokenize(
+    tokenizers: &Tokenizers,
+    endpoint: Endpoint,
+    body: &Bytes,
+    facts: &mut RequestFacts,
+) -> TokenSource {
+    match &facts.key {
+        RoutingText::Tokens(_) => return TokenSource::Request,
+        RoutingText::Empty => return TokenSource::None,
+        RoutingText::Text(_) => {}
+    }
+    let tok = match tokenizers.lookup(facts.model.as_deref()) {
+        None => return TokenSource::text("no worker serving this model publishes KV events"),
+        Some(Slot::Loading(_)) => return TokenSource::text("the model's tokenizer is loading"),
+        Some(Slot::Failed(e)) => return TokenSource::text(format!("tokenizer not loaded: {e}")),
+        Some(Slot::Missing(reason)) => return TokenSource::text(reason),
+        Some(Slot::Ready(t)) => t,
+    };
+    if endpoint == Endpoint::Chat && !tok.has_chat_template() {
+        return TokenSource::text("the model's tokenizer has no chat template");
+    }
+    let text = match std::mem::take(&mut facts.key) {
+        RoutingText::Text(t) => t,
+        other => {
+            facts.key = other;
+            return TokenSource::None;
+        }
+    };
+    let run = {
+        let (tok, body) = (tok.clone(), body.clone());
+        move |text: String| {
+            let ids = match endpoint {
+                Endpoint::Chat => tok.chat_ids(&body),
+                _ => tok.encode(&text, true),
+            };
+            (ids, text)
+        }
+    };
+    let (ids, text) = if body.len() <= INLINE_MAX {
+        run(text)
+    } else {
+        match web::block(move || run(text)).await {
+            Ok(done) => done,
+            // The pool is gone (shutting down); the text went with the closure.
+            Err(_) => return TokenSource::text("no thread to tokenize on"),
+        }
+    };
+    match ids {
+        Ok(ids) => {
+            facts.key = RoutingText::Tokens(ids);
+            TokenSource::Tokenizer {
+                tokenizer: tok.path().display().to_string(),
+            }
+        }
+        Err(e) => {
+            facts.key = RoutingText::Text(text);
+            TokenSource::text(format!("tokenization failed: {e}"))
+        }
+    }
+}

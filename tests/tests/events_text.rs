@@ -1,0 +1,179 @@
+//! Text requests matched on engine KV events: engines with a model's own tokenizer (the
+//! fixture's, in `tests/fixtures/tokenizer`) publish the blocks of the chats they served;
+//! the gateway loads the same tokenizer from the path the engines advertise, renders each
+//! chat with its chat template and sends it where its blocks are. Without a tokenizer the
+//! text goes to the approximate index, and explain says why.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use kvgate_engine_sim::{SimConfig, SimFleet, engine_of};
+use kvgate_gateway::Gateway;
+use kvgate_tests::{get, post_json, test_config};
+use serde_json::{Value, json};
+
+fn fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/tokenizer")
+}
+
+fn engine() -> SimConfig {
+    SimConfig {
+        max_running_requests: 16,
+        enable_cache_report: true,
+        page_size: 16,
+        kv_events_port: Some(0),
+        kv_events_replay_port: Some(0),
+        tokenizer_path: Some(fixture()),
+        ..SimConfig::default()
+    }
+}
+
+/// A conversation no other starts like: a system prompt and a first question.
+fn conversation(k: usize) -> Vec<Value> {
+    let topic = format!("Conversation {k} is about the {k}th harbour and its lighthouse.");
+    vec![
+        json!({"role": "system", "content": format!("{topic} {}", "Answer briefly and cite the logbook. ".repeat(12))}),
+        json!({"role": "user", "content": format!("What happened at harbour {k} in the winter storm? {}", "Give dates. ".repeat(8))}),
+    ]
+}
+
+async fn workers(gw: &Gateway) -> Vec<Value> {
+    get(&format!("{}/workers", gw.url())).await.json()["workers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+async fn until(gw: &Gateway, what: &str, ok: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+    for _ in 0..500 {
+        let w = workers(gw).await;
+        if ok(&w) {
+            return w;
+        }
+        actix_rt::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("timed out waiting for {what}: {:?}", workers(gw).await);
+}
+
+/// Which engine serves each conversation first: no alternation a load balancer could hit.
+const HOLDER: [usize; 8] = [1, 1, 0, 1, 0, 0, 0, 1];
+
+fn served_by(answer: &Value) -> usize {
+    engine_of(answer["id"].as_str().unwrap_or("")).expect("an engine's id")
+}
+
+#[actix_rt::test]
+async fn chats_go_where_the_engines_events_hold_their_tokens() {
+    let fleet = SimFleet::start_each("127.0.0.1", 0, vec![engine(), engine()]).expect("fleet");
+    let urls = fleet.urls();
+    // Before any gateway: eight conversations, each served by a chosen engine directly.
+    for (k, &holder) in HOLDER.iter().enumerate() {
+        let body = json!({"messages": conversation(k), "max_tokens": 2});
+        let r = post_json(&format!("{}/v1/chat/completions", urls[holder]), &body).await;
+        assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    }
+    let dir = tempfile::tempdir().expect("dir");
+    let mut cfg = test_config(&dir);
+    cfg.worker_urls = urls.clone();
+    cfg.seed = Some(5);
+    // No --tokenizer-path: the engines' advertised tokenizer_path is a local path.
+    let gw = Gateway::start(cfg).expect("gateway");
+    let ws = until(&gw, "live events and a loaded tokenizer", |ws| {
+        ws.len() == 2
+            && ws.iter().all(|w| {
+                w["events"]["state"] == "live"
+                    && w["events"]["blocks"].as_u64() > Some(0)
+                    && w["tokenizer"]["state"] == "ready"
+            })
+    })
+    .await;
+    assert_eq!(
+        ws[0]["tokenizer"]["path"],
+        *fixture().to_string_lossy(),
+        "{ws:?}"
+    );
+
+    // Each conversation's second turn goes to the engine that served its first: 8 of 8,
+    // where the approximate index knows none of them (chance is 1 in 256).
+    for (k, &holder) in HOLDER.iter().enumerate() {
+        let mut messages = conversation(k);
+        messages.push(json!({"role": "assistant", "content": "The logbook says little."}));
+        messages.push(json!({"role": "user", "content": "Then what does it say?"}));
+        let body = json!({"messages": messages, "max_tokens": 2});
+        let r = post_json(&format!("{}/v1/chat/completions", gw.url()), &body).await;
+        assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+        let j = r.json();
+        assert_eq!(served_by(&j), holder, "conversation {k}: {j}");
+        let cached = j["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64();
+        assert!(
+            cached >= Some(100),
+            "conversation {k} reused its first turn: {j}"
+        );
+    }
+
+    // Explain: tokenized by the model's tokenizer, matched on the holder's events.
+    let e = post_json(
+        &format!("{}/admin/explain/v1/chat/completions", gw.url()),
+        &json!({"messages": conversation(2)}),
+    )
+    .await
+    .json();
+    assert_eq!(e["worker"], *urls[HOLDER[2]].as_str(), "{e}");
+    assert_eq!(e["prompt"]["kind"], "tokens", "{e}");
+    assert_eq!(e["prompt"]["tokens_from"]["source"], "tokenizer", "{e}");
+    let holder = e["candidates"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["worker"] == *urls[HOLDER[2]].as_str()))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(holder["matched_by"], "kv_events", "{e}");
+    assert!(holder["matched"].as_u64() >= Some(96), "{e}");
+    gw.stop();
+}
+
+#[actix_rt::test]
+async fn without_a_tokenizer_text_uses_the_approximate_index_and_explain_says_why() {
+    let fleet = SimFleet::start_each("127.0.0.1", 0, vec![engine()]).expect("fleet");
+    let dir = tempfile::tempdir().expect("dir");
+    let mut cfg = test_config(&dir);
+    cfg.worker_urls = fleet.urls();
+    cfg.tokenizer_path = Some(fixture().join("no-such-tokenizer.json"));
+    let gw = Gateway::start(cfg).expect("gateway");
+    let ws = until(&gw, "the failed load", |ws| {
+        ws.first()
+            .is_some_and(|w| w["tokenizer"]["state"] == "failed")
+    })
+    .await;
+    assert!(
+        ws[0]["tokenizer"]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("no-such-tokenizer.json")),
+        "{ws:?}"
+    );
+    let e = post_json(
+        &format!("{}/admin/explain/v1/chat/completions", gw.url()),
+        &json!({"messages": conversation(1)}),
+    )
+    .await
+    .json();
+    assert_eq!(e["prompt"]["kind"], "text", "{e}");
+    assert_eq!(e["prompt"]["tokens_from"]["source"], "text", "{e}");
+    assert!(
+        e["prompt"]["tokens_from"]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("tokenizer not loaded")),
+        "{e}"
+    );
+    assert!(
+        e["candidates"][0]["matched_by"] == "index",
+        "text is matched on the approximate index: {e}"
+    );
+    // The request itself is served as ever.
+    let r = post_json(
+        &format!("{}/v1/chat/completions", gw.url()),
+        &json!({"messages": conversation(1), "max_tokens": 2}),
+    )
+    .await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    gw.stop();
+}
