@@ -34,7 +34,7 @@ fn text(seed: usize, n: usize) -> String {
     let mut i = seed;
     while s.len() < n {
         s.push_str(words[i % words.len()]);
-        s.push(if i % 13 == 0 { '.' } else { ' ' });
+        s.push(if i.is_multiple_of(13) { '.' } else { ' ' });
         i = i.wrapping_mul(31).wrapping_add(7);
     }
     s
