@@ -249,3 +249,96 @@ async fn pushed_load_refreshes_the_running_count_between_polls() {
     assert_eq!(seen, Some(0), "the pushed count did not come back to 0");
     gw.stop();
 }
+
+/// A port free on every address given, at the time of asking.
+fn free_port_on(hosts: &[&str]) -> u16 {
+    for _ in 0..100 {
+        let Ok(l) = std::net::TcpListener::bind((hosts[0], 0)) else {
+            continue;
+        };
+        let Ok(port) = l.local_addr().map(|a| a.port()) else {
+            continue;
+        };
+        if hosts[1..]
+            .iter()
+            .all(|h| std::net::TcpListener::bind((*h, port)).is_ok())
+        {
+            return port;
+        }
+    }
+    panic!("no port free on {hosts:?}");
+}
+
+#[actix_rt::test]
+async fn engines_that_advertise_nothing_are_subscribed_from_kv_events_config() {
+    // vLLM has no /server_info: two engines on two hosts (127.0.0.1 and 127.0.0.2, both
+    // loopback) publish on the same ports, as a fleet started with one --kv-events-config.
+    let hosts = ["127.0.0.1", "127.0.0.2"];
+    let (pub_port, replay_port) = (free_port_on(&hosts), free_port_on(&hosts));
+    let vllm = SimConfig {
+        flavor: kvgate_engine_sim::Flavor::Vllm,
+        page_size: 16,
+        kv_events_port: Some(pub_port),
+        kv_events_replay_port: Some(replay_port),
+        kv_events_topic: "kv-events".into(),
+        ..engine()
+    };
+    let a = SimFleet::start_each(hosts[0], 0, vec![vllm.clone()]).expect("engine a");
+    let b = SimFleet::start_each(hosts[1], 0, vec![vllm]).expect("engine b");
+    let urls = vec![a.urls()[0].clone(), b.urls()[0].clone()];
+    // Stored before the gateway starts, each on a chosen engine: replay must bring them.
+    let holders = [1, 0, 0, 1];
+    for (k, &h) in holders.iter().enumerate() {
+        let r = post_json(
+            &format!("{}/v1/completions", urls[h]),
+            &json!({"prompt": prefix(k as u32, 192), "max_tokens": 1}),
+        )
+        .await;
+        assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    }
+    let dir = tempfile::tempdir().expect("dir");
+    let mut cfg = test_config(&dir);
+    cfg.worker_urls = urls.clone();
+    // vLLM's own form of the flag, block size not given: the stored blocks tell it.
+    cfg.kv_events_config = Some(format!(
+        r#"{{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:{pub_port}",
+            "replay_endpoint": "tcp://*:{replay_port}", "topic": "kv-events"}}"#
+    ));
+    let gw = Gateway::start(cfg).expect("gateway");
+    let ws = until_events(&gw, "live events from config", |ws| {
+        ws.len() == 2
+            && ws.iter().all(|w| w["events"]["state"] == "live")
+            && urls.iter().all(|u| blocks_of(ws, u) > 0)
+    })
+    .await;
+    assert!(
+        ws.iter().all(|w| w["kv_events"]["source"] == "config"),
+        "{ws:?}"
+    );
+    assert!(ws.iter().any(|w| w["events"]["block_size"] == 16), "{ws:?}");
+    // Each prefix goes to its holder, which the approximate index knows nothing of.
+    for (k, &h) in holders.iter().enumerate() {
+        let mut ids = prefix(k as u32, 192);
+        ids.extend(prefix(200, 8));
+        let e = post_json(
+            &format!("{}/admin/explain/v1/completions", gw.url()),
+            &json!({"prompt": ids}),
+        )
+        .await
+        .json();
+        assert_eq!(e["worker"], *urls[h].as_str(), "prefix {k}: {e}");
+    }
+    // A bad config is refused at load, with the key named.
+    let mut bad = test_config(&dir);
+    bad.kv_events_config = Some(r#"{"endpoint": "ipc:///tmp/kv"}"#.into());
+    let e = bad
+        .validate()
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        e.contains("kv_events_config") && e.contains("tcp://"),
+        "{e}"
+    );
+    gw.stop();
+}

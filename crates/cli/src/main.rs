@@ -335,6 +335,20 @@ fn explain_text(v: &Value) -> String {
     if let Some(n) = v["notes"].as_array().filter(|n| !n.is_empty()) {
         out.push_str(&format!("notes:   {}\n", text(&Value::Array(n.clone()))));
     }
+    // Where the prompt's tokens came from, or why it was matched as text.
+    let from = &v["prompt"]["tokens_from"];
+    match from["source"].as_str() {
+        Some("tokenizer") => out.push_str(&format!(
+            "prompt:  {} tokens, from the tokenizer at {}\n",
+            text(&v["prompt"]["tokens"]),
+            text(&from["tokenizer"])
+        )),
+        Some("text") => out.push_str(&format!(
+            "prompt:  text, on the approximate index: {}\n",
+            text(&from["reason"])
+        )),
+        _ => {}
+    }
     out.push_str(&format!("reason:  {}\n\n", text(&v["reason"])));
     let rows: Vec<Vec<String>> = v["candidates"]
         .as_array()

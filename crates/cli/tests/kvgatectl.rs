@@ -256,7 +256,7 @@ fn explains_lists_decisions_loads_and_the_index() {
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(
         v["prompt"],
-        serde_json::json!({"kind": "tokens", "tokens": 4})
+        serde_json::json!({"kind": "tokens", "tokens": 4, "tokens_from": {"source": "request"}})
     );
 
     // One request through the gateway, then the log and the index show it.

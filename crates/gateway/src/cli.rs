@@ -293,6 +293,12 @@ const FLAGS: &[(&str, &str, Kind, &str)] = &[
         "Blocks the KV-event chain index holds before it evicts (about 170 B each)",
     ),
     (
+        "kv-events-config",
+        "kv_events_config",
+        Kind::Text,
+        "The engines' own --kv-events-config JSON, for workers that do not advertise kv_events (vLLM)",
+    ),
+    (
         "tokenizer-path",
         "tokenizer_path",
         Kind::Text,

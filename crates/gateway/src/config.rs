@@ -100,6 +100,12 @@ pub struct GatewayConfig {
     /// for text requests to workers that publish KV events; without it, each worker's
     /// `tokenizer_path` from `/server_info` or `/model_info` is used when it is a local path.
     pub tokenizer_path: Option<PathBuf>,
+    /// The KV-event publisher settings the engines were started with (the JSON of their
+    /// own `--kv-events-config`: `endpoint`, `replay_endpoint`, `topic`; plus `block_size`
+    /// and `dp_size` when the workers do not report them), for workers whose
+    /// `/server_info` advertises no `kv_events` (vLLM has none). The endpoint's wildcard
+    /// host is each worker's own host.
+    pub kv_events_config: Option<String>,
     pub policy: PolicyConfig,
     /// Load polling (`--load-monitor-interval` is `poller.interval_secs`).
     pub poller: PollerConfig,
@@ -239,6 +245,7 @@ impl Default for GatewayConfig {
             prometheus_host: "127.0.0.1".into(),
             kv_events_max_blocks: 1_000_000,
             tokenizer_path: None,
+            kv_events_config: None,
             policy: PolicyConfig::with_kind(kvgate_policies::PolicyKind::CacheAware),
             poller: PollerConfig::default(),
             seed: None,
@@ -477,6 +484,14 @@ impl GatewayConfig {
         }
         if self.kv_events_max_blocks == 0 {
             return invalid("kv_events_max_blocks", "must be at least 1");
+        }
+        if let Some(c) = &self.kv_events_config
+            && let Err(reason) = crate::actors::registry::EventsConfig::parse(c)
+        {
+            return Err(ConfigError::Invalid {
+                key: "kv_events_config",
+                reason,
+            });
         }
         if self
             .prometheus_port

@@ -230,6 +230,11 @@ fn control_actors(
         success_threshold: cfg.health_success_threshold,
         health_endpoint: cfg.health_check_endpoint.clone(),
         worker_key: cfg.worker_api_key.clone(),
+        // Checked at load: a value that does not parse was refused then.
+        kv_events: cfg
+            .kv_events_config
+            .as_deref()
+            .and_then(|c| crate::actors::registry::EventsConfig::parse(c).ok()),
     };
     // Its subscriber tasks run on this arbiter's runtime, beside the poller's.
     let max_blocks = cfg.kv_events_max_blocks;

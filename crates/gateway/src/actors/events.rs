@@ -368,6 +368,13 @@ impl EventsActor {
                 w.batches += 1;
                 w.ranks.insert(rank, RankState::Live);
                 w.reason = None;
+                // A descriptor from config may not say: the engine's own stores do.
+                if w.desc.block_size.is_none() {
+                    w.desc.block_size = batch.events.iter().find_map(|e| match e {
+                        KvEvent::BlockStored(s) if s.block_size > 0 => Some(s.block_size),
+                        _ => None,
+                    });
+                }
                 self.apply(worker, rank, &batch);
             }
             Feed::Reset { worker, rank } => {
@@ -485,6 +492,8 @@ impl Handler<MatchChain> for EventsActor {
 
     fn handle(&mut self, msg: MatchChain, _: &mut Context<Self>) -> Self::Result {
         let mut per_worker = Vec::new();
+        // One walk per block size in the fleet, not one per worker.
+        let mut walks = Vec::new();
         for (id, w) in &self.workers {
             let Some(bs) = w.desc.block_size.filter(|b| *b > 0) else {
                 continue;
@@ -492,7 +501,14 @@ impl Handler<MatchChain> for EventsActor {
             if !w.live() {
                 continue;
             }
-            let m = self.index.match_tokens(&msg.tokens, bs as usize, 0);
+            let at = match walks.iter().position(|(b, _)| *b == bs) {
+                Some(i) => i,
+                None => {
+                    walks.push((bs, self.index.match_tokens(&msg.tokens, bs as usize, 0)));
+                    walks.len() - 1
+                }
+            };
+            let m = &walks[at].1;
             let best = w
                 .ranks
                 .keys()

@@ -18,6 +18,9 @@ use thiserror::Error;
 use tracing::{info, warn};
 
 mod detect;
+mod events_config;
+
+pub use events_config::EventsConfig;
 
 pub use detect::ProbeError;
 use detect::{Detected, Probe, detect};
@@ -114,6 +117,8 @@ pub struct RegistryConfig {
     pub health_endpoint: String,
     /// The key of workers registered without one of their own.
     pub worker_key: Option<Secret>,
+    /// `--kv-events-config`: the event sockets of workers that advertise none.
+    pub kv_events: Option<EventsConfig>,
 }
 
 /// Pushed to every subscriber after each change.
@@ -256,7 +261,7 @@ impl RegistryActor {
         self.workers.contains_key(&id).then_some(id)
     }
 
-    fn apply_detected(rec: &mut WorkerRecord, d: Detected) {
+    fn apply_detected(rec: &mut WorkerRecord, d: Detected, cfg: &RegistryConfig) {
         rec.models = d.models;
         rec.runtime = d.runtime.unwrap_or(Runtime::Unknown);
         // A server_info that failed this once leaves what an earlier one said.
@@ -269,6 +274,11 @@ impl RegistryActor {
         rec.startup_time = d.startup_time;
         rec.kv_events = d.kv_events;
         rec.tokenizer_path = d.tokenizer_path;
+        if rec.kv_events.is_none()
+            && let Some(c) = &cfg.kv_events
+        {
+            rec.kv_events = Some(c.descriptor(rec));
+        }
     }
 
     fn health_tick(&mut self, ctx: &mut Context<Self>) {
@@ -348,7 +358,7 @@ fn settle(
             rec.consecutive_successes = rec.consecutive_successes.saturating_add(1);
             rec.last_error = None;
             if let Some(d) = detected {
-                RegistryActor::apply_detected(rec, d);
+                RegistryActor::apply_detected(rec, d, cfg);
             }
             let back = rec.status == WorkerStatus::Unhealthy
                 && rec.consecutive_successes >= cfg.success_threshold;
@@ -469,7 +479,7 @@ impl Handler<AddWorker> for RegistryActor {
                     match detected {
                         // As in the health loop: ready once it serves a model.
                         Ok(d) if d.models.is_empty() => {
-                            RegistryActor::apply_detected(rec, d);
+                            RegistryActor::apply_detected(rec, d, &act.cfg);
                             let e = ProbeError::NoModel {
                                 url: rec.url.join("/v1/models"),
                             };
@@ -477,7 +487,7 @@ impl Handler<AddWorker> for RegistryActor {
                             rec.last_error = Some(e.to_string());
                         }
                         Ok(d) => {
-                            RegistryActor::apply_detected(rec, d);
+                            RegistryActor::apply_detected(rec, d, &act.cfg);
                             rec.status = WorkerStatus::Ready;
                             info!(worker = %rec.url, models = ?rec.models, runtime = ?rec.runtime, "worker registered");
                         }

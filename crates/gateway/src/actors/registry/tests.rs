@@ -61,6 +61,7 @@ fn check_cfg() -> RegistryConfig {
         success_threshold: 2,
         health_endpoint: "/health".into(),
         worker_key: None,
+        kv_events: None,
     }
 }
 
