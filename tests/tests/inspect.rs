@@ -103,7 +103,10 @@ async fn explain_names_the_worker_the_path_and_every_candidates_figures_and_disp
     )
     .await
     .json();
-    assert_eq!(tokens["prompt"], json!({"kind": "tokens", "tokens": 3}));
+    assert_eq!(
+        tokens["prompt"],
+        json!({"kind": "tokens", "tokens": 3, "tokens_from": {"source": "request"}})
+    );
 }
 
 #[actix_rt::test]

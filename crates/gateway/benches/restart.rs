@@ -2,8 +2,10 @@
 //! gateway restart, then the fleet hit rate of the first request per group after it.
 //!
 //! Runs: kvgate restarted on the same data dir (the index is restored), kvgate restarted
-//! on an empty data dir (cold), and, when `smg` is on `PATH`, the reference gateway killed
-//! and relaunched (it never persists). Each run gets its own fresh fleet and the same
+//! on an empty data dir (cold), kvgate restarted on an empty data dir in front of engines
+//! that publish KV events and tokenize with a model tokenizer (the fixture's, which the
+//! gateway loads too: its events tell it what the engines hold), and, when `smg` is on
+//! `PATH`, the reference gateway killed and relaunched (it never persists). Each run gets its own fresh fleet and the same
 //! phase 1. Requests go one at a time over HTTP, so which engine served each one is read
 //! from the engines' counters.
 //!
@@ -21,6 +23,7 @@ use kvgate_engine_sim::tokenizer::{encode, render_chat};
 use kvgate_engine_sim::{EngineStats, SimConfig, SimFleet};
 use kvgate_gateway::testing::GetViews;
 use kvgate_gateway::{Gateway, GatewayConfig};
+use kvgate_tokenize::ModelTokenizer;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
@@ -102,28 +105,49 @@ impl Workload {
     /// its group's phase-1 prompts and answers, in the engines' tokens: the longest shared
     /// token prefix, at most the prompt less the one token an engine always recomputes,
     /// rounded down to whole pages.
-    fn ideal(&self, sim: &SimConfig) -> (u64, u64) {
+    fn ideal(&self, sim: &SimConfig) -> anyhow::Result<(u64, u64)> {
         let page = sim.page_size.max(1);
+        let model = match &sim.tokenizer_path {
+            Some(p) => Some(ModelTokenizer::from_path(p)?),
+            None => None,
+        };
+        let tokens = |g: usize, n: usize| -> anyhow::Result<Vec<u32>> {
+            Ok(match &model {
+                Some(t) => t.chat_ids(&serde_json::to_vec(&self.body(g, n))?)?,
+                None => encode(sim.tokenizer, &self.rendered(g, n)),
+            })
+        };
         let (mut cached, mut prompt) = (0, 0);
         for g in 0..GROUPS {
-            let p = encode(sim.tokenizer, &self.rendered(g, WARM));
-            let shared = (0..WARM)
-                .map(|n| common_prefix(&p, &encode(sim.tokenizer, &self.rendered(g, n))))
-                .max()
-                .unwrap_or(0)
-                .min(p.len().saturating_sub(1));
+            let p = tokens(g, WARM)?;
+            let mut shared = 0;
+            for n in 0..WARM {
+                shared = shared.max(common_prefix(&p, &tokens(g, n)?));
+            }
+            let shared = shared.min(p.len().saturating_sub(1));
             cached += (shared / page * page) as u64;
             prompt += p.len() as u64;
         }
-        (cached, prompt)
+        Ok((cached, prompt))
     }
 }
 
-fn sim_config() -> SimConfig {
-    SimConfig {
+fn sim_config(run: Run) -> SimConfig {
+    let plain = SimConfig {
         // Every group's prefix fits on any one engine: misses after the restart are routing's.
         cache_capacity_tokens: 2_000_000,
         ..SimConfig::default()
+    };
+    if run != Run::KvgateEvents {
+        return plain;
+    }
+    SimConfig {
+        kv_events_port: Some(0),
+        kv_events_replay_port: Some(0),
+        tokenizer_path: Some(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tokenizer"),
+        ),
+        ..plain
     }
 }
 
@@ -215,6 +239,31 @@ impl Front {
             Front::Kvgate(gw) => gw.stop(),
             Front::Smg(c) => drop(c),
         }
+    }
+}
+
+/// Waits until every engine's events are live and its model's tokenizer is loaded.
+async fn until_events_live(client: &awc::Client, url: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut resp = client
+            .get(format!("{url}/workers"))
+            .send()
+            .await
+            .map_err(|e| anyhow!("GET /workers: {e}"))?;
+        let v: serde_json::Value = resp.json().limit(1 << 20).await?;
+        let ws = v["workers"].as_array().cloned().unwrap_or_default();
+        if !ws.is_empty()
+            && ws
+                .iter()
+                .all(|w| w["events"]["state"] == "live" && w["tokenizer"]["state"] == "ready")
+        {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("events not live after 30 s: {v}");
+        }
+        actix_rt::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -338,6 +387,7 @@ async fn start_smg(
 enum Run {
     KvgatePersisted,
     KvgateEmpty,
+    KvgateEvents,
     Smg,
 }
 
@@ -346,6 +396,7 @@ impl Run {
         match self {
             Run::KvgatePersisted => "kvgate, same data dir",
             Run::KvgateEmpty => "kvgate, empty data dir",
+            Run::KvgateEvents => "kvgate, empty data dir, engines' KV events",
             Run::Smg => "smg 1.13.0 (no persistence)",
         }
     }
@@ -367,7 +418,7 @@ async fn scenario(
     smg: Option<&Path>,
     scratch: &Path,
 ) -> anyhow::Result<Outcome> {
-    let sim = sim_config();
+    let sim = sim_config(run);
     let fleet = SimFleet::start(ENGINES, sim).context("starting the fleet")?;
     let first_dir = scratch.join(format!("{run:?}-1"));
     let second_dir = match run {
@@ -379,7 +430,13 @@ async fn scenario(
             start_smg(client, bin, &fleet, &scratch.join(format!("smg-{n}.log"))).await
         }
         (Run::Smg, None) => bail!("smg not installed"),
-        _ => start_kvgate(&fleet, dir).await,
+        _ => {
+            let front = start_kvgate(&fleet, dir).await?;
+            if run == Run::KvgateEvents {
+                until_events_live(client, &front.url()).await?;
+            }
+            Ok(front)
+        }
     };
     let front = start(&first_dir, 1).await?;
     let url = front.url();
@@ -428,7 +485,7 @@ fn main() -> anyhow::Result<()> {
         which("smg")
     };
     let scratch = tempfile::tempdir().context("temp dir")?;
-    let mut runs = vec![Run::KvgatePersisted, Run::KvgateEmpty];
+    let mut runs = vec![Run::KvgatePersisted, Run::KvgateEmpty, Run::KvgateEvents];
     if smg.is_some() {
         runs.push(Run::Smg);
     } else {
@@ -454,7 +511,8 @@ fn main() -> anyhow::Result<()> {
         anyhow::Ok(out)
     })?;
 
-    let (ideal_cached, ideal_prompt) = work.ideal(&sim_config());
+    let (ideal_cached, ideal_prompt) = work.ideal(&sim_config(Run::KvgateEmpty))?;
+    let (events_cached, events_prompt) = work.ideal(&sim_config(Run::KvgateEvents))?;
     println!();
     println!(
         "{ENGINES} engines, {GROUPS} groups (system ~{} tokens, question ~{} tokens), phase 1 = {WARM} requests per group, phase 2 = 1 new request per group after the restart",
@@ -486,6 +544,10 @@ fn main() -> anyhow::Result<()> {
     println!(
         "| ideal (each on its group's holder, whole pages) | | {:.3} | {GROUPS}/{GROUPS} | {ideal_cached} / {ideal_prompt} |",
         ideal_cached as f64 / ideal_prompt as f64
+    );
+    println!(
+        "| ideal with the model tokenizer (the KV-events run's tokens) | | {:.3} | {GROUPS}/{GROUPS} | {events_cached} / {events_prompt} |",
+        events_cached as f64 / events_prompt as f64
     );
     Ok(())
 }

@@ -41,6 +41,7 @@ impl ChatTemplate {
         env.set_syntax(syntax);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
         env.add_template_owned(NAME, source)
             .map_err(|e| TokenizeError::Template(e.to_string()))?;
@@ -98,6 +99,108 @@ fn render_error(e: &Error) -> String {
 
 fn raise_exception(msg: String) -> Result<Value, Error> {
     Err(Error::new(ErrorKind::InvalidOperation, msg))
+}
+
+/// transformers' `strftime_now(format)`: the current UTC time (Llama 3.x templates print
+/// today's date with it). The common directives; any other is kept as written.
+fn strftime_now(format: String) -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    strftime(&format, secs)
+}
+
+const MONTHS: [&str; 12] = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+];
+const DAYS: [&str; 7] = [
+    "Thursday",
+    "Friday",
+    "Saturday",
+    "Sunday",
+    "Monday",
+    "Tuesday",
+    "Wednesday",
+];
+
+/// `format` at `secs` since the Unix epoch, UTC.
+fn strftime(format: &str, secs: u64) -> String {
+    let days = secs / 86_400;
+    let (h, m, s) = (secs % 86_400 / 3600, secs % 3600 / 60, secs % 60);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
+    let before = [0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334];
+    let yday = before[(month - 1) as usize] + day + i64::from(leap && month > 2);
+    let month_name = MONTHS[(month - 1) as usize];
+    let weekday = DAYS[(days % 7) as usize];
+    let mut out = String::new();
+    let mut chars = format.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('Y') => {
+                let _ = write!(out, "{year}");
+            }
+            Some('y') => {
+                let _ = write!(out, "{:02}", year.rem_euclid(100));
+            }
+            Some('m') => {
+                let _ = write!(out, "{month:02}");
+            }
+            Some('d') => {
+                let _ = write!(out, "{day:02}");
+            }
+            Some('e') => {
+                let _ = write!(out, "{day:>2}");
+            }
+            Some('j') => {
+                let _ = write!(out, "{yday:03}");
+            }
+            Some('H') => {
+                let _ = write!(out, "{h:02}");
+            }
+            Some('M') => {
+                let _ = write!(out, "{m:02}");
+            }
+            Some('S') => {
+                let _ = write!(out, "{s:02}");
+            }
+            Some('B') => out.push_str(month_name),
+            Some('b') => out.push_str(&month_name[..3]),
+            Some('A') => out.push_str(weekday),
+            Some('a') => out.push_str(&weekday[..3]),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
 }
 
 /// transformers' `tojson`: `json.dumps(x, ensure_ascii=False, indent=indent,
@@ -295,6 +398,20 @@ mod tests {
             r#"{"b":1,"a":[1.0,2.5,"é\n\"q\"",null,true],"c":{}}"#
         );
         Ok(())
+    }
+
+    #[test]
+    fn strftime_writes_dates_as_python_does() {
+        // Python: time.strftime(f, time.gmtime(t)) for each.
+        let t = 1_796_428_800; // 2026-12-05 00:00:00 UTC, a Saturday
+        assert_eq!(strftime("%d %b %Y", t), "05 Dec 2026");
+        assert_eq!(
+            strftime("%A %B %e, %y (%j) %H:%M:%S %%", t + 3723),
+            "Saturday December  5, 26 (339) 01:02:03 %"
+        );
+        assert_eq!(strftime("%Y-%m-%d %a", 951_782_400), "2000-02-29 Tue");
+        assert_eq!(strftime("%Y-%m-%d %a %j", 0), "1970-01-01 Thu 001");
+        assert_eq!(strftime("%q", 0), "%q");
     }
 
     #[test]
