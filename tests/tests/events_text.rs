@@ -128,6 +128,36 @@ async fn chats_go_where_the_engines_events_hold_their_tokens() {
         .unwrap_or_default();
     assert_eq!(holder["matched_by"], "kv_events", "{e}");
     assert!(holder["matched"].as_u64() >= Some(96), "{e}");
+
+    // A second replica, started now with its own empty index and another seed, agrees:
+    // both read the same engines' events.
+    let dir2 = tempfile::tempdir().expect("dir");
+    let mut cfg2 = test_config(&dir2);
+    cfg2.worker_urls = urls.clone();
+    cfg2.seed = Some(99);
+    let gw2 = Gateway::start(cfg2).expect("second gateway");
+    until(&gw2, "the replica's events and tokenizer", |ws| {
+        ws.len() == 2
+            && ws
+                .iter()
+                .all(|w| w["events"]["state"] == "live" && w["tokenizer"]["state"] == "ready")
+    })
+    .await;
+    for (k, &holder) in HOLDER.iter().enumerate() {
+        let body = json!({"messages": conversation(k)});
+        let mut chosen = Vec::new();
+        for g in [&gw, &gw2] {
+            let e = post_json(
+                &format!("{}/admin/explain/v1/chat/completions", g.url()),
+                &body,
+            )
+            .await
+            .json();
+            chosen.push(e["worker"].clone());
+        }
+        assert_eq!(chosen, vec![json!(urls[holder]); 2], "conversation {k}");
+    }
+    gw2.stop();
     gw.stop();
 }
 
