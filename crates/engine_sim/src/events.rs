@@ -21,8 +21,18 @@ use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage
 use crate::SimConfig;
 use crate::engine::unix_now;
 
-/// Where a rank's scheduler sends the events of one batch.
-pub(crate) type Outbox = UnboundedSender<Vec<KvEvent>>;
+/// What a rank's scheduler hands its publisher.
+#[derive(Debug)]
+pub(crate) enum Publish {
+    /// The events of one batch.
+    Batch(Vec<KvEvent>),
+    /// The engine process restarted: a new publisher numbers from 0 again, with nothing
+    /// to replay from before.
+    Restart,
+}
+
+/// Where a rank's scheduler sends what it publishes.
+pub(crate) type Outbox = UnboundedSender<Publish>;
 
 /// The port bases actually bound: what `/server_info` advertises.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,12 +119,23 @@ async fn publish(
     rank: u32,
     topic: Bytes,
     mut socket: PubSocket,
-    mut rx: UnboundedReceiver<Vec<KvEvent>>,
+    mut rx: UnboundedReceiver<Publish>,
     buffer: Buffer,
     keep: Option<usize>,
 ) {
     let mut seq = 0u64;
-    while let Some(events) = rx.recv().await {
+    while let Some(p) = rx.recv().await {
+        let events = match p {
+            Publish::Batch(events) => events,
+            Publish::Restart => {
+                seq = 0;
+                buffer
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clear();
+                continue;
+            }
+        };
         let batch = EventBatch {
             ts: unix_now(),
             events,

@@ -20,7 +20,8 @@
 //!
 //! With `kv_events_port` set, each rank publishes its prefix cache's changes as SGLang
 //! 0.5.23 KV events over ZMQ (PUB on the port plus the rank; blocks of one page, chained
-//! engine hashes; `AllBlocksCleared` on a flush or a restart), optionally with a replay
+//! engine hashes; `AllBlocksCleared` on a flush; after a restart a new publisher numbering
+//! from 0 with an empty replay buffer, as a new engine process), optionally with a replay
 //! ROUTER (`kv_events_replay_port`), and advertises them in `/server_info` `kv_events`.
 //! With `load_publish_port` as well, each rank pushes SGLang `LoadStat` gauges (the
 //! `/v1/loads` figures) on its own PUB socket every `load_publish_every_steps` scheduler

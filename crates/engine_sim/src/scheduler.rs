@@ -29,7 +29,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use crate::SimConfig;
 use crate::cache::{NodeId, PrefixCache};
-use crate::events::Outbox;
+use crate::events::{Outbox, Publish};
 use crate::pushed_load::LoadOutbox;
 use crate::throughput::GenThroughput;
 use crate::vocab::Vocab;
@@ -311,7 +311,12 @@ impl Rank {
             }
         }
         s.cache.clear();
-        s.publish();
+        // The old process's publisher died with it: its clear is never sent, and the new
+        // one numbers its batches from 0.
+        let _ = s.cache.take_events();
+        if let Some(outbox) = &s.events {
+            let _ = outbox.send(Publish::Restart);
+        }
         s.gen_throughput = GenThroughput::new(0.0, Instant::now());
     }
 
@@ -503,7 +508,7 @@ impl State {
         let events = self.cache.take_events();
         if let (false, Some(outbox)) = (events.is_empty(), &self.events) {
             // Closed only once the engine's runtime stops; nothing is listening then.
-            let _ = outbox.send(events);
+            let _ = outbox.send(Publish::Batch(events));
         }
     }
 

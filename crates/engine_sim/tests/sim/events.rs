@@ -229,11 +229,18 @@ async fn an_eviction_removes_exactly_the_evicted_blocks_and_a_flush_clears_all()
     assert_eq!(cleared.seq, from + 3);
     assert_eq!(cleared.batch.events, vec![KvEvent::AllBlocksCleared]);
 
-    // A simulated restart clears too, on the same sequence.
+    // A restart is a new process: its publisher numbers from 0 again, the old one's clear
+    // is never sent, and replay holds only what the new one published.
     fleet.engine(0).restart();
-    let restarted = next(&mut sub, from).await;
-    assert_eq!(restarted.seq, from + 4);
-    assert_eq!(restarted.batch.events, vec![KvEvent::AllBlocksCleared]);
+    post_json(&format!("{url}/generate"), &generate(2000, 9)).await;
+    let fresh = next(&mut sub, 0).await;
+    assert_eq!(fresh.seq, 0);
+    assert_eq!(
+        only_store(&fresh).token_ids,
+        (2000..2008).collect::<Vec<_>>()
+    );
+    let replayed = replay(port(&d, "replay_endpoint_port_base"), 0).await;
+    assert_eq!(replayed.first(), Some(&fresh));
 }
 
 #[actix_rt::test]

@@ -62,11 +62,13 @@ pub struct WorkerEvents {
     /// Blocks the chain index holds for the worker, over its ranks.
     pub blocks: usize,
     /// Batches applied, malformed frames skipped, replays asked, gaps replay could not
-    /// cover (the rank was cleared), since the gateway started.
+    /// cover (the rank was cleared), publishers seen starting again from sequence 0 (the
+    /// rank was cleared and replayed from 0), since the gateway started.
     pub batches: u64,
     pub malformed: u64,
     pub replays: u64,
     pub resets: u64,
+    pub restarts: u64,
     /// Why it is stalled or off, when it is.
     pub reason: Option<String>,
 }
@@ -85,6 +87,7 @@ struct Worker {
     malformed: u64,
     replays: u64,
     resets: u64,
+    restarts: u64,
 }
 
 impl Worker {
@@ -225,6 +228,7 @@ impl EventsActor {
                 malformed: 0,
                 replays: 0,
                 resets: 0,
+                restarts: 0,
             },
         );
     }
@@ -331,6 +335,12 @@ enum Feed {
         worker: WorkerId,
         rank: u32,
     },
+    /// The rank's publisher started again from sequence 0 (a new engine process): what
+    /// the old one announced is gone from the engine's cache.
+    Restarted {
+        worker: WorkerId,
+        rank: u32,
+    },
     State {
         worker: WorkerId,
         rank: u32,
@@ -381,6 +391,13 @@ impl EventsActor {
                 if let Some(w) = self.workers.get_mut(&worker) {
                     w.resets += 1;
                     warn!(worker = %w.url, rank, "KV events: a gap replay could not cover; the rank is rebuilt from what comes");
+                    self.index.clear(worker, rank);
+                }
+            }
+            Feed::Restarted { worker, rank } => {
+                if let Some(w) = self.workers.get_mut(&worker) {
+                    w.restarts += 1;
+                    info!(worker = %w.url, rank, "KV events: the publisher started again from sequence 0; the rank is rebuilt from it");
                     self.index.clear(worker, rank);
                 }
             }
@@ -447,6 +464,7 @@ impl Handler<GetEventStates> for EventsActor {
                         malformed: w.malformed,
                         replays: w.replays,
                         resets: w.resets,
+                        restarts: w.restarts,
                         reason: w.reason.clone(),
                     },
                 )
@@ -463,6 +481,7 @@ impl Handler<GetEventStates> for EventsActor {
                     malformed: 0,
                     replays: 0,
                     resets: 0,
+                    restarts: 0,
                     reason: Some(why.clone()),
                 },
             );
@@ -627,6 +646,11 @@ async fn subscribe(
             continue;
         }
         backoff = BACKOFF_FIRST;
+        // Every batch this socket receives was published after it subscribed, so after
+        // the batch `floor - 1` that was already applied: a lower sequence on it is a new
+        // publisher numbering from 0 again (the engine restarted), not a replayed one.
+        let mut floor = next;
+        let mut last_live: Option<u64> = None;
         // What was published before this subscription took effect comes by replay.
         catch_up(&me, worker, rank, replay_at.as_deref(), &mut next, None).await;
         loop {
@@ -644,6 +668,13 @@ async fn subscribe(
                 me.do_send(Feed::Malformed { worker });
                 continue;
             };
+            // One publisher sends in order on one connection: a step back is a new one.
+            let restarted = msg.seq < floor || last_live.is_some_and(|l| msg.seq <= l);
+            last_live = Some(msg.seq);
+            if restarted {
+                me.do_send(Feed::Restarted { worker, rank });
+                (next, floor) = (0, 0);
+            }
             if msg.seq < next {
                 continue; // already applied through replay
             }

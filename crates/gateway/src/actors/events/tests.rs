@@ -1,7 +1,7 @@
 //! The subscriber against a real ZMQ publisher and replay router on loopback, built from
 //! the wire crate's encoders as an SGLang engine sends them.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kvgate_kv_events::{
@@ -106,6 +106,54 @@ async fn blocks_of(
     .per_worker
 }
 
+/// Answers replay requests from `history` (batch `i` has sequence `i`) as it is when asked.
+fn serve_replay(mut router: zeromq::RouterSocket, history: Arc<Mutex<Vec<EventBatch>>>) {
+    actix_rt::spawn(async move {
+        while let Ok(req) = router.recv().await {
+            let frames: Vec<Vec<u8>> = req.iter().map(|f| f.to_vec()).collect();
+            let (id, rest) = frames.split_first().expect("identity");
+            let from = decode_replay_request(rest).expect("a replay request");
+            let payloads: Vec<Vec<u8>> = history
+                .lock()
+                .expect("history")
+                .iter()
+                .map(encode_payload)
+                .collect();
+            for (seq, p) in payloads.iter().enumerate().skip(from as usize) {
+                let mut m = vec![id.clone()];
+                m.extend(encode_replay_batch(b"kv", seq as u64, p));
+                router.send(msg(m)).await.expect("send");
+            }
+            let mut end = vec![id.clone()];
+            end.extend(encode_replay_end());
+            router.send(msg(end)).await.expect("send");
+        }
+    });
+}
+
+/// Publishes `b` as sequence `seq` until `landed` holds (the subscription may not have
+/// reached the publisher yet).
+async fn publish_until(
+    publisher: &mut zeromq::PubSocket,
+    a: &Addr<EventsActor>,
+    seq: u64,
+    b: &EventBatch,
+    what: &str,
+    landed: impl Fn(&HashMap<WorkerId, WorkerEvents>) -> bool,
+) {
+    for _ in 0..200 {
+        publisher
+            .send(msg(encode_message(b"kv", seq, b)))
+            .await
+            .expect("send");
+        actix_rt::time::sleep(Duration::from_millis(10)).await;
+        if a.send(GetEventStates).await.is_ok_and(|s| landed(&s)) {
+            return;
+        }
+    }
+    until(a, what, landed).await;
+}
+
 #[actix_rt::test]
 async fn blocks_stored_before_the_gateway_come_by_replay_and_live_ones_follow() {
     // The engine has published batches 0 and 1 before anyone subscribed.
@@ -117,22 +165,7 @@ async fn blocks_stored_before_the_gateway_come_by_replay_and_live_ones_follow() 
     let pub_ep = publisher.bind("tcp://127.0.0.1:0").await.expect("bind");
     let mut router = zeromq::RouterSocket::new();
     let rep_ep = router.bind("tcp://127.0.0.1:0").await.expect("bind");
-    let payloads: Vec<Vec<u8>> = history.iter().map(encode_payload).collect();
-    actix_rt::spawn(async move {
-        while let Ok(req) = router.recv().await {
-            let frames: Vec<Vec<u8>> = req.iter().map(|f| f.to_vec()).collect();
-            let (id, rest) = frames.split_first().expect("identity");
-            let from = decode_replay_request(rest).expect("a replay request");
-            for (seq, p) in payloads.iter().enumerate().skip(from as usize) {
-                let mut m = vec![id.clone()];
-                m.extend(encode_replay_batch(b"kv", seq as u64, p));
-                router.send(msg(m)).await.expect("send");
-            }
-            let mut end = vec![id.clone()];
-            end.extend(encode_replay_end());
-            router.send(msg(end)).await.expect("send");
-        }
-    });
+    serve_replay(router, Arc::new(Mutex::new(history.to_vec())));
     let a = EventsActor::new(None, None).start();
     let w = WorkerId(7);
     a.do_send(FleetChanged(Arc::new(vec![record(
@@ -154,21 +187,7 @@ async fn blocks_stored_before_the_gateway_come_by_replay_and_live_ones_follow() 
         block_hashes: vec![EngineHash::from_i64(13)],
         medium: None,
     })]);
-    // The subscription may not have reached the publisher yet: send until it lands.
-    for _ in 0..200 {
-        publisher
-            .send(msg(encode_message(b"kv", seq, &removed)))
-            .await
-            .expect("send");
-        actix_rt::time::sleep(Duration::from_millis(10)).await;
-        if a.send(GetEventStates)
-            .await
-            .is_ok_and(|s| s.get(&w).is_some_and(|e| e.blocks == 2))
-        {
-            break;
-        }
-    }
-    until(&a, "the removal", |s| {
+    publish_until(&mut publisher, &a, seq, &removed, "the removal", |s| {
         s.get(&w).is_some_and(|e| e.blocks == 2)
     })
     .await;
@@ -221,4 +240,66 @@ async fn a_worker_without_usable_kv_events_is_off_with_a_reason_and_one_unreacha
     // Gone from the fleet: gone here.
     a.do_send(FleetChanged(Arc::new(vec![])));
     until(&a, "an empty table", |s| s.is_empty()).await;
+}
+
+#[actix_rt::test]
+async fn a_publisher_numbering_from_0_again_is_a_new_process_and_its_rank_is_rebuilt() {
+    let old = vec![
+        batch(vec![stored(&[11, 12], None, 0..8)]),
+        batch(vec![stored(&[13], Some(12), 8..12)]),
+    ];
+    let history = Arc::new(Mutex::new(old));
+    let mut publisher = zeromq::PubSocket::new();
+    let pub_ep = publisher.bind("tcp://127.0.0.1:0").await.expect("bind");
+    let mut router = zeromq::RouterSocket::new();
+    let rep_ep = router.bind("tcp://127.0.0.1:0").await.expect("bind");
+    serve_replay(router, history.clone());
+    let a = EventsActor::new(None, None).start();
+    let w = WorkerId(7);
+    a.do_send(FleetChanged(Arc::new(vec![record(
+        7,
+        port_of(&pub_ep),
+        Some(port_of(&rep_ep)),
+    )])));
+    until(&a, "the old process's blocks", |s| {
+        s.get(&w).is_some_and(|e| e.blocks == 3)
+    })
+    .await;
+    // The old process goes on a little, then a new one starts: same ports, sequence 0,
+    // other content, and a replay buffer holding only its own batches. Nothing tells the
+    // gateway but the sequence (no AllBlocksCleared, no health failure in between).
+    let more = batch(vec![stored(&[14], Some(13), 12..16)]);
+    publish_until(
+        &mut publisher,
+        &a,
+        2,
+        &more,
+        "the old process's live batch",
+        |s| s.get(&w).is_some_and(|e| e.blocks == 4),
+    )
+    .await;
+    let fresh = batch(vec![stored(&[21], None, 100..104)]);
+    *history.lock().expect("history") = vec![fresh.clone()];
+    publisher
+        .send(msg(encode_message(b"kv", 0, &fresh)))
+        .await
+        .expect("send");
+    until(&a, "the rebuild", |s| {
+        s.get(&w)
+            .is_some_and(|e| e.restarts == 1 && e.blocks == 1 && e.state == EventState::Live)
+    })
+    .await;
+    // What the old process announced is gone; the new one's block is held.
+    assert_eq!(blocks_of(&a, 0..16).await, vec![(w, 0, BS)]);
+    assert_eq!(blocks_of(&a, 100..104).await, vec![(w, 1, BS)]);
+    // The new process's next batch follows on as usual.
+    let next = batch(vec![stored(&[22], Some(21), 104..108)]);
+    publisher
+        .send(msg(encode_message(b"kv", 1, &next)))
+        .await
+        .expect("send");
+    until(&a, "the new process's second batch", |s| {
+        s.get(&w).is_some_and(|e| e.blocks == 2 && e.restarts == 1)
+    })
+    .await;
 }
