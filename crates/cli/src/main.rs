@@ -123,6 +123,31 @@ fn inspect_text(s: &kvgate_store::StoreSummary) -> String {
             &rows,
         ));
     }
+    if let Some(e) = &s.events {
+        let age = kvgate_store::unix_now() - e.written_at;
+        out.push_str(&format!(
+            "\nKV-event index: written {:.0} (unix), {age:.0}s ago, generation {}\n",
+            e.written_at, e.generation
+        ));
+        let rows: Vec<Vec<String>> = e
+            .ranks
+            .iter()
+            .map(|r| {
+                vec![
+                    r.url.clone(),
+                    r.rank.to_string(),
+                    r.blocks.to_string(),
+                    r.next_seq.to_string(),
+                    r.startup_time
+                        .map_or_else(|| "-".into(), |t| format!("{t:.3}")),
+                ]
+            })
+            .collect();
+        out.push_str(&table(
+            &["URL", "RANK", "BLOCKS", "NEXT-SEQ", "STARTUP-TIME"],
+            &rows,
+        ));
+    }
     out.push_str(&format!(
         "\nregistry: added through the API: {}; removed through the API: {}\n",
         if s.registry.added.is_empty() {

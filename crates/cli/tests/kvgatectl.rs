@@ -119,6 +119,10 @@ fn snapshot_inspect_reads_a_stopped_gateways_store() {
         "{v}"
     );
 
+    // No engine published KV events: no chain-index section.
+    assert!(v["events"].is_null(), "{v}");
+    assert!(!out.contains("KV-event index"), "{out}");
+
     // A missing or unusable directory is a clear error, not a panic.
     let (ok, _, err) = run(&["snapshot", "inspect", "--data-dir", "/proc/nonexistent/x"]);
     assert!(!ok);
@@ -382,4 +386,74 @@ fn decisions_follow_prints_new_decisions_as_they_come() {
     let _ = child.kill();
     let _ = child.wait();
     assert_eq!(seen, ids);
+}
+
+#[test]
+fn snapshot_inspect_shows_each_ranks_kv_event_blocks_and_sequence() {
+    let sim = SimConfig {
+        kv_events_port: Some(0),
+        kv_events_replay_port: Some(0),
+        dp_size: 2,
+        ..SimConfig::default()
+    };
+    let fleet = SimFleet::start(1, sim).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d");
+    let cfg = GatewayConfig {
+        port: 0,
+        http_workers: Some(1),
+        data_dir: data.clone(),
+        worker_urls: fleet.urls(),
+        ..GatewayConfig::default()
+    };
+    let gw = Gateway::start(cfg).unwrap();
+    let url = gw.url();
+    actix_rt::System::new().block_on(async {
+        let c = awc::Client::default();
+        // Until the events are live, then one prompt of 40 tokens on rank 1.
+        for _ in 0..500 {
+            let mut r = c.get(format!("{url}/workers")).send().await.unwrap();
+            let v: serde_json::Value = r.json().await.unwrap();
+            if v["workers"][0]["events"]["state"] == "live" {
+                break;
+            }
+            actix_rt::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        let ids: Vec<u32> = (100..140).collect();
+        let body = serde_json::json!({"input_ids": ids, "routed_dp_rank": 1, "sampling_params": {"max_new_tokens": 1}});
+        let r = c.post(format!("{}/generate", fleet.urls()[0])).send_json(&body).await.unwrap();
+        assert!(r.status().is_success());
+        for _ in 0..500 {
+            let mut r = c.get(format!("{url}/workers")).send().await.unwrap();
+            let v: serde_json::Value = r.json().await.unwrap();
+            if v["workers"][0]["events"]["blocks"].as_u64() >= Some(40) {
+                break;
+            }
+            actix_rt::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    });
+    gw.stop();
+
+    let d = data.to_str().unwrap();
+    let (ok, out, _) = run(&["--json", "snapshot", "inspect", "--data-dir", d]);
+    assert!(ok);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let ranks = v["events"]["ranks"].as_array().cloned().unwrap_or_default();
+    let row = |rank: u64| {
+        ranks
+            .iter()
+            .find(|r| r["rank"] == rank)
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert_eq!(ranks.len(), 2, "{v}");
+    assert_eq!(row(0)["blocks"], 0, "{v}");
+    assert!(row(1)["blocks"].as_u64() >= Some(40), "{v}");
+    assert!(row(1)["next_seq"].as_u64() >= Some(1), "{v}");
+    assert_eq!(row(1)["url"], fleet.urls()[0].as_str(), "{v}");
+
+    let (ok, out, err) = run(&["snapshot", "inspect", "--data-dir", d]);
+    assert!(ok, "{err}");
+    assert!(out.contains("KV-event index: written"), "{out}");
+    assert!(out.contains("NEXT-SEQ"), "{out}");
 }

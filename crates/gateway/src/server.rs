@@ -16,9 +16,9 @@ use tracing::{error, info, warn};
 
 use kvgate_policies::CacheIndex;
 use kvgate_poller::{LoadPoller, WorkerUrl};
-use kvgate_store::{Image, Persister, RegistryImage};
+use kvgate_store::{EventsImage, Image, Persister, RegistryImage};
 
-use crate::actors::events::{EventsActor, SelectorLink};
+use crate::actors::events::{EventsActor, SelectorLink, SnapshotSettings};
 use crate::actors::index::{FleetSettled, IndexActor, IndexConfig};
 use crate::actors::registry::{
     AddWorker, PollerLink, RegistryActor, RegistryConfig, RegistryError, WorkerSource,
@@ -128,6 +128,7 @@ struct Persistence {
     persister: Option<Persister>,
     writer: Option<std::thread::JoinHandle<()>>,
     image: Option<Image>,
+    events: Option<EventsImage>,
     registry: RegistryImage,
 }
 
@@ -137,6 +138,7 @@ fn open_store(cfg: &GatewayConfig) -> Persistence {
     let kvgate_store::Opened {
         store,
         image,
+        events,
         registry,
         problems,
     } = kvgate_store::open_or_reset(&cfg.data_dir);
@@ -155,6 +157,7 @@ fn open_store(cfg: &GatewayConfig) -> Persistence {
         persister,
         writer,
         image,
+        events,
         registry,
     }
 }
@@ -205,7 +208,7 @@ fn control_actors(
     control: &Arbiter,
     routing: (&Addr<IndexActor>, &Addr<SelectorActor>),
     persister: Option<Persister>,
-    image: RegistryImage,
+    (image, events_image): (RegistryImage, Option<EventsImage>),
     metrics: &Arc<Metrics>,
 ) -> (
     Addr<RegistryActor>,
@@ -242,8 +245,13 @@ fn control_actors(
         loads: selector.clone().recipient(),
         live: selector.clone().recipient(),
     };
+    let snapshots = SnapshotSettings {
+        persister: persister.clone(),
+        interval: cfg.snapshot_interval,
+    };
     let events = EventsActor::start_in_arbiter(&control.handle(), move |_| {
         EventsActor::new(Some(max_blocks), Some(to_selector))
+            .with_snapshots(snapshots, events_image)
     });
     let tokenizers = Arc::new(Tokenizers::new(cfg.tokenizer_path.clone()));
     let loader = TokenizerActor {
@@ -288,7 +296,7 @@ fn startup_workers(cfg: &GatewayConfig, image: &RegistryImage) -> Vec<(String, W
 /// that restored entries of workers that did not come back can go.
 async fn register(
     registry: &Addr<RegistryActor>,
-    index: &Addr<IndexActor>,
+    (index, events): (&Addr<IndexActor>, &Addr<EventsActor>),
     workers: Vec<(String, WorkerSource)>,
     allow: &AllowList,
 ) {
@@ -319,6 +327,7 @@ async fn register(
     });
     futures_util::future::join_all(adds).await;
     index.do_send(FleetSettled);
+    events.do_send(FleetSettled);
 }
 
 /// Says at start what the configuration leaves unrouted by prefix, rather than let it
@@ -444,7 +453,7 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         &control,
         (&index, &selector),
         store.persister,
-        store.registry,
+        (store.registry, store.events),
         &metrics,
     );
     let mut routing = routing;
@@ -455,7 +464,7 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
     routing.selector.0.read_events_from(events.clone());
     // Validated at load: an entry that does not parse was refused then.
     let allow = AllowList::parse(&cfg.worker_allow).unwrap_or_default();
-    register(&registry, &index, workers, &allow).await;
+    register(&registry, (&index, &events), workers, &allow).await;
     let lifecycle = Arc::new(Lifecycle::default());
     let admission = Arc::new(Admission::new(
         cfg.max_concurrent_requests,

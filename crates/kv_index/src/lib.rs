@@ -13,7 +13,8 @@
 //! [`ChainIndex`] is the exact index fed by the engines' own KV events: blocks keyed by
 //! content (a hash over each block's tokens chained to its parent, [`chain_keys`]), held per
 //! (worker, data-parallel rank), removed and cleared only for the rank that says so, under a
-//! cap on blocks held; it takes plain inputs ([`ChainStore`]), not any wire format. The
+//! cap on blocks held; it takes plain inputs ([`ChainStore`]), not any wire format, and
+//! exports and restores a rank's holdings ([`ChainBlock`]) so they outlive the process. The
 //! crate never reads a clock (time is a `u64` the caller passes), does no I/O, and depends
 //! on nothing async.
 //!
@@ -52,7 +53,7 @@ mod snapshot;
 mod tree;
 
 pub use chain::{
-    ChainApply, ChainConfig, ChainIndex, ChainMatch, ChainStats, ChainStore, chain_keys,
+    ChainApply, ChainBlock, ChainConfig, ChainIndex, ChainMatch, ChainStats, ChainStore, chain_keys,
 };
 pub use codec::{decode, encode};
 pub use error::SnapshotError;

@@ -6,6 +6,9 @@
 //! - tree `index`: key `generation (u64 BE) ‖ seq (u32 BE) ‖ piece (u32 BE)` → up to 16 KiB
 //!   of one encoded [`Chunk`]; a chunk is its pieces in key order. (Format 1 stored each
 //!   chunk whole under the 12-byte key; it is read as one piece and upgraded on open.)
+//! - tree `events` and meta key `events_current` ([`EventsHeader`]): the same for the
+//!   KV-event chain index's [`ChainChunk`]s, with generations of their own. A store
+//!   without them (written before they existed) reads as having no such snapshot.
 //!
 //! A snapshot writes all its chunks under a new generation, flushes, then replaces
 //! `current` in one insert and flushes again; older generations are deleted after. A crash
@@ -14,7 +17,12 @@
 use std::path::{Path, PathBuf};
 
 use crate::error::StoreError;
-use crate::image::{Chunk, FORMAT_VERSION, Image, ImageHeader, RegistryImage};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::image::{
+    ChainChunk, Chunk, EventsHeader, EventsImage, FORMAT_VERSION, Image, ImageHeader, RegistryImage,
+};
 
 #[derive(Debug)]
 pub struct Store {
@@ -22,6 +30,7 @@ pub struct Store {
     db: sled::Db,
     meta: sled::Tree,
     index: sled::Tree,
+    events: sled::Tree,
     /// The format version found on disk (after any upgrade); `None` in a store that has
     /// none yet and was opened for inspection.
     pub(crate) on_disk: Option<u32>,
@@ -90,6 +99,7 @@ impl Store {
         let db = open_db(&path).map_err(sled_err)?;
         let meta = db.open_tree("meta").map_err(sled_err)?;
         let index = db.open_tree("index").map_err(sled_err)?;
+        let events = db.open_tree("events").map_err(sled_err)?;
         let on_disk = match meta.get("format_version").map_err(sled_err)? {
             None if !stamp => None,
             None => {
@@ -123,6 +133,7 @@ impl Store {
             db,
             meta,
             index,
+            events,
             #[cfg(test)]
             fail_writes: Default::default(),
         })
@@ -153,12 +164,20 @@ impl Store {
 
     /// The committed header, if a snapshot was ever written.
     pub fn header(&self) -> Result<Option<ImageHeader>, StoreError> {
-        let Some(raw) = self.meta.get("current").map_err(|e| self.sled_err(e))? else {
+        self.meta_value("current", "snapshot header")
+    }
+
+    fn meta_value<T: DeserializeOwned>(
+        &self,
+        key: &str,
+        what: &str,
+    ) -> Result<Option<T>, StoreError> {
+        let Some(raw) = self.meta.get(key).map_err(|e| self.sled_err(e))? else {
             return Ok(None);
         };
         kvgate_kv_index::decode(&raw)
             .map(Some)
-            .map_err(|e| self.corrupt(format!("snapshot header: {e}")))
+            .map_err(|e| self.corrupt(format!("{what}: {e}")))
     }
 
     /// The last complete snapshot.
@@ -227,18 +246,7 @@ impl Store {
         tx: &crossbeam_channel::Sender<(u32, Vec<u8>)>,
     ) -> Result<(), StoreError> {
         for seq in 0..header.chunks {
-            let mut raw = Vec::new();
-            // Pieces come back in key order, which is their order.
-            for kv in self.index.scan_prefix(chunk_key(header.generation, seq)) {
-                let (_, piece) = kv.map_err(|e| self.sled_err(e))?;
-                raw.extend_from_slice(&piece);
-            }
-            if raw.is_empty() {
-                return Err(self.corrupt(format!(
-                    "chunk {seq} of generation {} is missing",
-                    header.generation
-                )));
-            }
+            let raw = self.read_pieces(&self.index, header.generation, seq)?;
             if tx.send((seq, raw)).is_err() {
                 break;
             }
@@ -246,8 +254,37 @@ impl Store {
         Ok(())
     }
 
+    /// One chunk's pieces, joined.
+    fn read_pieces(
+        &self,
+        tree: &sled::Tree,
+        generation: u64,
+        seq: u32,
+    ) -> Result<Vec<u8>, StoreError> {
+        let mut raw = Vec::new();
+        // Pieces come back in key order, which is their order.
+        for kv in tree.scan_prefix(chunk_key(generation, seq)) {
+            let (_, piece) = kv.map_err(|e| self.sled_err(e))?;
+            raw.extend_from_slice(&piece);
+        }
+        if raw.is_empty() {
+            return Err(self.corrupt(format!("chunk {seq} of generation {generation} is missing")));
+        }
+        Ok(raw)
+    }
+
     /// Writes one chunk of a generation that is not committed yet.
     pub fn put_chunk(&self, generation: u64, seq: u32, chunk: &Chunk) -> Result<(), StoreError> {
+        self.put_pieces(&self.index, generation, seq, chunk)
+    }
+
+    fn put_pieces<T: Serialize>(
+        &self,
+        tree: &sled::Tree,
+        generation: u64,
+        seq: u32,
+        chunk: &T,
+    ) -> Result<(), StoreError> {
         self.writable()?;
         let bytes =
             kvgate_kv_index::encode(chunk).map_err(|e| self.corrupt(format!("encoding: {e}")))?;
@@ -256,23 +293,23 @@ impl Store {
             let i = u32::try_from(i).map_err(|_| self.corrupt("chunk too large"))?;
             batch.insert(&piece_key(generation, seq, i), piece);
         }
-        self.index
-            .apply_batch(batch)
-            .map_err(|e| self.sled_err(e))?;
+        tree.apply_batch(batch).map_err(|e| self.sled_err(e))?;
         Ok(())
     }
 
     /// Makes `header`'s generation the current one. Old chunks stay until
     /// [`Store::drop_uncommitted`].
     pub fn commit(&self, header: &ImageHeader) -> Result<(), StoreError> {
+        self.commit_as("current", header)
+    }
+
+    fn commit_as<H: Serialize>(&self, key: &str, header: &H) -> Result<(), StoreError> {
         self.writable()?;
         // Chunks must be durable before the header that names them.
         self.db.flush().map_err(|e| self.sled_err(e))?;
         let bytes =
             kvgate_kv_index::encode(header).map_err(|e| self.corrupt(format!("encoding: {e}")))?;
-        self.meta
-            .insert("current", bytes)
-            .map_err(|e| self.sled_err(e))?;
+        self.meta.insert(key, bytes).map_err(|e| self.sled_err(e))?;
         self.db.flush().map_err(|e| self.sled_err(e))?;
         Ok(())
     }
@@ -285,17 +322,63 @@ impl Store {
 
     /// Removes every chunk not of `keep` (stale or abandoned generations).
     pub fn drop_generations_except(&self, keep: u64) -> Result<(), StoreError> {
+        self.drop_except(&self.index, keep)
+    }
+
+    fn drop_except(&self, tree: &sled::Tree, keep: u64) -> Result<(), StoreError> {
         let mut stale = Vec::new();
-        for kv in self.index.iter().keys() {
+        for kv in tree.iter().keys() {
             let k = kv.map_err(|e| self.sled_err(e))?;
             if k.len() < 8 || k[..8] != keep.to_be_bytes() {
                 stale.push(k);
             }
         }
         for k in stale {
-            self.index.remove(k).map_err(|e| self.sled_err(e))?;
+            tree.remove(k).map_err(|e| self.sled_err(e))?;
         }
         Ok(())
+    }
+
+    /// The committed header of the chain index's snapshot, if one was ever written.
+    pub fn events_header(&self) -> Result<Option<EventsHeader>, StoreError> {
+        self.meta_value("events_current", "KV-event snapshot header")
+    }
+
+    /// The last complete snapshot of the chain index.
+    pub fn load_events(&self) -> Result<Option<EventsImage>, StoreError> {
+        let Some(header) = self.events_header()? else {
+            return Ok(None);
+        };
+        // The count comes from disk: grown as chunks are read, never allocated up front.
+        let mut chunks = Vec::new();
+        for seq in 0..header.chunks {
+            let raw = self.read_pieces(&self.events, header.generation, seq)?;
+            let chunk = kvgate_kv_index::decode::<ChainChunk>(&raw)
+                .map_err(|e| self.corrupt(format!("KV-event chunk {seq}: {e}")))?;
+            chunks.push(chunk);
+        }
+        Ok(Some(EventsImage { header, chunks }))
+    }
+
+    /// Writes one chunk of a chain-index generation that is not committed yet.
+    pub fn put_events_chunk(
+        &self,
+        generation: u64,
+        seq: u32,
+        chunk: &ChainChunk,
+    ) -> Result<(), StoreError> {
+        self.put_pieces(&self.events, generation, seq, chunk)
+    }
+
+    /// Makes the chain index's `header` generation the current one.
+    pub fn commit_events(&self, header: &EventsHeader) -> Result<(), StoreError> {
+        self.commit_as("events_current", header)
+    }
+
+    /// Removes every chain-index chunk that is not of its committed generation.
+    pub fn drop_uncommitted_events(&self) -> Result<(), StoreError> {
+        let keep = self.events_header()?.map_or(u64::MAX, |h| h.generation);
+        self.drop_except(&self.events, keep)
     }
 
     pub fn registry(&self) -> Result<RegistryImage, StoreError> {

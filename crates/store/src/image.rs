@@ -1,9 +1,9 @@
-//! What a snapshot is made of, as stored: the committed header, its chunks and the
-//! worker registry image.
+//! What a snapshot is made of, as stored: the committed header and its chunks, for the
+//! prefix index and for the KV-event chain index, and the worker registry image.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use kvgate_kv_index::{HashSnapshot, SnapshotRecord};
+use kvgate_kv_index::{ChainBlock, HashSnapshot, SnapshotRecord};
 use kvgate_policies::WorkerId;
 use serde::{Deserialize, Serialize};
 
@@ -47,6 +47,46 @@ pub enum Chunk {
         model: u32,
         snapshot: HashSnapshot<WorkerId>,
     },
+}
+
+/// Where one data-parallel rank's KV events stood when its holdings were written: the
+/// engine process they came from and the next sequence number to apply.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RankStamp {
+    pub worker: WorkerId,
+    pub url: String,
+    /// The engine's `/server_info` `startup_time` (`None` when it reports none).
+    pub startup_time: Option<f64>,
+    pub rank: u32,
+    /// Every batch below it is in the holdings: a restarted gateway asks replay from here.
+    pub next_seq: u64,
+    pub block_size: Option<u32>,
+}
+
+/// The committed description of one snapshot of the KV-event chain index.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EventsHeader {
+    pub format_version: u32,
+    pub generation: u64,
+    /// Seconds since the Unix epoch.
+    pub written_at: f64,
+    pub ranks: Vec<RankStamp>,
+    pub chunks: u32,
+}
+
+/// Part of one rank's holdings, parents first; a rank's chunks come in order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChainChunk {
+    pub worker: WorkerId,
+    pub rank: u32,
+    pub blocks: Vec<ChainBlock>,
+}
+
+/// A loaded snapshot of the chain index.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EventsImage {
+    pub header: EventsHeader,
+    pub chunks: Vec<ChainChunk>,
 }
 
 /// Workers that came and went through the admin API.

@@ -22,6 +22,28 @@ pub struct StoreSummary {
     pub size_on_disk: u64,
     pub models: Vec<ModelSummary>,
     pub registry: RegistryImage,
+    /// The KV-event chain index's snapshot, when one was written.
+    pub events: Option<EventsSummary>,
+}
+
+/// What the chain index's snapshot holds.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EventsSummary {
+    pub generation: u64,
+    pub written_at: f64,
+    pub ranks: Vec<RankSummary>,
+}
+
+/// One engine rank in the chain index's snapshot.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RankSummary {
+    pub worker: String,
+    pub url: String,
+    pub rank: u32,
+    pub startup_time: Option<f64>,
+    /// Replay resumes from here after a restart.
+    pub next_seq: u64,
+    pub blocks: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -106,6 +128,29 @@ pub fn inspect(dir: &Path) -> Result<StoreSummary, StoreError> {
             });
         }
     }
+    let events = store.load_events()?.map(|e| {
+        let ranks = e
+            .header
+            .ranks
+            .iter()
+            .map(|r| RankSummary {
+                worker: r.worker.to_string(),
+                url: r.url.clone(),
+                rank: r.rank,
+                startup_time: r.startup_time,
+                next_seq: r.next_seq,
+                blocks: (e.chunks.iter())
+                    .filter(|c| c.worker == r.worker && c.rank == r.rank)
+                    .map(|c| c.blocks.len() as u64)
+                    .sum(),
+            })
+            .collect();
+        EventsSummary {
+            generation: e.header.generation,
+            written_at: e.header.written_at,
+            ranks,
+        }
+    });
     Ok(StoreSummary {
         path: store.path.display().to_string(),
         format_version: store.on_disk.unwrap_or(0),
@@ -114,5 +159,6 @@ pub fn inspect(dir: &Path) -> Result<StoreSummary, StoreError> {
         size_on_disk: store.size_on_disk(),
         models,
         registry,
+        events,
     })
 }

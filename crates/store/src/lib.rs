@@ -1,6 +1,6 @@
-//! kvgate's persistent state: snapshots of the prefix index and the image of the worker
-//! registry, kept in sled under `--data-dir` so that a restarted gateway routes prefixes
-//! back to the engines that hold them.
+//! kvgate's persistent state: snapshots of the prefix index and of the KV-event chain index,
+//! and the image of the worker registry, kept in sled under `--data-dir` so that a
+//! restarted gateway routes prefixes back to the engines that hold them.
 //!
 //! The crate owns the on-disk layout (the only code of kvgate that touches sled), the
 //! commit protocol (every chunk of a snapshot, a flush, then its header in one insert: a
@@ -42,7 +42,10 @@ mod writer;
 
 pub use db::Store;
 pub use error::{BackendError, StoreError};
-pub use image::{Chunk, FORMAT_VERSION, Image, ImageHeader, RegistryImage, WorkerStamp, unix_now};
-pub use inspect::{ModelSummary, StoreSummary, WorkerSummary, inspect};
+pub use image::{
+    ChainChunk, Chunk, EventsHeader, EventsImage, FORMAT_VERSION, Image, ImageHeader, RankStamp,
+    RegistryImage, WorkerStamp, unix_now,
+};
+pub use inspect::{EventsSummary, ModelSummary, RankSummary, StoreSummary, WorkerSummary, inspect};
 pub use open::{Opened, open_or_reset};
 pub use writer::{Persist, PersistStats, Persister, spawn};

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use crate::db::Store;
 use crate::error::StoreError;
-use crate::image::{Image, RegistryImage, unix_now};
+use crate::image::{EventsImage, Image, RegistryImage, unix_now};
 
 /// What opening the store at startup gave.
 #[derive(Debug, Default)]
@@ -13,6 +13,8 @@ pub struct Opened {
     pub store: Option<Store>,
     /// The last complete snapshot, read once.
     pub image: Option<Image>,
+    /// The last complete snapshot of the KV-event chain index, read once.
+    pub events: Option<EventsImage>,
     pub registry: RegistryImage,
     /// One line each, for the log.
     pub problems: Vec<String>,
@@ -86,6 +88,13 @@ pub fn open_or_reset(dir: &Path) -> Opened {
         Ok(r) => out.registry = r,
         Err(e) => out.problems.push(format!(
             "{e}; workers added or removed through the API before the restart are not restored"
+        )),
+    }
+    // Without it the engines' replay rebuilds what it can: never a reason to reset.
+    match store.load_events() {
+        Ok(e) => out.events = e,
+        Err(e) => out.problems.push(format!(
+            "{e}; the KV-event index starts from the engines' replay alone"
         )),
     }
     out.image = image;

@@ -1,15 +1,18 @@
 //! The writer thread: the only owner of the sled handle at run time. Actors hand it
-//! snapshot chunks and registry images over a crossbeam channel and never wait for disk.
+//! snapshot chunks (of the prefix index and of the KV-event chain index, each family with
+//! generations of its own) and registry images over a crossbeam channel and never wait for
+//! disk.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
-use tracing::{error, info};
+use tracing::{debug, error, info};
 
 use crate::db::Store;
-use crate::image::{Chunk, Image, ImageHeader, RegistryImage};
+use crate::error::StoreError;
+use crate::image::{ChainChunk, Chunk, EventsHeader, Image, ImageHeader, RegistryImage};
 
 /// Work for the writer.
 #[derive(Debug)]
@@ -22,6 +25,14 @@ pub enum Persist {
     },
     /// Every chunk of this generation was sent: make it current.
     Commit(ImageHeader),
+    /// A chunk of an uncommitted generation of the KV-event chain index.
+    EventsChunk {
+        generation: u64,
+        seq: u32,
+        chunk: Box<ChainChunk>,
+    },
+    /// Every chunk of this chain-index generation was sent: make it current.
+    EventsCommit(EventsHeader),
     /// Answered once everything queued before it is on disk.
     Flush(Sender<()>),
     /// Answered with the last committed snapshot (an actor rebuilding its state).
@@ -37,6 +48,8 @@ pub struct PersistStats {
     pub deferred: AtomicU64,
     /// The newest generation on disk.
     pub committed_generation: AtomicU64,
+    /// Snapshots of the KV-event chain index committed.
+    pub events_snapshots_written: AtomicU64,
 }
 
 /// The sending side, held by the actors.
@@ -142,9 +155,64 @@ impl UnsavedRegistry {
     }
 }
 
+/// One family of snapshots (the prefix index's, the chain index's) as the writer sees it.
+#[derive(Default)]
+struct Family {
+    /// A generation with a failed chunk is never committed.
+    failed: Option<u64>,
+}
+
+impl Family {
+    fn chunk(
+        &mut self,
+        generation: u64,
+        seq: u32,
+        drop_uncommitted: impl FnOnce() -> Result<(), StoreError>,
+        put: impl FnOnce() -> Result<(), StoreError>,
+        stats: &PersistStats,
+    ) {
+        if self.failed == Some(generation) {
+            return;
+        }
+        // A new generation starts: chunks of abandoned ones go first.
+        if seq == 0
+            && let Err(e) = drop_uncommitted()
+        {
+            error!(error = %e, "cannot clear abandoned snapshot chunks");
+        }
+        if let Err(e) = put() {
+            error!(error = %e, "snapshot write failed; routing goes on, the previous snapshot stays");
+            stats.write_failures.fetch_add(1, Ordering::Relaxed);
+            self.failed = Some(generation);
+        }
+    }
+
+    /// Commits `generation`; true when it became current.
+    fn commit(
+        &self,
+        generation: u64,
+        commit: impl FnOnce() -> Result<(), StoreError>,
+        drop_uncommitted: impl FnOnce() -> Result<(), StoreError>,
+        stats: &PersistStats,
+    ) -> bool {
+        if self.failed == Some(generation) {
+            return false;
+        }
+        if let Err(e) = commit() {
+            error!(error = %e, "snapshot commit failed; the previous snapshot stays");
+            stats.write_failures.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        if let Err(e) = drop_uncommitted() {
+            error!(error = %e, "cannot clear old snapshot chunks");
+        }
+        true
+    }
+}
+
 fn run(store: Store, rx: Receiver<Persist>, reg_rx: Receiver<RegistryImage>, stats: &PersistStats) {
-    // A generation with a failed chunk is never committed.
-    let mut failed_generation: Option<u64> = None;
+    let mut index = Family::default();
+    let mut events = Family::default();
     let mut registry = UnsavedRegistry::default();
     loop {
         let msg = crossbeam_channel::select! {
@@ -166,46 +234,60 @@ fn run(store: Store, rx: Receiver<Persist>, reg_rx: Receiver<RegistryImage>, sta
                 generation,
                 seq,
                 chunk,
-            } => {
-                if failed_generation == Some(generation) {
-                    continue;
-                }
-                // A new generation starts: chunks of abandoned ones go first.
-                if seq == 0
-                    && let Err(e) = store.drop_uncommitted()
-                {
-                    error!(error = %e, "cannot clear abandoned snapshot chunks");
-                }
-                if let Err(e) = store.put_chunk(generation, seq, &chunk) {
-                    error!(error = %e, "snapshot write failed; routing goes on, the previous snapshot stays");
-                    stats.write_failures.fetch_add(1, Ordering::Relaxed);
-                    failed_generation = Some(generation);
+            } => index.chunk(
+                generation,
+                seq,
+                || store.drop_uncommitted(),
+                || store.put_chunk(generation, seq, &chunk),
+                stats,
+            ),
+            Persist::Commit(header) => {
+                let done = index.commit(
+                    header.generation,
+                    || store.commit(&header),
+                    || store.drop_uncommitted(),
+                    stats,
+                );
+                if done {
+                    stats.snapshots_written.fetch_add(1, Ordering::Relaxed);
+                    stats
+                        .committed_generation
+                        .store(header.generation, Ordering::Release);
+                    info!(
+                        generation = header.generation,
+                        chunks = header.chunks,
+                        "index snapshot written"
+                    );
+                    registry.save(&store, stats);
                 }
             }
-            Persist::Commit(header) => {
-                if failed_generation == Some(header.generation) {
-                    continue;
-                }
-                match store.commit(&header) {
-                    Ok(()) => {
-                        stats.snapshots_written.fetch_add(1, Ordering::Relaxed);
-                        stats
-                            .committed_generation
-                            .store(header.generation, Ordering::Release);
-                        info!(
-                            generation = header.generation,
-                            chunks = header.chunks,
-                            "index snapshot written"
-                        );
-                        if let Err(e) = store.drop_uncommitted() {
-                            error!(error = %e, "cannot clear old snapshot chunks");
-                        }
-                        registry.save(&store, stats);
-                    }
-                    Err(e) => {
-                        error!(error = %e, "snapshot commit failed; the previous snapshot stays");
-                        stats.write_failures.fetch_add(1, Ordering::Relaxed);
-                    }
+            Persist::EventsChunk {
+                generation,
+                seq,
+                chunk,
+            } => events.chunk(
+                generation,
+                seq,
+                || store.drop_uncommitted_events(),
+                || store.put_events_chunk(generation, seq, &chunk),
+                stats,
+            ),
+            Persist::EventsCommit(header) => {
+                let done = events.commit(
+                    header.generation,
+                    || store.commit_events(&header),
+                    || store.drop_uncommitted_events(),
+                    stats,
+                );
+                if done {
+                    stats
+                        .events_snapshots_written
+                        .fetch_add(1, Ordering::Relaxed);
+                    debug!(
+                        generation = header.generation,
+                        ranks = header.ranks.len(),
+                        "KV-event index snapshot written"
+                    );
                 }
             }
             Persist::Load(reply) => {

@@ -20,28 +20,16 @@
 //! publisher is unreachable: routing falls back to the approximate index, visibly).
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::Duration;
 
 use actix::prelude::*;
-use kvgate_kv_events::{
-    EventBatch, KvEvent, KvEventsDescriptor, Medium, ReplayFrame, decode_load_message,
-    decode_message, decode_replay_frame, encode_replay_request, rank_endpoints,
-};
+use kvgate_kv_events::{EventBatch, KvEvent, KvEventsDescriptor, Medium, rank_endpoints};
 use kvgate_kv_index::{ChainConfig, ChainIndex, ChainStats, ChainStore};
 use kvgate_policies::WorkerId;
 use serde::Serialize;
 use tracing::{debug, info, warn};
-use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
 
 use crate::actors::registry::FleetChanged;
 use crate::actors::selector::{EventsLive, LoadPushed};
-
-/// Longest wait for a replay's end marker.
-const REPLAY_TIMEOUT: Duration = Duration::from_secs(5);
-/// Longest wait to connect a socket.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-const BACKOFF_FIRST: Duration = Duration::from_millis(250);
-const BACKOFF_MAX: Duration = Duration::from_secs(30);
 
 /// One worker's event state, as `GET /workers` shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -81,6 +69,8 @@ struct Worker {
     startup_time: Option<f64>,
     desc: KvEventsDescriptor,
     ranks: BTreeMap<u32, RankState>,
+    /// Per rank, the next sequence to apply: every batch below it is in the index.
+    next: BTreeMap<u32, u64>,
     tasks: Vec<SpawnHandle>,
     reason: Option<String>,
     batches: u64,
@@ -122,6 +112,8 @@ pub struct EventsActor {
     workers: HashMap<WorkerId, Worker>,
     /// Workers whose `kv_events` could not be used, and why.
     off: HashMap<WorkerId, String>,
+    /// Snapshots to the store, and holdings restored from one that wait for their worker.
+    persist: Persistence,
 }
 
 impl EventsActor {
@@ -132,6 +124,7 @@ impl EventsActor {
             told_live: false,
             workers: HashMap::new(),
             off: HashMap::new(),
+            persist: Persistence::default(),
         }
     }
 
@@ -169,6 +162,7 @@ impl EventsActor {
         url: &str,
         startup_time: Option<f64>,
         raw: &serde_json::Value,
+        resume: BTreeMap<u32, u64>,
     ) {
         let desc = match serde_json::from_value::<KvEventsDescriptor>(raw.clone()) {
             Ok(d) => d,
@@ -187,6 +181,7 @@ impl EventsActor {
         info!(worker = %url, ranks = endpoints.len(), "subscribing to KV events");
         let me = ctx.address();
         let mut ranks = BTreeMap::new();
+        let mut next = BTreeMap::new();
         let mut tasks = Vec::new();
         for ep in endpoints {
             if let (Some(load), Some(sink)) = (&ep.load, self.selector.as_ref().map(|s| &s.loads)) {
@@ -206,9 +201,11 @@ impl EventsActor {
             ranks.insert(ep.rank, RankState::Connecting);
             let topic = desc.topic.clone();
             let me = me.clone();
+            let from = resume.get(&ep.rank).copied().unwrap_or(0);
+            next.insert(ep.rank, from);
             let h = ctx.spawn(
                 fut::wrap_future::<_, Self>(subscribe(
-                    me, id, ep.rank, ep.events, ep.replay, topic,
+                    me, id, ep.rank, ep.events, ep.replay, topic, from,
                 ))
                 .map(|_, _, _| ()),
             );
@@ -222,6 +219,7 @@ impl EventsActor {
                 startup_time,
                 desc,
                 ranks,
+                next,
                 tasks,
                 reason: None,
                 batches: 0,
@@ -251,6 +249,7 @@ impl EventsActor {
                 ctx.cancel_future(t);
             }
             self.index.forget_worker(id);
+            self.persist.dirty = true;
             debug!(worker = %w.url, "KV event subscription ended");
         }
     }
@@ -283,6 +282,11 @@ impl Actor for EventsActor {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         ctx.set_mailbox_capacity(4096);
+        self.start_snapshots(ctx);
+    }
+
+    fn stopped(&mut self, _: &mut Context<Self>) {
+        self.final_snapshot();
     }
 }
 
@@ -309,10 +313,27 @@ impl Handler<FleetChanged> for EventsActor {
             self.stop_worker(ctx, id);
         }
         self.off.retain(|id, _| present.contains_key(id));
+        self.persist.fleet_is(present.keys().copied());
         for w in fleet.iter() {
             match &w.kv_events {
                 Some(raw) if w.healthy() && !self.workers.contains_key(&w.id) => {
-                    self.start_worker(ctx, w.id, w.url.as_str(), w.startup_time, raw);
+                    // Restored holdings resume from their sequence when they are this
+                    // engine process's; otherwise they go.
+                    let resume = match self.persist.claim(w.id, w.startup_time) {
+                        Some(resume) => {
+                            info!(worker = %w.url, ranks = resume.len(), "KV events resume from the snapshot's sequences");
+                            resume
+                        }
+                        None => {
+                            self.index.forget_worker(w.id);
+                            BTreeMap::new()
+                        }
+                    };
+                    self.start_worker(ctx, w.id, w.url.as_str(), w.startup_time, raw, resume);
+                }
+                // Back without events: what it published before is of no use.
+                None if w.healthy() && self.persist.discard(w.id) => {
+                    self.index.forget_worker(w.id);
                 }
                 _ => {}
             }
@@ -328,6 +349,7 @@ enum Feed {
     Batch {
         worker: WorkerId,
         rank: u32,
+        seq: u64,
         batch: EventBatch,
     },
     /// Replay could not cover a gap: forget the rank's holdings and rebuild.
@@ -370,12 +392,15 @@ impl EventsActor {
             Feed::Batch {
                 worker,
                 rank,
+                seq,
                 batch,
             } => {
                 let Some(w) = self.workers.get_mut(&worker) else {
                     return;
                 };
                 w.batches += 1;
+                w.next.insert(rank, seq.saturating_add(1));
+                self.persist.dirty = true;
                 w.ranks.insert(rank, RankState::Live);
                 w.reason = None;
                 // A descriptor from config may not say: the engine's own stores do.
@@ -392,6 +417,7 @@ impl EventsActor {
                     w.resets += 1;
                     warn!(worker = %w.url, rank, "KV events: a gap replay could not cover; the rank is rebuilt from what comes");
                     self.index.clear(worker, rank);
+                    self.persist.dirty = true;
                 }
             }
             Feed::Restarted { worker, rank } => {
@@ -399,6 +425,8 @@ impl EventsActor {
                     w.restarts += 1;
                     info!(worker = %w.url, rank, "KV events: the publisher started again from sequence 0; the rank is rebuilt from it");
                     self.index.clear(worker, rank);
+                    w.next.insert(rank, 0);
+                    self.persist.dirty = true;
                 }
             }
             Feed::State {
@@ -544,225 +572,11 @@ impl Handler<MatchChain> for EventsActor {
     }
 }
 
-/// One rank's pushed load, forwarded to the selector as it comes; reconnected with backoff.
-async fn pushed_load(
-    sink: Recipient<LoadPushed>,
-    worker: WorkerId,
-    rank: u32,
-    endpoint: String,
-    topic: String,
-) {
-    let mut backoff = BACKOFF_FIRST;
-    loop {
-        let mut sub = zeromq::SubSocket::new();
-        let ok = match actix_rt::time::timeout(CONNECT_TIMEOUT, sub.connect(&endpoint)).await {
-            Ok(Ok(())) => sub.subscribe(&topic).await.is_ok(),
-            _ => false,
-        };
-        if ok {
-            backoff = BACKOFF_FIRST;
-            while let Ok(m) = sub.recv().await {
-                let frames: Vec<&[u8]> = m.iter().map(|f| f.as_ref()).collect();
-                // A frame that is not a LoadStat is skipped: the next one will do.
-                if let Ok(msg) = decode_load_message(&frames) {
-                    sink.do_send(LoadPushed {
-                        worker,
-                        rank,
-                        stat: msg.stat,
-                    });
-                }
-            }
-        }
-        actix_rt::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(BACKOFF_MAX);
-    }
-}
-
-fn message_of(frames: Vec<Vec<u8>>) -> Option<ZmqMessage> {
-    let mut it = frames.into_iter();
-    let mut m = ZmqMessage::from(it.next()?);
-    for f in it {
-        m.push_back(f.into());
-    }
-    Some(m)
-}
-
-/// Asks the replay ROUTER at `endpoint` for every batch from `from`, in order; `None` when
-/// it cannot be reached or does not answer whole.
-async fn replay(endpoint: &str, from: u64) -> Option<Vec<(u64, EventBatch)>> {
-    let mut dealer = zeromq::DealerSocket::new();
-    actix_rt::time::timeout(CONNECT_TIMEOUT, dealer.connect(endpoint))
-        .await
-        .ok()?
-        .ok()?;
-    dealer
-        .send(message_of(encode_replay_request(from).to_vec())?)
-        .await
-        .ok()?;
-    let mut out = Vec::new();
-    let deadline = tokio::time::Instant::now() + REPLAY_TIMEOUT;
-    loop {
-        let m = tokio::time::timeout_at(deadline, dealer.recv())
-            .await
-            .ok()?
-            .ok()?;
-        let frames: Vec<&[u8]> = m.iter().map(|f| f.as_ref()).collect();
-        match decode_replay_frame(&frames) {
-            Ok(ReplayFrame::End) => return Some(out),
-            Ok(ReplayFrame::Batch(b)) => out.push((b.seq, b.batch)),
-            // A frame it cannot read makes the replay unusable as a whole.
-            Err(_) => return None,
-        }
-    }
-}
-
-/// One rank's subscription, for as long as the actor keeps it.
-async fn subscribe(
-    me: Addr<EventsActor>,
-    worker: WorkerId,
-    rank: u32,
-    endpoint: String,
-    replay_at: Option<String>,
-    topic: String,
-) {
-    let mut backoff = BACKOFF_FIRST;
-    let mut next: u64 = 0;
-    loop {
-        let mut sub = zeromq::SubSocket::new();
-        let connected = actix_rt::time::timeout(CONNECT_TIMEOUT, sub.connect(&endpoint)).await;
-        let subscribed = match connected {
-            Ok(Ok(())) => sub.subscribe(&topic).await.is_ok(),
-            _ => false,
-        };
-        if !subscribed {
-            me.do_send(Feed::State {
-                worker,
-                rank,
-                live: false,
-                reason: Some(format!("cannot connect to {endpoint}")),
-            });
-            actix_rt::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(BACKOFF_MAX);
-            continue;
-        }
-        backoff = BACKOFF_FIRST;
-        // Every batch this socket receives was published after it subscribed, so after
-        // the batch `floor - 1` that was already applied: a lower sequence on it is a new
-        // publisher numbering from 0 again (the engine restarted), not a replayed one.
-        let mut floor = next;
-        let mut last_live: Option<u64> = None;
-        // What was published before this subscription took effect comes by replay.
-        catch_up(&me, worker, rank, replay_at.as_deref(), &mut next, None).await;
-        loop {
-            let Ok(m) = sub.recv().await else {
-                me.do_send(Feed::State {
-                    worker,
-                    rank,
-                    live: false,
-                    reason: Some(format!("the publisher at {endpoint} went away")),
-                });
-                break;
-            };
-            let frames: Vec<&[u8]> = m.iter().map(|f| f.as_ref()).collect();
-            let Ok(msg) = decode_message(&frames) else {
-                me.do_send(Feed::Malformed { worker });
-                continue;
-            };
-            // One publisher sends in order on one connection: a step back is a new one.
-            let restarted = msg.seq < floor || last_live.is_some_and(|l| msg.seq <= l);
-            last_live = Some(msg.seq);
-            if restarted {
-                me.do_send(Feed::Restarted { worker, rank });
-                (next, floor) = (0, 0);
-            }
-            if msg.seq < next {
-                continue; // already applied through replay
-            }
-            if msg.seq > next {
-                catch_up(
-                    &me,
-                    worker,
-                    rank,
-                    replay_at.as_deref(),
-                    &mut next,
-                    Some(msg.seq),
-                )
-                .await;
-                if msg.seq < next {
-                    continue;
-                }
-            }
-            next = msg.seq + 1;
-            me.do_send(Feed::Batch {
-                worker,
-                rank,
-                batch: msg.batch,
-            });
-        }
-        actix_rt::time::sleep(backoff).await;
-    }
-}
-
-/// Replays from `*next`; with `gap_to`, a live batch of that sequence has arrived past a
-/// gap. A gap replay cannot cover resets the rank and moves on.
-async fn catch_up(
-    me: &Addr<EventsActor>,
-    worker: WorkerId,
-    rank: u32,
-    replay_at: Option<&str>,
-    next: &mut u64,
-    gap_to: Option<u64>,
-) {
-    let replayed = match replay_at {
-        Some(ep) => replay(ep, *next).await,
-        None => None,
-    };
-    match replayed {
-        Some(batches) => {
-            me.do_send(Feed::Replayed { worker });
-            for (seq, batch) in batches {
-                if seq < *next {
-                    continue;
-                }
-                if seq > *next {
-                    // What was missed is gone from the replay buffer too: rebuild from here.
-                    me.do_send(Feed::Reset { worker, rank });
-                }
-                *next = seq + 1;
-                me.do_send(Feed::Batch {
-                    worker,
-                    rank,
-                    batch,
-                });
-            }
-            if let Some(g) = gap_to
-                && *next < g
-            {
-                me.do_send(Feed::Reset { worker, rank });
-                *next = g;
-            }
-            me.do_send(Feed::State {
-                worker,
-                rank,
-                live: true,
-                reason: None,
-            });
-        }
-        None => {
-            if let Some(g) = gap_to {
-                me.do_send(Feed::Reset { worker, rank });
-                *next = g;
-            }
-            // Without replay, live batches alone tell the state.
-            me.do_send(Feed::State {
-                worker,
-                rank,
-                live: replay_at.is_none(),
-                reason: replay_at.map(|ep| format!("replay at {ep} did not answer")),
-            });
-        }
-    }
-}
-
+mod persist;
+mod subscribe;
 #[cfg(test)]
 mod tests;
+
+use persist::Persistence;
+pub use persist::SnapshotSettings;
+use subscribe::{pushed_load, subscribe};

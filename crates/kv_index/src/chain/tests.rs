@@ -470,6 +470,68 @@ fn engine_hash(seq: u32, block: usize) -> u64 {
     u64::from(seq) * 100 + block as u64
 }
 
+/// A fresh index holding what `ix` exports, rank by rank.
+fn exported(ix: &ChainIndex<u64>) -> ChainIndex<u64> {
+    let mut out = ChainIndex::new(ix.config().clone());
+    for ((w, r), n) in ix.blocks_per_rank() {
+        let blocks = ix.export_rank(w, r);
+        assert_eq!(blocks.len(), n, "export of ({w}, {r})");
+        assert_eq!(out.restore_rank(w, r, &blocks), n, "restore of ({w}, {r})");
+    }
+    out.check_invariants();
+    out
+}
+
+#[test]
+fn export_and_restore_keep_chains_orphans_tiers_and_engine_hashes() {
+    let mut ix = index();
+    let t = tokens(1, 4);
+    ix.apply_stored(1, 0, &store(&[11, 12], None, &t[..2 * BS]));
+    ix.apply_stored(1, 0, &store(&[13, 14], Some(12), &t[2 * BS..]));
+    ix.apply_stored(2, 1, &store(&[11, 12], None, &t[..2 * BS]));
+    // An orphan chain (its parent never seen) and a block in a second tier.
+    let o = tokens(2, 2);
+    ix.apply_stored(1, 0, &store(&[21, 22], Some(99), &o));
+    ix.apply_stored(
+        1,
+        0,
+        &ChainStore {
+            tier: 1,
+            ..store(&[11], None, &t[..BS])
+        },
+    );
+    let back = exported(&ix);
+    assert_eq!(matched(&back, &t), matched(&ix, &t));
+    assert_eq!(back.blocks_per_rank(), ix.blocks_per_rank());
+    assert_eq!(back.key_of(1, 0, 22), ix.key_of(1, 0, 22));
+    // Removals by engine hash, tiers and continuations apply to restored holdings as to
+    // the originals.
+    let mut copy = exported(&ix);
+    for x in [&mut ix, &mut copy] {
+        x.apply_removed(1, 0, &[11], Some(0));
+        assert_eq!(
+            x.blocks_of(1, 0),
+            6,
+            "the tier-1 copy keeps block 11 and its chain"
+        );
+        x.apply_stored(1, 0, &store(&[23], Some(22), &tokens(2, 3)[2 * BS..]));
+        assert_eq!(x.blocks_of(1, 0), 7, "the orphan chain goes on");
+        x.apply_removed(2, 1, &[12], None);
+        assert_eq!(x.blocks_of(2, 1), 1);
+        x.check_invariants();
+    }
+    // A block whose parent the rank does not hold is not restored.
+    let mut lone = index();
+    let child = ChainBlock {
+        key: ix.key_of(1, 0, 14).unwrap_or_default(),
+        parent: ix.key_of(1, 0, 13),
+        engine: 14,
+        tiers: 1,
+    };
+    assert_eq!(lone.restore_rank(1, 0, &[child]), 0);
+    lone.check_invariants();
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
@@ -513,6 +575,13 @@ proptest! {
                     prop_assert_eq!(keys.iter().take_while(|k| holds(k)).count(), n);
                 }
             }
+        }
+        // What a restarted process restores from the export matches the same way.
+        let back = exported(&ix);
+        prop_assert_eq!(back.blocks_per_rank(), ix.blocks_per_rank());
+        for seq in 0..4 {
+            let t = tokens(seq, 6);
+            prop_assert_eq!(back.match_tokens(&t, BS, 0), ix.match_tokens(&t, BS, 0));
         }
     }
 }

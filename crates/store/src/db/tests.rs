@@ -252,3 +252,94 @@ fn inspect_counts_entries_per_model_and_worker() {
     );
     assert_eq!(sum.models[0].workers[0].url.as_deref(), Some("http://a:1"));
 }
+
+fn chain_chunk(worker: u64, rank: u32, n: u64) -> ChainChunk {
+    let blocks = (0..n)
+        .map(|i| kvgate_kv_index::ChainBlock {
+            key: 1000 * worker + i,
+            parent: i.checked_sub(1).map(|p| 1000 * worker + p),
+            engine: 7 * i,
+            tiers: 1,
+        })
+        .collect();
+    ChainChunk {
+        worker: WorkerId(worker),
+        rank,
+        blocks,
+    }
+}
+
+fn events_header(generation: u64, chunks: u32) -> EventsHeader {
+    EventsHeader {
+        format_version: FORMAT_VERSION,
+        generation,
+        written_at: 2.0,
+        ranks: vec![crate::image::RankStamp {
+            worker: WorkerId(1),
+            url: "http://a:1".into(),
+            startup_time: Some(5.0),
+            rank: 0,
+            next_seq: 42,
+            block_size: Some(16),
+        }],
+        chunks,
+    }
+}
+
+#[test]
+fn the_chain_index_snapshot_has_generations_of_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    // A large rank spans several pieces.
+    let big = chain_chunk(1, 0, 5000);
+    let other = chain_chunk(2, 1, 3);
+    {
+        let s = Store::open(dir.path()).unwrap();
+        assert_eq!(
+            s.load_events().unwrap(),
+            None,
+            "none yet, as in an older store"
+        );
+        write(&s, 1, &[text_chunk(&[("prompt", 1)])]);
+        s.put_events_chunk(1, 0, &big).unwrap();
+        s.put_events_chunk(1, 1, &other).unwrap();
+        s.commit_events(&events_header(1, 2)).unwrap();
+        // The next one dies before its commit.
+        s.drop_uncommitted_events().unwrap();
+        s.put_events_chunk(2, 0, &chain_chunk(3, 0, 1)).unwrap();
+    }
+    let s = Store::open(dir.path()).unwrap();
+    let e = s.load_events().unwrap().unwrap();
+    assert_eq!(e.header, events_header(1, 2));
+    assert_eq!(e.chunks, vec![big, other]);
+    // The prefix index's snapshot is untouched by the other family, and the other way.
+    assert_eq!(s.load().unwrap().unwrap().header, header(1, 1));
+    write(&s, 2, &[text_chunk(&[("next", 1)])]);
+    s.drop_uncommitted().unwrap();
+    assert_eq!(s.load_events().unwrap().unwrap().chunks.len(), 2);
+    s.drop_uncommitted_events().unwrap();
+    assert_eq!(s.load_events().unwrap().unwrap().header.generation, 1);
+    drop(s);
+    let opened = open_or_reset(dir.path());
+    assert!(opened.problems.is_empty(), "{:?}", opened.problems);
+    assert_eq!(opened.events.map(|e| e.header.generation), Some(1));
+}
+
+#[test]
+fn a_damaged_chain_snapshot_is_reported_and_the_rest_still_opens() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let s = Store::open(dir.path()).unwrap();
+        write(&s, 1, &[text_chunk(&[("prompt", 1)])]);
+        // A header naming a chunk that was never written.
+        s.commit_events(&events_header(4, 1)).unwrap();
+    }
+    let opened = open_or_reset(dir.path());
+    assert!(opened.events.is_none());
+    assert_eq!(opened.problems.len(), 1, "{:?}", opened.problems);
+    assert!(
+        opened.problems[0].contains("replay"),
+        "{:?}",
+        opened.problems
+    );
+    assert_eq!(opened.image.map(|i| i.header.generation), Some(1));
+}

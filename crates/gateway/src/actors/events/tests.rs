@@ -11,6 +11,7 @@ use kvgate_kv_events::{
 use kvgate_poller::WorkerUrl;
 use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
 
+use super::subscribe::message_of;
 use super::*;
 use crate::actors::registry::{Runtime, WorkerRecord, WorkerSource, WorkerStatus};
 

@@ -1,0 +1,247 @@
+//! The tasks behind each subscription: one per rank follows its KV-event publisher (with
+//! replay on connect and on gaps, and restart detection), one per rank forwards its pushed
+//! load. They talk to the actor only through messages.
+
+use std::time::Duration;
+
+use actix::prelude::*;
+use kvgate_kv_events::{
+    EventBatch, ReplayFrame, decode_load_message, decode_message, decode_replay_frame,
+    encode_replay_request,
+};
+use kvgate_policies::WorkerId;
+use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
+
+use super::{EventsActor, Feed};
+use crate::actors::selector::LoadPushed;
+
+/// Longest wait for a replay's end marker.
+const REPLAY_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest wait to connect a socket.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const BACKOFF_FIRST: Duration = Duration::from_millis(250);
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// One rank's pushed load, forwarded to the selector as it comes; reconnected with backoff.
+pub(super) async fn pushed_load(
+    sink: Recipient<LoadPushed>,
+    worker: WorkerId,
+    rank: u32,
+    endpoint: String,
+    topic: String,
+) {
+    let mut backoff = BACKOFF_FIRST;
+    loop {
+        let mut sub = zeromq::SubSocket::new();
+        let ok = match actix_rt::time::timeout(CONNECT_TIMEOUT, sub.connect(&endpoint)).await {
+            Ok(Ok(())) => sub.subscribe(&topic).await.is_ok(),
+            _ => false,
+        };
+        if ok {
+            backoff = BACKOFF_FIRST;
+            while let Ok(m) = sub.recv().await {
+                let frames: Vec<&[u8]> = m.iter().map(|f| f.as_ref()).collect();
+                // A frame that is not a LoadStat is skipped: the next one will do.
+                if let Ok(msg) = decode_load_message(&frames) {
+                    sink.do_send(LoadPushed {
+                        worker,
+                        rank,
+                        stat: msg.stat,
+                    });
+                }
+            }
+        }
+        actix_rt::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+pub(super) fn message_of(frames: Vec<Vec<u8>>) -> Option<ZmqMessage> {
+    let mut it = frames.into_iter();
+    let mut m = ZmqMessage::from(it.next()?);
+    for f in it {
+        m.push_back(f.into());
+    }
+    Some(m)
+}
+
+/// Asks the replay ROUTER at `endpoint` for every batch from `from`, in order; `None` when
+/// it cannot be reached or does not answer whole.
+async fn replay(endpoint: &str, from: u64) -> Option<Vec<(u64, EventBatch)>> {
+    let mut dealer = zeromq::DealerSocket::new();
+    actix_rt::time::timeout(CONNECT_TIMEOUT, dealer.connect(endpoint))
+        .await
+        .ok()?
+        .ok()?;
+    dealer
+        .send(message_of(encode_replay_request(from).to_vec())?)
+        .await
+        .ok()?;
+    let mut out = Vec::new();
+    let deadline = tokio::time::Instant::now() + REPLAY_TIMEOUT;
+    loop {
+        let m = tokio::time::timeout_at(deadline, dealer.recv())
+            .await
+            .ok()?
+            .ok()?;
+        let frames: Vec<&[u8]> = m.iter().map(|f| f.as_ref()).collect();
+        match decode_replay_frame(&frames) {
+            Ok(ReplayFrame::End) => return Some(out),
+            Ok(ReplayFrame::Batch(b)) => out.push((b.seq, b.batch)),
+            // A frame it cannot read makes the replay unusable as a whole.
+            Err(_) => return None,
+        }
+    }
+}
+
+/// One rank's subscription, for as long as the actor keeps it.
+pub(super) async fn subscribe(
+    me: Addr<EventsActor>,
+    worker: WorkerId,
+    rank: u32,
+    endpoint: String,
+    replay_at: Option<String>,
+    topic: String,
+    from: u64,
+) {
+    let mut backoff = BACKOFF_FIRST;
+    // From 0 for a new subscription; from a snapshot's position for one resumed.
+    let mut next: u64 = from;
+    loop {
+        let mut sub = zeromq::SubSocket::new();
+        let connected = actix_rt::time::timeout(CONNECT_TIMEOUT, sub.connect(&endpoint)).await;
+        let subscribed = match connected {
+            Ok(Ok(())) => sub.subscribe(&topic).await.is_ok(),
+            _ => false,
+        };
+        if !subscribed {
+            me.do_send(Feed::State {
+                worker,
+                rank,
+                live: false,
+                reason: Some(format!("cannot connect to {endpoint}")),
+            });
+            actix_rt::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(BACKOFF_MAX);
+            continue;
+        }
+        backoff = BACKOFF_FIRST;
+        // Every batch this socket receives was published after it subscribed, so after
+        // the batch `floor - 1` that was already applied: a lower sequence on it is a new
+        // publisher numbering from 0 again (the engine restarted), not a replayed one.
+        let mut floor = next;
+        let mut last_live: Option<u64> = None;
+        // What was published before this subscription took effect comes by replay.
+        catch_up(&me, worker, rank, replay_at.as_deref(), &mut next, None).await;
+        loop {
+            let Ok(m) = sub.recv().await else {
+                me.do_send(Feed::State {
+                    worker,
+                    rank,
+                    live: false,
+                    reason: Some(format!("the publisher at {endpoint} went away")),
+                });
+                break;
+            };
+            let frames: Vec<&[u8]> = m.iter().map(|f| f.as_ref()).collect();
+            let Ok(msg) = decode_message(&frames) else {
+                me.do_send(Feed::Malformed { worker });
+                continue;
+            };
+            // One publisher sends in order on one connection: a step back is a new one.
+            let restarted = msg.seq < floor || last_live.is_some_and(|l| msg.seq <= l);
+            last_live = Some(msg.seq);
+            if restarted {
+                me.do_send(Feed::Restarted { worker, rank });
+                (next, floor) = (0, 0);
+            }
+            if msg.seq < next {
+                continue; // already applied through replay
+            }
+            if msg.seq > next {
+                catch_up(
+                    &me,
+                    worker,
+                    rank,
+                    replay_at.as_deref(),
+                    &mut next,
+                    Some(msg.seq),
+                )
+                .await;
+                if msg.seq < next {
+                    continue;
+                }
+            }
+            next = msg.seq + 1;
+            me.do_send(Feed::Batch {
+                worker,
+                rank,
+                seq: msg.seq,
+                batch: msg.batch,
+            });
+        }
+        actix_rt::time::sleep(backoff).await;
+    }
+}
+
+/// Replays from `*next`; with `gap_to`, a live batch of that sequence has arrived past a
+/// gap. A gap replay cannot cover resets the rank and moves on.
+async fn catch_up(
+    me: &Addr<EventsActor>,
+    worker: WorkerId,
+    rank: u32,
+    replay_at: Option<&str>,
+    next: &mut u64,
+    gap_to: Option<u64>,
+) {
+    let replayed = match replay_at {
+        Some(ep) => replay(ep, *next).await,
+        None => None,
+    };
+    match replayed {
+        Some(batches) => {
+            me.do_send(Feed::Replayed { worker });
+            for (seq, batch) in batches {
+                if seq < *next {
+                    continue;
+                }
+                if seq > *next {
+                    // What was missed is gone from the replay buffer too: rebuild from here.
+                    me.do_send(Feed::Reset { worker, rank });
+                }
+                *next = seq + 1;
+                me.do_send(Feed::Batch {
+                    worker,
+                    rank,
+                    seq,
+                    batch,
+                });
+            }
+            if let Some(g) = gap_to
+                && *next < g
+            {
+                me.do_send(Feed::Reset { worker, rank });
+                *next = g;
+            }
+            me.do_send(Feed::State {
+                worker,
+                rank,
+                live: true,
+                reason: None,
+            });
+        }
+        None => {
+            if let Some(g) = gap_to {
+                me.do_send(Feed::Reset { worker, rank });
+                *next = g;
+            }
+            // Without replay, live batches alone tell the state.
+            me.do_send(Feed::State {
+                worker,
+                rank,
+                live: replay_at.is_none(),
+                reason: replay_at.map(|ep| format!("replay at {ep} did not answer")),
+            });
+        }
+    }
+}

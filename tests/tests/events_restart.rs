@@ -1,0 +1,187 @@
+//! KV events across restarts, end to end: the gateway's chain index outlives a gateway
+//! restart (sled snapshot with each rank's sequence, then replay from there), holdings of
+//! an engine that restarted meanwhile are dropped, and an engine restarted between two
+//! health checks is seen in its publisher's sequence starting again from 0.
+
+use kvgate_engine_sim::{SimConfig, SimFleet, engine_of};
+use kvgate_gateway::{Gateway, GatewayConfig};
+use kvgate_tests::{get, post_json, test_config};
+use serde_json::{Value, json};
+
+/// Engines that keep only `buffer` batches per rank for replay.
+fn engine(buffer: usize) -> SimConfig {
+    SimConfig {
+        max_running_requests: 16,
+        enable_cache_report: true,
+        kv_events_port: Some(0),
+        kv_events_replay_port: Some(0),
+        kv_events_replay_buffer: buffer,
+        ..SimConfig::default()
+    }
+}
+
+/// A prompt of `n` token ids no other prompt here starts with.
+fn prefix(k: u32, n: u32) -> Vec<u32> {
+    (0..n).map(|i| 1000 + k * 5000 + i).collect()
+}
+
+async fn workers(gw: &Gateway) -> Vec<Value> {
+    get(&format!("{}/workers", gw.url())).await.json()["workers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+async fn until(gw: &Gateway, what: &str, ok: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+    for _ in 0..500 {
+        let w = workers(gw).await;
+        if ok(&w) {
+            return w;
+        }
+        actix_rt::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("timed out waiting for {what}: {:?}", workers(gw).await);
+}
+
+fn events_of<'a>(ws: &'a [Value], url: &str) -> &'a Value {
+    ws.iter()
+        .find(|w| w["url"] == url)
+        .map_or(&Value::Null, |w| &w["events"])
+}
+
+fn blocks_of(ws: &[Value], url: &str) -> u64 {
+    events_of(ws, url)["blocks"].as_u64().unwrap_or(0)
+}
+
+fn all_live(ws: &[Value], n: usize) -> bool {
+    ws.len() == n && ws.iter().all(|w| w["events"]["state"] == "live")
+}
+
+/// Caches `prefix(k, 96)` on the engine at `url`, straight from a client.
+async fn cache_directly(url: &str, k: u32) {
+    let r = post_json(
+        &format!("{url}/generate"),
+        &json!({"input_ids": prefix(k, 96), "sampling_params": {"max_new_tokens": 1}}),
+    )
+    .await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+}
+
+fn gateway(dir: &tempfile::TempDir, urls: &[String]) -> Gateway {
+    let cfg = GatewayConfig {
+        worker_urls: urls.to_vec(),
+        seed: Some(5),
+        ..test_config(dir)
+    };
+    Gateway::start(cfg).expect("gateway")
+}
+
+/// The engine that served `prefix(k, 96)` and a new tail through the gateway.
+async fn served(gw: &Gateway, k: u32) -> usize {
+    let mut ids = prefix(k, 96);
+    ids.extend(prefix(500 + k, 8));
+    let r = post_json(
+        &format!("{}/generate", gw.url()),
+        &json!({"input_ids": ids, "sampling_params": {"max_new_tokens": 1}}),
+    )
+    .await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    engine_of(r.json()["meta_info"]["id"].as_str().unwrap_or("")).expect("an engine id")
+}
+
+#[actix_rt::test]
+async fn the_event_index_outlives_a_gateway_restart_and_resumes_from_its_sequence() {
+    // Replay keeps 2 batches per rank, and each prefix below is one batch (its prompt's
+    // blocks): a gateway that starts from nothing cannot replay the third one.
+    let mut fleet =
+        SimFleet::start_each("127.0.0.1", 0, vec![engine(2), engine(2), engine(2)]).expect("fleet");
+    let urls = fleet.urls();
+    let dir = tempfile::tempdir().expect("dir");
+    let first = gateway(&dir, &urls);
+    until(&first, "live events", |ws| all_live(ws, 3)).await;
+    // Nine prefixes cached straight on the engines while the first gateway follows.
+    for k in 0..9u32 {
+        cache_directly(&urls[(k % 3) as usize], k).await;
+    }
+    let seen = until(&first, "every prefix's blocks", |ws| {
+        urls.iter().all(|u| blocks_of(ws, u) >= 3 * 96)
+    })
+    .await;
+    let held: Vec<u64> = urls.iter().map(|u| blocks_of(&seen, u)).collect();
+    first.stop();
+
+    // While no gateway runs: one more prefix on engine 0, and engine 2 restarts (a new
+    // process: empty cache, new startup_time, sequence from 0).
+    cache_directly(&urls[0], 9).await;
+    fleet.revive(2).expect("revive");
+
+    let second = gateway(&dir, &urls);
+    let ws = until(&second, "events resumed", |ws| {
+        all_live(ws, 3) && blocks_of(ws, &urls[0]) > held[0]
+    })
+    .await;
+    // Engine 0: what the snapshot held, plus what replay from its sequence brought.
+    // Engine 1: exactly the snapshot's. Engine 2: nothing of the old process's.
+    assert_eq!(blocks_of(&ws, &urls[1]), held[1], "{ws:?}");
+    assert_eq!(blocks_of(&ws, &urls[2]), 0, "{ws:?}");
+    assert_eq!(events_of(&ws, &urls[1])["resets"], 0, "{ws:?}");
+    // Every prefix of the surviving engines goes back to its holder, and the one cached
+    // while the gateway was down too.
+    for k in [0u32, 1, 3, 4, 6, 7, 9] {
+        assert_eq!(served(&second, k).await, (k % 3) as usize, "prefix {k}");
+    }
+    second.stop();
+
+    // The same fleet behind a gateway with an empty data dir: replay from 0 cannot cover
+    // what the engines published first, so it knows less.
+    let empty = tempfile::tempdir().expect("dir");
+    let fresh = gateway(&empty, &urls);
+    let ws = until(&fresh, "live events", |ws| all_live(ws, 3)).await;
+    assert!(
+        blocks_of(&ws, &urls[1]) < held[1],
+        "replay alone rebuilt {} of {} blocks: {ws:?}",
+        blocks_of(&ws, &urls[1]),
+        held[1]
+    );
+    fresh.stop();
+}
+
+#[actix_rt::test]
+async fn an_engine_restarted_between_health_checks_is_seen_in_its_sequence() {
+    let fleet = SimFleet::start_each("127.0.0.1", 0, vec![engine(10_000)]).expect("fleet");
+    let url = fleet.urls()[0].clone();
+    let dir = tempfile::tempdir().expect("dir");
+    // test_config's health checks are an hour apart: nothing re-reads /server_info.
+    let gw = gateway(&dir, std::slice::from_ref(&url));
+    until(&gw, "live events", |ws| all_live(ws, 1)).await;
+    cache_directly(&url, 1).await;
+    let one = until(&gw, "the first prefix", |ws| blocks_of(ws, &url) >= 96).await;
+    let per_prefix = blocks_of(&one, &url);
+    // The engine restarts; its new process caches another prefix of the same length.
+    fleet.engine(0).restart();
+    cache_directly(&url, 2).await;
+    let ws = until(&gw, "the restart seen", |ws| {
+        events_of(ws, &url)["restarts"] == 1
+    })
+    .await;
+    let ws = if blocks_of(&ws, &url) == per_prefix {
+        ws
+    } else {
+        until(&gw, "the new process's blocks", |ws| {
+            blocks_of(ws, &url) == per_prefix
+        })
+        .await
+    };
+    // Only the new process's prefix is held: the old one is not matched any more.
+    assert_eq!(events_of(&ws, &url)["state"], "live", "{ws:?}");
+    let e = post_json(
+        &format!("{}/admin/explain/generate", gw.url()),
+        &json!({"input_ids": prefix(1, 96)}),
+    )
+    .await
+    .json();
+    let c = &e["candidates"][0];
+    assert_eq!(c["matched_by"], "kv_events", "{e}");
+    assert_eq!(c["matched"].as_u64(), Some(0), "{e}");
+    gw.stop();
+}
