@@ -17,6 +17,19 @@ impl WorkerId {
     pub fn from_url(url: &str) -> WorkerId {
         WorkerId(xxhash_rust::xxh3::xxh3_64(url.as_bytes()))
     }
+
+    /// The id of this worker's data-parallel rank `rank` as a routing target of its own:
+    /// rank 0 is the worker itself, so a worker with one rank keeps its id, and every id
+    /// is stable across restarts (the index's tenants outlive the gateway).
+    pub fn rank(self, rank: u32) -> WorkerId {
+        if rank == 0 {
+            return self;
+        }
+        let mut b = [0u8; 12];
+        b[..8].copy_from_slice(&self.0.to_le_bytes());
+        b[8..].copy_from_slice(&rank.to_le_bytes());
+        WorkerId(xxhash_rust::xxh3::xxh3_64(&b))
+    }
 }
 
 impl fmt::Display for WorkerId {

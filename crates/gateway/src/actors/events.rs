@@ -518,8 +518,8 @@ impl Handler<GetEventStates> for EventsActor {
     }
 }
 
-/// Per worker, the leading blocks of `tokens` its best rank holds, at `block_size`; only
-/// workers whose events are live on every rank.
+/// Per live worker and rank, the leading blocks of `tokens` held, at the worker's block
+/// size; only workers whose events are live on every rank.
 #[derive(Message, Debug)]
 #[rtype(result = "ChainAnswer")]
 pub struct MatchChain {
@@ -529,8 +529,9 @@ pub struct MatchChain {
 /// The answer to [`MatchChain`].
 #[derive(Debug, Default)]
 pub struct ChainAnswer {
-    /// Whole blocks of the request, per live worker's block size.
-    pub per_worker: Vec<(WorkerId, usize, u32)>,
+    /// (worker, rank, whole blocks of the request held, the worker's block size), for
+    /// every rank of every live worker.
+    pub per_rank: Vec<(WorkerId, u32, usize, u32)>,
     pub stats: ChainStats,
 }
 
@@ -538,7 +539,7 @@ impl Handler<MatchChain> for EventsActor {
     type Result = MessageResult<MatchChain>;
 
     fn handle(&mut self, msg: MatchChain, _: &mut Context<Self>) -> Self::Result {
-        let mut per_worker = Vec::new();
+        let mut per_rank = Vec::new();
         // One walk per block size in the fleet, not one per worker.
         let mut walks = Vec::new();
         for (id, w) in &self.workers {
@@ -556,17 +557,13 @@ impl Handler<MatchChain> for EventsActor {
                 }
             };
             let m = &walks[at].1;
-            let best = w
-                .ranks
-                .keys()
-                .map(|r| m.matched_by(*id, *r))
-                .max()
-                .unwrap_or(0);
-            per_worker.push((*id, best, bs));
+            for r in w.ranks.keys() {
+                per_rank.push((*id, *r, m.matched_by(*id, *r), bs));
+            }
         }
-        per_worker.sort();
+        per_rank.sort();
         MessageResult(ChainAnswer {
-            per_worker,
+            per_rank,
             stats: self.index.stats(),
         })
     }

@@ -489,32 +489,37 @@ impl IndexActor {
     /// Confirms the workers of `fleet`: a removed one is purged, one whose engine
     /// restarted (new `startup_time`) starts empty, like its cache.
     fn confirm(&mut self, fleet: &Fleet) {
-        let msg = FleetChanged(fleet.clone());
+        // The index's tenants are routing targets: a worker, or each of its ranks.
+        let present: std::collections::HashSet<WorkerId> = (fleet.iter())
+            .flat_map(|r| r.targets().into_iter().map(|(t, _)| t))
+            .collect();
         let mut drop = Vec::new();
         for (w, k) in &self.known {
-            if k.confirmed && !msg.0.iter().any(|r| r.id == *w) {
+            if k.confirmed && !present.contains(w) {
                 drop.push(*w);
             }
         }
-        for rec in msg.0.iter() {
-            let k = self.known.entry(rec.id).or_insert_with(|| Known {
-                url: rec.url.to_string(),
-                startup_time: rec.startup_time,
-                confirmed: true,
-            });
-            k.confirmed = true;
-            let Some(now) = rec.startup_time else {
-                continue;
-            };
-            if k.startup_time.is_some_and(|before| before != now) {
-                info!(worker = %rec.url, "engine restarted (new startup_time): its index entries are dropped");
-                drop.push(rec.id);
+        for rec in fleet.iter() {
+            for (target, _) in rec.targets() {
+                let k = self.known.entry(target).or_insert_with(|| Known {
+                    url: rec.url.to_string(),
+                    startup_time: rec.startup_time,
+                    confirmed: true,
+                });
+                k.confirmed = true;
+                let Some(now) = rec.startup_time else {
+                    continue;
+                };
+                if k.startup_time.is_some_and(|before| before != now) {
+                    info!(worker = %rec.url, "engine restarted (new startup_time): its index entries are dropped");
+                    drop.push(target);
+                }
+                k.startup_time = Some(now);
             }
-            k.startup_time = Some(now);
         }
         for w in drop {
             self.purge(w);
-            if !msg.0.iter().any(|r| r.id == w) {
+            if !present.contains(&w) {
                 self.known.remove(&w);
             }
         }

@@ -87,9 +87,31 @@ pub struct WorkerRecord {
     pub api_key: Option<Secret>,
 }
 
+/// Most data-parallel ranks a worker is routed over one by one; past it, by the worker.
+const MAX_ROUTED_RANKS: u64 = 256;
+
 impl WorkerRecord {
     pub fn healthy(&self) -> bool {
         self.status == WorkerStatus::Ready
+    }
+
+    /// The ranks the gateway routes to one by one: an SGLang engine with `dp_size > 1`
+    /// takes the rank in the body (`routed_dp_rank`); any other worker is one target.
+    pub fn routed_ranks(&self) -> Option<u32> {
+        match (self.runtime, self.dp_size) {
+            (Runtime::Sglang, Some(n)) if (2..=MAX_ROUTED_RANKS).contains(&n) => {
+                u32::try_from(n).ok()
+            }
+            _ => None,
+        }
+    }
+
+    /// Its routing targets: each with its id and rank (`None`: the worker as a whole).
+    pub fn targets(&self) -> Vec<(WorkerId, Option<u32>)> {
+        match self.routed_ranks() {
+            Some(n) => (0..n).map(|r| (self.id.rank(r), Some(r))).collect(),
+            None => vec![(self.id, None)],
+        }
     }
 }
 

@@ -1,6 +1,12 @@
 //! The selector actor: owns the policy, the current view of the fleet (registry state,
 //! loads, in-flight counts, credit) and turns each request's facts into a decision. The
 //! prefill hold, a second small state machine beside the decision, is in `hold`.
+//!
+//! Policies choose among routing targets: a worker, or each data-parallel rank of an
+//! SGLang worker with `dp_size > 1` (`WorkerRecord::targets`; rank 0 keeps the worker's
+//! id). Each target has its own view (that rank's load, its own in-flight count and
+//! credit), its own prefix-index tenant and its own chain-index match, so the gate and the
+//! expected wait work per rank; the chosen rank is sent in the body (`routed_dp_rank`).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -34,14 +40,15 @@ use hold::Holds;
 pub use hold::{Hold, select};
 pub use messages::{
     Booking, Dispatch, EventsLive, Explain, GetViews, GetWorkerStates, LoadPushed, Ping, Release,
-    Select, SelectError, Selected, Warmed, WorkerState,
+    Select, SelectError, Selected, Warmed, WorkerState, worker_state,
 };
 
 pub struct SelectorActor {
     policy: PolicyConfig,
-    /// One view per registered worker, in registry order; policies read it in place.
+    /// One view per routing target (a worker, or one rank of it), in registry order;
+    /// policies read it in place.
     views: Vec<WorkerView>,
-    /// What else is kept per worker (same order).
+    /// What else is kept per target (same order).
     meta: Vec<Meta>,
     circuit: CircuitConfig,
     /// Some circuit is not closed, so eligibility is checked against the clock.
@@ -95,9 +102,13 @@ enum Dispatched {
     Hold(tokio::sync::oneshot::Receiver<()>),
 }
 
-/// Per worker, beside its view.
+/// Per target, beside its view.
 #[derive(Debug)]
 struct Meta {
+    /// The worker it is, or one rank of.
+    worker: WorkerId,
+    /// The rank sent in the body; `None` when the target is the whole worker.
+    rank: Option<u32>,
     /// The registration; a release for an older one must not touch this one.
     incarnation: u64,
     url: WorkerUrl,
@@ -210,46 +221,51 @@ impl SelectorActor {
         let before: Vec<WorkerId> = old.keys().copied().collect();
         self.by_model.clear();
         self.pending = fleet.iter().any(|w| w.status == WorkerStatus::Pending);
-        for (i, rec) in fleet.iter().enumerate() {
-            let (mut view, mut meta) = match old.remove(&rec.id) {
-                Some((v, m)) if m.incarnation == rec.incarnation => (v, m),
-                // New, or removed and added again: nothing carries over.
-                _ => {
-                    self.ledger.remove(rec.id);
-                    let meta = Meta {
-                        incarnation: rec.incarnation,
-                        url: rec.url.clone(),
-                        ready: false,
-                        circuit: Circuit::default(),
-                        down: watch::channel(false).0,
-                        key: None,
-                    };
-                    (WorkerView::new(rec.id, rec.url.as_str()), meta)
+        for rec in fleet.iter() {
+            for (target, rank) in rec.targets() {
+                let i = self.views.len();
+                let (mut view, mut meta) = match old.remove(&target) {
+                    Some((v, m)) if m.incarnation == rec.incarnation && m.rank == rank => (v, m),
+                    // New, or removed and added again: nothing carries over.
+                    _ => {
+                        self.ledger.remove(target);
+                        let meta = Meta {
+                            worker: rec.id,
+                            rank,
+                            incarnation: rec.incarnation,
+                            url: rec.url.clone(),
+                            ready: false,
+                            circuit: Circuit::default(),
+                            down: watch::channel(false).0,
+                            key: None,
+                        };
+                        (WorkerView::new(target, rec.url.as_str()), meta)
+                    }
+                };
+                let ready = rec.healthy();
+                if meta.ready && !ready && rec.status != WorkerStatus::Draining {
+                    // Requests waiting on it may go elsewhere; a draining worker finishes them.
+                    meta.down.send_replace(true);
                 }
-            };
-            let ready = rec.healthy();
-            if meta.ready && !ready && rec.status != WorkerStatus::Draining {
-                // Requests waiting on it may go elsewhere; a draining worker finishes them.
-                meta.down.send_replace(true);
-            }
-            if ready && *meta.down.borrow() {
-                meta.down = watch::channel(false).0;
-            }
-            meta.ready = ready;
-            meta.key = rec.api_key.clone();
-            if !ready {
-                // Not polled while out; its last report would be stale on its return.
-                view.load = None;
-            }
-            self.views.push(view);
-            self.meta.push(meta);
-            for model in &rec.models {
-                self.by_model.entry(model.clone()).or_default().push(i);
+                if ready && *meta.down.borrow() {
+                    meta.down = watch::channel(false).0;
+                }
+                meta.ready = ready;
+                meta.key = rec.api_key.clone();
+                if !ready {
+                    // Not polled while out; its last report would be stale on its return.
+                    view.load = None;
+                }
+                self.views.push(view);
+                self.meta.push(meta);
+                for model in &rec.models {
+                    self.by_model.entry(model.clone()).or_default().push(i);
+                }
             }
         }
-        // Removed workers: their requests' waits end with the senders dropped here.
+        // Removed targets: their requests' waits end with the senders dropped here.
         for gone in old.keys() {
-            if !fleet.iter().any(|w| w.id == *gone) {
+            if !self.views.iter().any(|v| v.id == *gone) {
                 self.ledger.remove(*gone);
             }
         }
@@ -302,16 +318,21 @@ impl SelectorActor {
             &self.views
         } else {
             self.scratch.clear();
-            match indices {
-                Some(ix) => self
-                    .scratch
-                    .extend(ix.iter().map(|i| self.views[*i].clone())),
-                None => self.scratch.extend(self.views.iter().cloned()),
-            }
-            for v in &mut self.scratch {
-                if exclude.contains(&v.id) {
+            let all_ix: Vec<usize>;
+            let ix = match indices {
+                Some(ix) => ix.as_slice(),
+                None => {
+                    all_ix = (0..self.views.len()).collect();
+                    &all_ix
+                }
+            };
+            // A worker tried and failed is left out with all its ranks.
+            for &i in ix {
+                let mut v = self.views[i].clone();
+                if exclude.contains(&self.meta[i].worker) {
                     v.eligible = false;
                 }
+                self.scratch.push(v);
             }
             &self.scratch
         };
@@ -492,13 +513,15 @@ impl SelectorActor {
             prefilling: true,
         };
         Ok(Dispatched::Go(Dispatch {
-            worker: v.id,
+            worker: meta.worker,
             url: meta.url.clone(),
             decision,
             booking,
             down: meta.down.subscribe(),
             worker_key: meta.key.clone(),
             recorded,
+            target: v.id,
+            rank: meta.rank,
         }))
     }
 
@@ -510,41 +533,59 @@ impl SelectorActor {
     }
 }
 
-/// The index's matches for `ask`; for a token request, the workers whose KV events are
-/// live are matched by the blocks their engines said they hold instead (both asked at
-/// once).
+/// What a lookup found: the index's matches, and for a token request the chain index's
+/// answer for the workers whose KV events are live.
+type Found = (RequestFacts, PrefixMatches, Option<ChainAnswer>);
+
+/// Asks the index for `ask`'s matches and, for a token request, the events actor for the
+/// blocks each live worker's engine holds (both at once).
 fn lookup(
     index: &Addr<IndexActor>,
     events: Option<&Addr<EventsActor>>,
     ask: MatchPrefix,
-) -> impl std::future::Future<Output = Result<(RequestFacts, PrefixMatches), MailboxError>> + 'static
-{
+) -> impl std::future::Future<Output = Result<Found, MailboxError>> + 'static {
     let chain = match (&ask.facts.key, events) {
         (RoutingText::Tokens(t), Some(e)) => Some(e.send(MatchChain { tokens: t.clone() })),
         _ => None,
     };
     let matched = index.send(ask);
     async move {
-        let (facts, mut m) = matched.await?;
-        if let Some(c) = chain
-            && let Ok(c) = c.await
-        {
-            overlay(&mut m, &c);
-        }
-        Ok((facts, m))
+        let (facts, m) = matched.await?;
+        let c = match chain {
+            Some(c) => c.await.ok(),
+            None => None,
+        };
+        Ok((facts, m, c))
     }
 }
 
-/// Lays exact chain holdings (blocks × block size, in tokens) over a token tree's matches.
-fn overlay(m: &mut PrefixMatches, c: &ChainAnswer) {
-    if m.source != MatchSource::TokenTree {
-        return;
-    }
-    for &(w, blocks, block_size) in &c.per_worker {
-        m.per_worker.retain(|(x, _)| *x != w);
-        let held = (blocks * block_size as usize).min(m.input_len);
-        if held > 0 {
-            m.per_worker.push((w, held));
+impl SelectorActor {
+    /// Lays exact chain holdings (blocks × block size, in tokens) over a token tree's
+    /// matches: per rank for a rank target, the worker's best rank for a whole worker.
+    fn overlay(&self, m: &mut PrefixMatches, c: Option<&ChainAnswer>) {
+        let Some(c) = c else {
+            return;
+        };
+        if m.source != MatchSource::TokenTree {
+            return;
+        }
+        for (v, meta) in self.views.iter().zip(&self.meta) {
+            let mut live = false;
+            let mut best = 0usize;
+            for &(w, rank, blocks, block_size) in &c.per_rank {
+                if w == meta.worker && meta.rank.is_none_or(|r| r == rank) {
+                    live = true;
+                    best = best.max(blocks * block_size as usize);
+                }
+            }
+            if !live {
+                continue;
+            }
+            m.per_worker.retain(|(x, _)| *x != v.id);
+            let held = best.min(m.input_len);
+            if held > 0 {
+                m.per_worker.push((v.id, held));
+            }
         }
     }
 }
@@ -602,7 +643,10 @@ impl Handler<Select> for SelectorActor {
         AtomicResponse::new(Box::pin(ask.into_actor(self).map(move |answer, act, _| {
             let _enter = span.enter();
             let (facts, matches) = match answer {
-                Ok((facts, m)) => (facts, Some(m)),
+                Ok((facts, mut m, chain)) => {
+                    act.overlay(&mut m, chain.as_ref());
+                    (facts, Some(m))
+                }
                 // The index is gone (shutdown): the facts went with it.
                 Err(_) => return Err(SelectError::NoHealthy),
             };
@@ -625,7 +669,7 @@ impl Handler<Select> for SelectorActor {
                 index.do_send(RecordPrefix {
                     model,
                     key: facts.key,
-                    worker: d.worker,
+                    worker: d.target,
                 });
             }
             Ok(Selected::Go(d))
@@ -654,7 +698,8 @@ impl Handler<Explain> for SelectorActor {
             },
         );
         AtomicResponse::new(Box::pin(ask.into_actor(self).map(move |answer, act, _| {
-            let (facts, matches) = answer.map_err(|_| SelectError::NoHealthy)?;
+            let (facts, mut matches, chain) = answer.map_err(|_| SelectError::NoHealthy)?;
+            act.overlay(&mut matches, chain.as_ref());
             act.guarded(|s| s.decide(&facts, Some(&matches), &[], seq))
                 .map(|(_, d)| d)
         })))

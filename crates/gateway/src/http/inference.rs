@@ -173,7 +173,8 @@ async fn proxy_request(
                 };
             }
         };
-        let (worker, url, recorded) = (d.worker, d.url.clone(), d.recorded.clone());
+        let (worker, target, url, recorded) =
+            (d.worker, d.target, d.url.clone(), d.recorded.clone());
         let path = if attempt > 1 {
             state.metrics.retries.inc();
             "retry"
@@ -207,7 +208,7 @@ async fn proxy_request(
             state.index.do_send(ForgetPrefix {
                 model,
                 key: next.key.clone(),
-                worker,
+                worker: target,
                 keep,
             });
         }

@@ -11,7 +11,9 @@ use serde_json::{Value, json};
 use crate::actors::events::{EventState, GetEventStates, WorkerEvents};
 use crate::actors::index::GetIndexStats;
 use crate::actors::registry::ListWorkers;
-use crate::actors::selector::{CircuitState, Explain, GetViews, GetWorkerStates};
+use crate::actors::selector::{
+    CircuitState, Explain, GetViews, GetWorkerStates, WorkerState, worker_state,
+};
 use crate::http::error::ApiError;
 use crate::http::parse::{Endpoint, request_facts};
 use crate::http::routes::{AppState, read_body};
@@ -81,9 +83,9 @@ pub async fn explain(
     let model = facts.model.clone();
     let tokens = matches!(facts.key, RoutingText::Tokens(_));
     let decision = state.selector.send(Explain { facts }).await??;
-    let views = state.selector.send(GetViews).await?;
+    let targets = state.selector.send(GetWorkerStates).await?;
     let events = state.events.send(GetEventStates).await?;
-    let mut out = decision_json(&decision, &views, &events, tokens);
+    let mut out = decision_json(&decision, &targets, &events, tokens);
     if let Value::Object(m) = &mut out {
         m.insert("route".into(), json!(endpoint.path()));
         m.insert("model".into(), json!(model));
@@ -97,21 +99,28 @@ pub async fn explain(
 /// `tokens`: the request is token ids, which a worker's live KV events match.
 fn decision_json(
     d: &Decision,
-    views: &[WorkerView],
+    targets: &[WorkerState],
     events: &HashMap<WorkerId, WorkerEvents>,
     tokens: bool,
 ) -> Value {
-    let by_id: HashMap<_, _> = views.iter().map(|v| (v.id, v)).collect();
-    let url = |id| by_id.get(&id).map(|v| v.url.to_string());
+    let by_id: HashMap<_, _> = targets.iter().map(|t| (t.view.id, t)).collect();
+    let url = |id| by_id.get(&id).map(|t| t.view.url.to_string());
     let candidates: Vec<Value> = d
         .candidates
         .iter()
         .map(|c| {
-            let view = by_id.get(&c.worker).copied();
-            let mut j = candidate_json(c, view, d.worker == Some(c.worker));
+            let target = by_id.get(&c.worker).copied();
+            let mut j = candidate_json(c, target.map(|t| &t.view), d.worker == Some(c.worker));
+            // A rank routed on its own: which one, and the worker it is a rank of.
+            if let Some(t) = target.filter(|t| t.rank.is_some()) {
+                j["rank"] = json!(t.rank);
+                j["worker_id"] = json!(t.worker.to_string());
+                j["target_id"] = json!(c.worker.to_string());
+            }
             // Which index matched it: a token request reads a worker's own KV events when
             // they are live, the approximate index otherwise.
-            let state = events.get(&c.worker).map_or(EventState::Off, |e| e.state);
+            let worker = target.map_or(c.worker, |t| t.worker);
+            let state = events.get(&worker).map_or(EventState::Off, |e| e.state);
             j["events"] = json!(state);
             j["matched_by"] = json!(if tokens && state == EventState::Live {
                 "kv_events"
@@ -121,9 +130,11 @@ fn decision_json(
             j
         })
         .collect();
+    let chosen = d.worker.and_then(|w| by_id.get(&w).copied());
     json!({
         "worker": d.worker.and_then(url),
-        "worker_id": d.worker.map(|w| w.to_string()),
+        "worker_id": chosen.map_or(d.worker, |t| Some(t.worker)).map(|w| w.to_string()),
+        "rank": chosen.and_then(|t| t.rank),
         "path": d.path.name(),
         "rule": d.rule,
         "notes": d.notes.iter().map(|n| n.name()).collect::<Vec<_>>(),
@@ -231,12 +242,16 @@ async fn scrape(state: &AppState) -> Result<HttpResponse, ApiError> {
     let states = state.selector.send(GetWorkerStates).await?;
     let (stats, persist) = state.index.send(GetIndexStats).await?;
     let events = state.events.send(GetEventStates).await?;
-    let urls: HashMap<_, _> = records.iter().map(|r| (r.id, r.url.to_string())).collect();
+    // Index tenants are routing targets: each rank of a worker routed by rank counts for it.
+    let urls: HashMap<_, _> = (records.iter())
+        .flat_map(|r| r.targets().into_iter().map(|(t, _)| (t, r.url.to_string())))
+        .collect();
     let fleet = Fleet {
         workers: records
             .iter()
             .map(|r| {
-                let s = states.iter().find(|s| s.view.id == r.id);
+                let whole = worker_state(&states, r.id);
+                let s = whole.as_ref();
                 let e = events.get(&r.id);
                 FleetWorker {
                     events_state: match e.map(|e| e.state) {
@@ -311,17 +326,23 @@ pub async fn fleet_state(
     let records = state.registry.send(ListWorkers).await?;
     let states = state.selector.send(GetWorkerStates).await?;
     let (stats, _) = state.index.send(GetIndexStats).await?;
+    let worker_of: HashMap<WorkerId, WorkerId> = (records.iter())
+        .flat_map(|r| r.targets().into_iter().map(|(t, _)| (t, r.id)))
+        .collect();
     let mut units: HashMap<_, usize> = HashMap::new();
     for m in &stats {
         for (w, n) in &m.per_worker {
-            *units.entry(*w).or_default() += n;
+            *units
+                .entry(worker_of.get(w).copied().unwrap_or(*w))
+                .or_default() += n;
         }
     }
     let total_units: usize = units.values().sum();
     let workers: Vec<Value> = records
         .iter()
         .map(|r| {
-            let s = states.iter().find(|s| s.view.id == r.id);
+            let whole = worker_state(&states, r.id);
+            let s = whole.as_ref();
             let held = units.get(&r.id).copied().unwrap_or(0);
             json!({
                 "url": r.url.as_str(),

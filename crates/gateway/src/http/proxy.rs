@@ -180,6 +180,7 @@ pub async fn forward(
         mut booking,
         mut down,
         worker_key,
+        rank,
         ..
     } = dispatch;
     let timed_out = || ApiError::UpstreamTimeout {
@@ -204,7 +205,9 @@ pub async fn forward(
     }
     headers.push(("x-request-id", up.request_id.as_bytes()));
     let deadline = tokio::time::Instant::from_std(up.deadline);
-    let sent = up.pool.post(&worker, up.path, &headers, body);
+    let member = rank.and_then(|r| rank_member(&body, r));
+    let insert = member.as_ref().map(|(at, m)| (*at, m.as_slice()));
+    let sent = up.pool.post_with(&worker, up.path, &headers, body, insert);
     let resp = tokio::select! {
         r = tokio::time::timeout_at(deadline, sent) => match r {
             Err(_) => {
@@ -352,6 +355,28 @@ pub async fn forward(
     note.relayed();
     attempts_header(&mut builder, up.attempt);
     Ok(builder.body(body))
+}
+
+/// Where and what to add to a JSON object body so the engine serves it on data-parallel
+/// rank `rank` (SGLang's `routed_dp_rank`): right after the opening brace. `None` when the
+/// body names a rank already (`routed_dp_rank`, or the older `data_parallel_rank`): the
+/// client's own choice stands. A quote inside a JSON string is escaped, so only a member
+/// name matches.
+pub(crate) fn rank_member(body: &[u8], rank: u32) -> Option<(usize, Vec<u8>)> {
+    let named = |key: &[u8]| memchr::memmem::find(body, key).is_some();
+    if named(b"\"routed_dp_rank\"") || named(b"\"data_parallel_rank\"") {
+        return None;
+    }
+    let open = body.iter().position(|b| !b.is_ascii_whitespace())?;
+    if body[open] != b'{' {
+        return None;
+    }
+    let empty = body[open + 1..]
+        .iter()
+        .find(|b| !b.is_ascii_whitespace())
+        .is_some_and(|b| *b == b'}');
+    let member = format!("\"routed_dp_rank\":{rank}{}", if empty { "" } else { "," });
+    Some((open + 1, member.into_bytes()))
 }
 
 /// Says on an answer that retries were needed to get it (absent for a first attempt).
@@ -567,7 +592,7 @@ mod tests {
     use actix_web::http::StatusCode;
     use actix_web::http::header::{HeaderName, HeaderValue};
 
-    use super::{HttpResponse, Tail, copy_response_headers, last_event_end};
+    use super::{HttpResponse, Tail, copy_response_headers, last_event_end, rank_member};
 
     #[test]
     fn headers_the_worker_names_in_connection_are_not_relayed() {
@@ -608,6 +633,34 @@ mod tests {
         // Only ends after `from` count: the caller has already looked before it.
         assert_eq!(last_event_end(b"a\n\nbcdef", 4), None);
         assert_eq!(last_event_end(b"a\n\nb\n\n", 4), Some(6));
+    }
+
+    #[test]
+    fn the_rank_goes_first_in_the_object_unless_the_client_named_one() {
+        let with = |body: &str, rank| {
+            rank_member(body.as_bytes(), rank).map(|(at, m)| {
+                let mut out = body.as_bytes()[..at].to_vec();
+                out.extend(m);
+                out.extend(&body.as_bytes()[at..]);
+                String::from_utf8(out).expect("utf-8")
+            })
+        };
+        assert_eq!(
+            with(r#"{"text":"hi"}"#, 1).as_deref(),
+            Some(r#"{"routed_dp_rank":1,"text":"hi"}"#)
+        );
+        assert_eq!(
+            with(" \n{ }", 3).as_deref(),
+            Some(" \n{\"routed_dp_rank\":3 }")
+        );
+        assert_eq!(with(r#"{"routed_dp_rank": 0, "text":"x"}"#, 1), None);
+        assert_eq!(with(r#"{"data_parallel_rank": 0}"#, 1), None);
+        // Only a member name counts: inside a string the quotes are escaped.
+        assert_eq!(
+            with(r#"{"text":"say \"routed_dp_rank\""}"#, 2).as_deref(),
+            Some(r#"{"routed_dp_rank":2,"text":"say \"routed_dp_rank\""}"#)
+        );
+        assert_eq!(with("[1]", 1), None);
     }
 
     #[test]

@@ -12,6 +12,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 
+use kvgate_policies::WorkerId;
 use kvgate_poller::WorkerUrl;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -23,7 +24,7 @@ use crate::actors::registry::{
     WorkerStatus,
 };
 use crate::actors::selector::{
-    CircuitState, GetViews, GetWorkerStates, Ping, SelectorActor, WorkerState,
+    CircuitState, GetWorkerStates, Ping, SelectorActor, WorkerState, worker_state,
 };
 use crate::actors::tokenizers::{Slot, Tokenizers};
 use crate::config::Secret;
@@ -183,10 +184,12 @@ fn not_routed_because(rec: &WorkerRecord, state: Option<&WorkerState>) -> Option
 
 fn worker_json(
     rec: &WorkerRecord,
-    state: Option<&WorkerState>,
+    states: &[WorkerState],
     events: Option<&WorkerEvents>,
     tokenizers: &HashMap<String, Slot>,
 ) -> Value {
+    let whole = worker_state(states, rec.id);
+    let state = whole.as_ref();
     let mut v = serde_json::to_value(rec).unwrap_or_else(|_| json!({}));
     v["id"] = json!(rec.id.to_string());
     v["healthy"] = json!(rec.healthy());
@@ -216,6 +219,15 @@ fn worker_json(
     v["load"] = state
         .and_then(|s| s.view.load.as_ref())
         .map_or(Value::Null, crate::http::inspect::load_json);
+    // Routed rank by rank: each rank's own count and circuit.
+    v["routed_ranks"] = match rec.routed_ranks() {
+        None => Value::Null,
+        Some(_) => states
+            .iter()
+            .filter(|s| s.worker == rec.id)
+            .map(|s| json!({"rank": s.rank, "in_flight": s.view.in_flight, "circuit": s.circuit}))
+            .collect(),
+    };
     v
 }
 
@@ -226,14 +238,7 @@ async fn worker_list(state: &AppState) -> Result<Vec<Value>, ApiError> {
     let tokenizers = state.tokenizers.all();
     Ok(fleet
         .iter()
-        .map(|rec| {
-            worker_json(
-                rec,
-                views.iter().find(|v| v.view.id == rec.id),
-                events.get(&rec.id),
-                &tokenizers,
-            )
-        })
+        .map(|rec| worker_json(rec, &views, events.get(&rec.id), &tokenizers))
         .collect())
 }
 
@@ -334,11 +339,8 @@ async fn drain_and_remove(state: &AppState, key: String) -> Result<WorkerRecord,
         .await??;
     let until = Instant::now() + state.grace;
     loop {
-        let views = state.selector.send(GetViews).await?;
-        let busy = views
-            .iter()
-            .find(|v| v.id == rec.id)
-            .is_some_and(|v| v.in_flight > 0);
+        let states = state.selector.send(GetWorkerStates).await?;
+        let busy = worker_state(&states, rec.id).is_some_and(|s| s.view.in_flight > 0);
         if !busy || Instant::now() >= until {
             break;
         }
@@ -368,7 +370,7 @@ pub async fn post_worker(
     let rec = add(&state, b.url, b.api_key).await?;
     Ok(HttpResponse::build(StatusCode::CREATED)
         .insert_header(("location", format!("/workers/{}", rec.id)))
-        .json(worker_json(&rec, None, None, &state.tokenizers.all())))
+        .json(worker_json(&rec, &[], None, &state.tokenizers.all())))
 }
 
 pub async fn delete_worker(
@@ -379,7 +381,7 @@ pub async fn delete_worker(
     let key = percent_decode(req.match_info().get("key").unwrap_or(""));
     let rec = drain_and_remove(&state, key).await?;
     Ok(HttpResponse::Ok()
-        .json(json!({"status": "removed", "worker": worker_json(&rec, None, None, &state.tokenizers.all())})))
+        .json(json!({"status": "removed", "worker": worker_json(&rec, &[], None, &state.tokenizers.all())})))
 }
 
 #[derive(Deserialize)]
@@ -403,7 +405,7 @@ pub async fn legacy_add(
     Ok(HttpResponse::Ok().json(json!({
         "status": "success",
         "message": format!("Successfully added worker: {}", rec.url),
-        "worker": worker_json(&rec, None, None, &state.tokenizers.all()),
+        "worker": worker_json(&rec, &[], None, &state.tokenizers.all()),
     })))
 }
 
@@ -491,7 +493,9 @@ pub async fn flush_cache(
         match outcome {
             Ok(()) => {
                 flushed += 1;
-                state.index.do_send(ClearWorker(w.id));
+                for (target, _) in w.targets() {
+                    state.index.do_send(ClearWorker(target));
+                }
             }
             Err(e) => failed.push(json!({"worker": w.url, "error": e.to_string()})),
         }
@@ -517,15 +521,31 @@ pub async fn index_stats(
 ) -> Result<HttpResponse, ApiError> {
     state.keys.admin(&req)?;
     let (stats, persist) = state.index.send(GetIndexStats).await?;
+    let fleet = state.registry.send(ListWorkers).await?;
+    // Tenants are routing targets: a worker, or one rank of a worker routed by rank.
+    let targets: HashMap<WorkerId, (String, Option<u32>)> = (fleet.iter())
+        .flat_map(|r| {
+            let url = r.url.to_string();
+            r.targets()
+                .into_iter()
+                .map(move |(t, rank)| (t, (url.clone(), rank)))
+        })
+        .collect();
     let models: Vec<Value> = stats
         .iter()
         .map(|m| {
+            let per: Vec<Value> = (m.per_worker.iter())
+                .map(|(w, n)| {
+                    let (url, rank) = targets.get(w).cloned().unzip();
+                    json!({"worker": w.to_string(), "units": n, "url": url, "rank": rank.flatten()})
+                })
+                .collect();
             json!({
                 "model": m.model,
                 "text_units": m.text_units,
                 "token_units": m.token_units,
                 "hash_keys": m.hash_keys,
-                "per_worker": m.per_worker.iter().map(|(w, n)| json!({"worker": w.to_string(), "units": n})).collect::<Vec<_>>(),
+                "per_worker": per,
             })
         })
         .collect();

@@ -316,6 +316,44 @@ async fn a_request_goes_out_whole_and_its_connection_is_reused() {
 }
 
 #[actix_rt::test]
+async fn an_insertion_goes_into_the_body_at_its_place_small_or_large() {
+    let server = serve(|_, _| Reply::once(OK));
+    let pool = pool();
+    let large = format!("{{\"text\":\"{}\"}}", "x".repeat(3 * COALESCE));
+    for body in [r#"{"text":"hi"}"#.to_owned(), large] {
+        let resp = pool
+            .post_with(
+                &server.url,
+                "/generate",
+                &[],
+                Bytes::from(body.clone()),
+                Some((1, b"\"routed_dp_rank\":1,")),
+            )
+            .await
+            .expect("post");
+        assert_eq!(resp.body.collect(1024).await.expect("body"), &b"{}"[..]);
+        let sent = server
+            .requests
+            .lock()
+            .expect("lock")
+            .pop()
+            .expect("a request");
+        let want = format!("{{\"routed_dp_rank\":1,{}", &body[1..]);
+        let at = sent
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .expect("head")
+            + 4;
+        assert_eq!(String::from_utf8_lossy(&sent[at..]), want);
+        let head = String::from_utf8_lossy(&sent[..at]).to_string();
+        assert!(
+            head.contains(&format!("content-length: {}\r\n", want.len())),
+            "{head}"
+        );
+    }
+}
+
+#[actix_rt::test]
 async fn a_body_cut_short_is_an_error_and_its_connection_is_dropped() {
     let server = serve(|_, _| Reply {
         parts: vec![b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabcd".to_vec()],

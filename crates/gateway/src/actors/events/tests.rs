@@ -95,16 +95,17 @@ async fn until(
     );
 }
 
+/// Per live worker and rank: (worker, rank, leading blocks held, block size).
 async fn blocks_of(
     a: &Addr<EventsActor>,
     tokens: impl IntoIterator<Item = u32>,
-) -> Vec<(WorkerId, usize, u32)> {
+) -> Vec<(WorkerId, u32, usize, u32)> {
     a.send(MatchChain {
         tokens: tokens.into_iter().collect(),
     })
     .await
     .expect("answer")
-    .per_worker
+    .per_rank
 }
 
 /// Answers replay requests from `history` (batch `i` has sequence `i`) as it is when asked.
@@ -178,9 +179,12 @@ async fn blocks_stored_before_the_gateway_come_by_replay_and_live_ones_follow() 
         s.get(&w).is_some_and(|e| e.replays >= 1 && e.blocks == 3)
     })
     .await;
-    assert_eq!(blocks_of(&a, 0..16).await, vec![(w, 3, BS)]);
+    assert_eq!(blocks_of(&a, 0..16).await, vec![(w, 0, 3, BS)]);
     // A request sharing only the first block matches one.
-    assert_eq!(blocks_of(&a, (0..4).chain(90..98)).await, vec![(w, 1, BS)]);
+    assert_eq!(
+        blocks_of(&a, (0..4).chain(90..98)).await,
+        vec![(w, 0, 1, BS)]
+    );
 
     // Live batches continue the sequence: a removal, then a clear.
     let mut seq = 2;
@@ -206,7 +210,7 @@ async fn blocks_stored_before_the_gateway_come_by_replay_and_live_ones_follow() 
             .is_some_and(|e| e.blocks == 0 && e.state == EventState::Live)
     })
     .await;
-    assert_eq!(blocks_of(&a, 0..16).await, vec![(w, 0, BS)]);
+    assert_eq!(blocks_of(&a, 0..16).await, vec![(w, 0, 0, BS)]);
     // A frame that is not a batch is counted and skipped.
     publisher
         .send(msg([b"kv".to_vec(), vec![0; 3], b"junk".to_vec()]))
@@ -291,8 +295,8 @@ async fn a_publisher_numbering_from_0_again_is_a_new_process_and_its_rank_is_reb
     })
     .await;
     // What the old process announced is gone; the new one's block is held.
-    assert_eq!(blocks_of(&a, 0..16).await, vec![(w, 0, BS)]);
-    assert_eq!(blocks_of(&a, 100..104).await, vec![(w, 1, BS)]);
+    assert_eq!(blocks_of(&a, 0..16).await, vec![(w, 0, 0, BS)]);
+    assert_eq!(blocks_of(&a, 100..104).await, vec![(w, 0, 1, BS)]);
     // The new process's next batch follows on as usual.
     let next = batch(vec![stored(&[22], Some(21), 104..108)]);
     publisher

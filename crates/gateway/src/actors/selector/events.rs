@@ -3,6 +3,7 @@
 //! and what it tells about its view.
 
 use actix::prelude::*;
+use kvgate_policies::WorkerLoad;
 use kvgate_poller::LoadsPolled;
 use tracing::warn;
 
@@ -41,7 +42,7 @@ impl Handler<Release> for SelectorActor {
         }
         if let (Some(reason), Some(registry)) = (msg.refused, &self.registry) {
             registry.do_send(WorkerFailed {
-                worker: msg.worker,
+                worker: meta.worker,
                 incarnation: msg.incarnation,
                 reason,
             });
@@ -82,16 +83,28 @@ impl Handler<LoadsPolled> for SelectorActor {
 
     fn handle(&mut self, msg: LoadsPolled, _: &mut Context<Self>) {
         let LoadsPolled { worker: id, load } = msg;
-        let Some(v) = self.views.iter_mut().find(|v| v.id == id) else {
-            return;
-        };
-        // An unknown report is scored as unknown, never as the last good one; the credit
-        // stays until a report that covers it arrives.
-        if let Some(l) = &load {
-            self.ledger.on_report(id, Some(l.sampled_at));
+        for (v, m) in self.views.iter_mut().zip(&self.meta) {
+            if m.worker != id {
+                continue;
+            }
+            // A rank target sees its own rank's figures; a rank the report lacks is
+            // unknown.
+            let load = match (m.rank, &load) {
+                (Some(r), Some(l)) => Some(WorkerLoad {
+                    ranks: l.ranks.iter().filter(|x| x.dp_rank == r).cloned().collect(),
+                    sampled_at: l.sampled_at,
+                })
+                .filter(|l| !l.ranks.is_empty()),
+                (_, l) => l.clone(),
+            };
+            // An unknown report is scored as unknown, never as the last good one; the
+            // credit stays until a report that covers it arrives.
+            if let Some(l) = &load {
+                self.ledger.on_report(v.id, Some(l.sampled_at));
+            }
+            v.load = load;
+            v.credit = self.ledger.credit(v.id);
         }
-        v.load = load;
-        v.credit = self.ledger.credit(id);
     }
 }
 
@@ -113,7 +126,9 @@ impl Handler<LoadPushed> for SelectorActor {
             stat,
         } = msg;
         let now = self.now();
-        let Some(v) = self.views.iter_mut().find(|v| v.id == id) else {
+        let at = (self.views.iter_mut().zip(&self.meta))
+            .find(|(_, m)| m.worker == id && m.rank.is_none_or(|r| r == rank));
+        let Some((v, _)) = at else {
             return;
         };
         // A poll gives the ranks and their gen_throughput first; pushes refresh the rest.
@@ -147,8 +162,8 @@ impl Handler<LoadPushed> for SelectorActor {
             && at > load.sampled_at
         {
             load.sampled_at = at;
-            self.ledger.on_report(id, Some(at));
-            v.credit = self.ledger.credit(id);
+            self.ledger.on_report(v.id, Some(at));
+            v.credit = self.ledger.credit(v.id);
         }
     }
 }
@@ -175,6 +190,8 @@ impl Handler<GetWorkerStates> for SelectorActor {
             .zip(&mut self.meta)
             .map(|(v, m)| WorkerState {
                 view: v.clone(),
+                worker: m.worker,
+                rank: m.rank,
                 circuit: m.circuit.state(&cfg, now),
                 recent_failures: m.circuit.recent_failures(),
             })

@@ -33,6 +33,11 @@ pub enum SelectError {
 #[derive(Debug)]
 pub struct Dispatch {
     pub worker: WorkerId,
+    /// The routing target chosen: the worker, or one of its ranks (the index's tenant).
+    pub target: WorkerId,
+    /// The data-parallel rank to send in the body (`routed_dp_rank`), when the target is
+    /// one rank of the worker.
+    pub rank: Option<u32>,
     pub url: WorkerUrl,
     pub decision: Decision,
     /// The slot on the worker: dropping it (the response ended, or this reply was never
@@ -142,6 +147,7 @@ pub struct Explain {
 #[derive(Message, Debug, Clone)]
 #[rtype(result = "()")]
 pub struct Release {
+    /// The routing target (the worker, or one rank of it).
     pub worker: WorkerId,
     /// The registration the request was sent to; a release for an older one (the worker
     /// was removed and added again meanwhile) must not lower the new one's count.
@@ -161,10 +167,63 @@ pub struct Release {
 /// What the selector knows of one worker beyond its view, for `/workers`.
 #[derive(Debug, Clone)]
 pub struct WorkerState {
+    /// The target's view: the worker's, or one rank's.
     pub view: WorkerView,
+    /// The worker it is, or one rank of.
+    pub worker: WorkerId,
+    pub rank: Option<u32>,
     pub circuit: CircuitState,
     /// Failures inside the breaker's window.
     pub recent_failures: usize,
+}
+
+/// One worker's state from its targets' (`states` as [`GetWorkerStates`] answers): in-flight
+/// requests, credit and failures summed over its ranks, their loads side by side (the
+/// oldest sample's time), the most open circuit. `None` when the selector has no target
+/// of it.
+pub fn worker_state(states: &[WorkerState], worker: WorkerId) -> Option<WorkerState> {
+    let mut of = states.iter().filter(|s| s.worker == worker);
+    let first = of.next()?;
+    let mut out = WorkerState {
+        view: first.view.clone(),
+        worker,
+        rank: None,
+        circuit: first.circuit,
+        recent_failures: first.recent_failures,
+    };
+    out.view.id = worker;
+    for s in of {
+        let v = &mut out.view;
+        v.in_flight += s.view.in_flight;
+        v.credit.tokens += s.view.credit.tokens;
+        v.credit.requests += s.view.credit.requests;
+        v.eligible |= s.view.eligible;
+        v.recent += s.view.recent;
+        v.load = match (v.load.take(), &s.view.load) {
+            (Some(mut a), Some(b)) => {
+                a.ranks.extend(b.ranks.iter().cloned());
+                a.sampled_at = a.sampled_at.min(b.sampled_at);
+                Some(a)
+            }
+            // One rank unknown: the worker's load is not known whole.
+            _ => None,
+        };
+        out.recent_failures += s.recent_failures;
+        out.circuit = worst(out.circuit, s.circuit);
+    }
+    if let Some(l) = &mut out.view.load {
+        l.ranks.sort_by_key(|r| r.dp_rank);
+    }
+    Some(out)
+}
+
+fn worst(a: CircuitState, b: CircuitState) -> CircuitState {
+    let rank = |c| match c {
+        CircuitState::Closed => 0,
+        CircuitState::HalfOpen => 1,
+        CircuitState::Open => 2,
+    };
+    if rank(b) > rank(a) { b } else { a }
 }
 
 /// Answers at once: the selector is alive and its mailbox moves (readiness).
@@ -194,12 +253,13 @@ pub struct LoadPushed {
 #[rtype(result = "()")]
 pub struct EventsLive(pub bool);
 
-/// The selector's current per-worker views (inspection, tests).
+/// The selector's current view of every routing target (inspection, tests).
 #[derive(Message, Debug)]
 #[rtype(result = "Vec<WorkerView>")]
 pub struct GetViews;
 
-/// The selector's current per-worker state, circuits included (for `/workers`).
+/// The selector's current state of every routing target, circuits included (for
+/// `/workers`).
 #[derive(Message, Debug)]
 #[rtype(result = "Vec<WorkerState>")]
 pub struct GetWorkerStates;
