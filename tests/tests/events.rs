@@ -52,8 +52,8 @@ fn blocks_of(ws: &[Value], url: &str) -> u64 {
 async fn token_requests_go_where_the_engines_events_say_their_blocks_are() {
     let fleet = SimFleet::start_each("127.0.0.1", 0, vec![engine(), engine()]).expect("fleet");
     let urls = fleet.urls();
-    // Before any gateway: eight fresh prefixes, each cached on a chosen engine directly.
-    for k in 0..8u32 {
+    // Before any gateway: twenty fresh prefixes, each cached on a chosen engine directly.
+    for k in 0..20u32 {
         let at = &urls[(k % 2) as usize];
         let r = post_json(
             &format!("{at}/generate"),
@@ -85,9 +85,9 @@ async fn token_requests_go_where_the_engines_events_say_their_blocks_are() {
         assert!(metrics.contains(&line), "{line} not in {metrics}");
     }
 
-    // Each prefix plus a new tail goes to the engine holding the prefix: 8 of 8, where the
-    // approximate index alone knows none of them.
-    for k in 0..8u32 {
+    // Each prefix plus a new tail goes to the engine holding the prefix: 20 of 20, where
+    // the approximate index alone knows none of them.
+    for k in 0..20u32 {
         let mut ids = prefix(k, 192);
         ids.extend(prefix(100 + k, 16));
         let r = post_json(
@@ -128,6 +128,65 @@ async fn token_requests_go_where_the_engines_events_say_their_blocks_are() {
     assert!(r.status.is_success(), "{}", r.text());
     let after = until_events(&gw, "the flush", |ws| blocks_of(ws, &urls[0]) == 0).await;
     assert_eq!(blocks_of(&after, &urls[1]), blocks_of(&before, &urls[1]));
+    // The flushed engine's prefixes, cached again on the other engine by other clients:
+    // they follow their new holder, not the engine that announced them first.
+    for k in (0..20u32).step_by(2) {
+        let r = post_json(
+            &format!("{}/generate", urls[1]),
+            &json!({"input_ids": prefix(k, 192), "sampling_params": {"max_new_tokens": 1}}),
+        )
+        .await;
+        assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    }
+    until_events(&gw, "the new holder's stores", |ws| {
+        blocks_of(ws, &urls[1]) >= blocks_of(&before, &urls[1]) + 10 * 192
+    })
+    .await;
+    for k in (0..20u32).step_by(2) {
+        let e = post_json(
+            &format!("{}/admin/explain/generate", gw.url()),
+            &json!({"input_ids": prefix(k, 192)}),
+        )
+        .await
+        .json();
+        assert_eq!(e["worker"], *urls[1].as_str(), "prefix {k}: {e}");
+    }
+    gw.stop();
+}
+
+#[actix_rt::test]
+async fn a_worker_whose_publisher_is_unreachable_is_stalled_and_served_by_the_approximate_index() {
+    // Its engine publishes nothing, but the gateway is told where it would: nothing answers
+    // there. The worker is still served; its requests are matched by the approximate index,
+    // and it says so.
+    let fleet = SimFleet::start(1, SimConfig::default()).expect("fleet");
+    let dead = free_port_on(&["127.0.0.1"]);
+    let dir = tempfile::tempdir().expect("dir");
+    let mut cfg = test_config(&dir);
+    cfg.worker_urls = fleet.urls();
+    cfg.kv_events_config = Some(format!(
+        r#"{{"publisher": "zmq", "endpoint": "tcp://*:{dead}", "topic": "kv", "block_size": 1}}"#
+    ));
+    let gw = Gateway::start(cfg).expect("gateway");
+    let ws = until_events(&gw, "a stalled publisher", |ws| {
+        ws.first()
+            .is_some_and(|w| w["events"]["state"] == "stalled")
+    })
+    .await;
+    assert!(ws[0]["events"]["reason"].is_string(), "{ws:?}");
+    let ask = json!({"input_ids": prefix(3, 64), "sampling_params": {"max_new_tokens": 1}});
+    for _ in 0..2 {
+        let r = post_json(&format!("{}/generate", gw.url()), &ask).await;
+        assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    }
+    // The approximate index recorded the prompt it routed: that is what matches it now.
+    let e = post_json(&format!("{}/admin/explain/generate", gw.url()), &ask)
+        .await
+        .json();
+    let c = &e["candidates"][0];
+    assert_eq!(c["matched_by"], "index", "{e}");
+    assert_eq!(c["events"], "stalled", "{e}");
+    assert!(c["matched"].as_u64() >= Some(63), "{e}");
     gw.stop();
 }
 
@@ -339,6 +398,53 @@ async fn engines_that_advertise_nothing_are_subscribed_from_kv_events_config() {
     assert!(
         e.contains("kv_events_config") && e.contains("tcp://"),
         "{e}"
+    );
+    gw.stop();
+}
+
+#[actix_rt::test]
+async fn a_burst_on_a_prefix_the_events_place_spills_past_its_gated_holder() {
+    // Exactness must not bring back hot spots: the events say engine 0 holds the prefix,
+    // and the same count gate as with the approximate index moves the excess elsewhere.
+    let fleet = SimFleet::start_each("127.0.0.1", 0, vec![engine(), engine()]).expect("fleet");
+    let urls = fleet.urls();
+    let r = post_json(
+        &format!("{}/generate", urls[0]),
+        &json!({"input_ids": prefix(7, 256), "sampling_params": {"max_new_tokens": 1}}),
+    )
+    .await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    let dir = tempfile::tempdir().expect("dir");
+    let mut cfg = test_config(&dir);
+    cfg.worker_urls = urls.clone();
+    cfg.seed = Some(9);
+    cfg.policy.balance_abs_threshold = 4;
+    let gw = Gateway::start(cfg).expect("gateway");
+    until_events(&gw, "the holder's blocks", |ws| {
+        ws.len() == 2
+            && ws.iter().all(|w| w["events"]["state"] == "live")
+            && blocks_of(ws, &urls[0]) >= 256
+    })
+    .await;
+    let reqs = (0..16u32).map(|i| {
+        let url = format!("{}/generate", gw.url());
+        async move {
+            let mut ids = prefix(7, 256);
+            ids.extend(prefix(300 + i, 8));
+            let r = post_json(
+                &url,
+                &json!({"input_ids": ids, "sampling_params": {"max_new_tokens": 64}}),
+            )
+            .await;
+            assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+            engine_of(r.json()["meta_info"]["id"].as_str().unwrap_or("")).expect("an engine id")
+        }
+    });
+    let served = futures_util::future::join_all(reqs).await;
+    let on_holder = served.iter().filter(|&&e| e == 0).count();
+    assert!(
+        (9..16).contains(&on_holder),
+        "the holder took {on_holder} of 16: {served:?}"
     );
     gw.stop();
 }
