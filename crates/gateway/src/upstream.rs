@@ -1,7 +1,7 @@
 //! kvgate's HTTP/1.1 client for inference calls to workers.
 //!
 //! One [`Pool`] per HTTP thread keeps idle keep-alive connections per worker (`pool`). A
-//! request goes out in one write (head and body together up to [`COALESCE`] bytes); the
+//! request goes out in one vectored write (head and body, the body not copied); the
 //! answer's head is parsed with `httparse` (`head`) and its body framed by
 //! `Content-Length`, chunked coding (`chunked`) or the end of the connection (`body`). A
 //! connection goes back to the pool only after its body was read to the end, so a dropped
@@ -25,9 +25,6 @@ mod pool;
 
 pub use body::Body;
 pub use pool::Pool;
-
-/// Bodies up to this size are copied behind the head so the request is one `send`.
-pub const COALESCE: usize = 64 * 1024;
 
 /// What can go wrong between the gateway and a worker.
 #[derive(Debug, Error)]

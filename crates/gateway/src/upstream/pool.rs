@@ -15,9 +15,9 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tracing::warn;
 
+use super::UpstreamError;
 use super::body::{Body, Response};
 use super::head::parse_head;
-use super::{COALESCE, UpstreamError};
 
 /// A response head larger than this is refused.
 const MAX_HEAD: usize = 64 * 1024;
@@ -178,14 +178,7 @@ impl Pool {
         let mut head = request_head(worker, path, headers, body.len() + extra.len());
         head.extend_from_slice(&body[..at]);
         head.extend_from_slice(extra);
-        let body = body.slice(at..);
-        // Small bodies go out with the head in one write.
-        let rest = if body.len() <= COALESCE {
-            head.extend_from_slice(&body);
-            Bytes::new()
-        } else {
-            body
-        };
+        let rest = body.slice(at..);
         if let Some(conn) = self.checkout(worker.authority()) {
             match self.exchange(conn, worker, &head, &rest).await {
                 Ok(r) => return Ok(r),
@@ -213,10 +206,7 @@ impl Pool {
         rest: &[u8],
     ) -> Result<Response, (UpstreamError, Sent)> {
         let partly = |e| (UpstreamError::Write(e), Sent::Partly);
-        conn.write_all(head).await.map_err(partly)?;
-        if !rest.is_empty() {
-            conn.write_all(rest).await.map_err(partly)?;
-        }
+        write_request(&mut conn, head, rest).await.map_err(partly)?;
         let whole = |e| (e, Sent::Whole);
         let mut buf = BytesMut::with_capacity(8 * 1024);
         let mut got_any = false;
@@ -256,6 +246,26 @@ impl Pool {
             }
         }
     }
+}
+
+/// Writes `head` then `body`: one vectored write when the socket takes both, the body
+/// never copied.
+async fn write_request(conn: &mut TcpStream, mut head: &[u8], mut body: &[u8]) -> io::Result<()> {
+    while !head.is_empty() || !body.is_empty() {
+        let n = if head.is_empty() {
+            conn.write(body).await?
+        } else {
+            let parts = [io::IoSlice::new(head), io::IoSlice::new(body)];
+            conn.write_vectored(&parts).await?
+        };
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        let from_head = n.min(head.len());
+        head = &head[from_head..];
+        body = &body[n - from_head..];
+    }
+    Ok(())
 }
 
 /// How much of a request reached the socket before a failure.

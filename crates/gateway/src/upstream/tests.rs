@@ -319,7 +319,7 @@ async fn a_request_goes_out_whole_and_its_connection_is_reused() {
 async fn an_insertion_goes_into_the_body_at_its_place_small_or_large() {
     let server = serve(|_, _| Reply::once(OK));
     let pool = pool();
-    let large = format!("{{\"text\":\"{}\"}}", "x".repeat(3 * COALESCE));
+    let large = format!("{{\"text\":\"{}\"}}", "x".repeat(256 * 1024));
     for body in [r#"{"text":"hi"}"#.to_owned(), large] {
         let resp = pool
             .post_with(
