@@ -448,3 +448,48 @@ async fn a_burst_on_a_prefix_the_events_place_spills_past_its_gated_holder() {
     );
     gw.stop();
 }
+
+#[actix_rt::test]
+async fn new_prefix_groups_stay_together_before_their_engines_publish_them() {
+    // An engine publishes a prompt's blocks when its prefill ends: until then only the
+    // gateway's own routing says where a new prefix went, and the rest of its group must
+    // follow that rather than start the prefix again on another engine.
+    let fleet = SimFleet::start_each("127.0.0.1", 0, vec![engine(), engine(), engine(), engine()])
+        .expect("fleet");
+    let urls = fleet.urls();
+    let dir = tempfile::tempdir().expect("dir");
+    let mut cfg = test_config(&dir);
+    cfg.worker_urls = urls.clone();
+    cfg.seed = Some(4);
+    let gw = Gateway::start(cfg).expect("gateway");
+    until_events(&gw, "live events", |ws| {
+        ws.len() == 4 && ws.iter().all(|w| w["events"]["state"] == "live")
+    })
+    .await;
+    // Eight groups of three, all at once, interleaved: each group's prefix is new.
+    let reqs = (0..24u32).map(|i| {
+        let url = format!("{}/generate", gw.url());
+        async move {
+            let group = i % 8;
+            let mut ids = prefix(20 + group, 512);
+            ids.extend(prefix(400 + i, 8));
+            let r = post_json(
+                &url,
+                &json!({"input_ids": ids, "sampling_params": {"max_new_tokens": 1}}),
+            )
+            .await;
+            assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+            let e = engine_of(r.json()["meta_info"]["id"].as_str().unwrap_or(""));
+            (group, e.expect("an engine id"))
+        }
+    });
+    let served = futures_util::future::join_all(reqs).await;
+    for g in 0..8 {
+        let engines: Vec<usize> = served.iter().filter(|s| s.0 == g).map(|s| s.1).collect();
+        assert!(
+            engines.iter().all(|&e| e == engines[0]),
+            "group {g} was split: {engines:?} (all: {served:?})"
+        );
+    }
+    gw.stop();
+}

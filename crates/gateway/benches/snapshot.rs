@@ -232,6 +232,7 @@ async fn lookup(
             model: MODEL.into(),
             facts: facts(text),
             count: true,
+            recent: None,
         })
         .await
         .context("index actor gone")?;
@@ -245,6 +246,7 @@ async fn barrier(index: &Addr<IndexActor>) -> anyhow::Result<()> {
             model: MODEL.into(),
             facts: RequestFacts::default(),
             count: false,
+            recent: None,
         })
         .await
         .context("index actor gone")?;

@@ -249,9 +249,11 @@ fn control_actors(
         persister: persister.clone(),
         interval: cfg.snapshot_interval,
     };
+    let routed = index.clone().recipient();
     let events = EventsActor::start_in_arbiter(&control.handle(), move |_| {
         EventsActor::new(Some(max_blocks), Some(to_selector))
             .with_snapshots(snapshots, events_image)
+            .with_prefix_index(routed)
     });
     let tokenizers = Arc::new(Tokenizers::new(cfg.tokenizer_path.clone()));
     let loader = TokenizerActor {

@@ -128,7 +128,7 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
         self.tick(now);
         let mut path = mem::take(&mut self.path);
         let d = self.descend(self.truncate(key), &mut path);
-        let m = self.collect(key.len(), &path, d);
+        let m = self.collect(key.len(), &path, d, None);
         let clock = self.clock;
         for n in d
             .partial
@@ -151,7 +151,26 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
     pub fn peek_prefix(&self, key: &[E]) -> PrefixMatch<T> {
         let mut path = Vec::new();
         let d = self.descend(self.truncate(key), &mut path);
-        self.collect(key.len(), &path, d)
+        self.collect(key.len(), &path, d, None)
+    }
+
+    /// [`peek_prefix`](Self::peek_prefix), with [`PrefixMatch::recent`]: each tenant's
+    /// match counting only entries stamped at or after `since`.
+    pub fn peek_since(&self, key: &[E], since: u64) -> PrefixMatch<T> {
+        let mut path = Vec::new();
+        let d = self.descend(self.truncate(key), &mut path);
+        self.collect(key.len(), &path, d, Some(since))
+    }
+
+    /// [`observe`](Self::observe), with [`PrefixMatch::recent`] as in
+    /// [`peek_since`](Self::peek_since).
+    pub fn observe_since(&mut self, key: &[E], since: u64) -> PrefixMatch<T> {
+        let mut path = mem::take(&mut self.path);
+        let d = self.descend(self.truncate(key), &mut path);
+        let m = self.collect(key.len(), &path, d, Some(since));
+        self.count(&path, d);
+        self.path = path;
+        m
     }
 
     /// Matches `key` like [`peek_prefix`](Self::peek_prefix), then counts it as traffic
@@ -160,7 +179,7 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
     pub fn observe(&mut self, key: &[E]) -> PrefixMatch<T> {
         let mut path = mem::take(&mut self.path);
         let d = self.descend(self.truncate(key), &mut path);
-        let m = self.collect(key.len(), &path, d);
+        let m = self.collect(key.len(), &path, d, None);
         self.count(&path, d);
         self.path = path;
         m
@@ -192,7 +211,7 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
         let key_p = self.truncate(key);
         let mut path = mem::take(&mut self.path);
         let d = self.descend(key_p, &mut path);
-        let m = self.collect(key.len(), &path, d);
+        let m = self.collect(key.len(), &path, d, None);
         self.count(&path, d);
         let chosen = choose(&m);
         if let Some(t) = chosen {
@@ -339,8 +358,19 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
         Descent { pos, partial: None }
     }
 
-    fn collect(&self, input_len: usize, path: &[u32], d: Descent) -> PrefixMatch<T> {
+    fn collect(
+        &self,
+        input_len: usize,
+        path: &[u32],
+        d: Descent,
+        since: Option<u64>,
+    ) -> PrefixMatch<T> {
         let mut per: Vec<(T, usize)> = Vec::new();
+        // Tenants matching on entries stamped since `since`: (tenant, depth, still open),
+        // sorted by tenant; a tenant stops at the first node where its entry is older or
+        // absent.
+        let mut recent: Vec<(T, usize, bool)> = Vec::new();
+        let fresh = |e: u32| since.is_some_and(|s| self.lru.get(e).stamp >= s);
         let mut traffic = Vec::with_capacity(path.len() + 1);
         let half_life = self.config.traffic_half_life;
         let mut depth = 0;
@@ -357,6 +387,24 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
                     .entered_at(self.lookups, half_life),
             ));
             let tenants = &self.nodes[n as usize].tenants;
+            if since.is_some() {
+                if i == 0 {
+                    let open = tenants.iter().filter(|x| fresh(x.1));
+                    recent.extend(open.map(|&(t, _)| (t, depth, true)));
+                } else {
+                    let mut theirs = tenants.iter().filter(|x| fresh(x.1)).peekable();
+                    for r in recent.iter_mut().filter(|r| r.2) {
+                        while theirs.peek().is_some_and(|x| x.0 < r.0) {
+                            theirs.next();
+                        }
+                        if theirs.peek().is_some_and(|x| x.0 == r.0) {
+                            r.1 = depth;
+                        } else {
+                            r.2 = false;
+                        }
+                    }
+                }
+            }
             if i == 0 {
                 per.extend(tenants.iter().map(|&(t, _)| (t, depth)));
                 continue;
@@ -374,7 +422,10 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
             }
         }
         per.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        let mut recent: Vec<(T, usize)> = recent.into_iter().map(|(t, n, _)| (t, n)).collect();
+        recent.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
         PrefixMatch {
+            recent,
             input_len,
             matched_len: per.first().map_or(0, |p| p.1),
             per_tenant: per,

@@ -28,7 +28,8 @@ use kvgate_policies::WorkerId;
 use serde::Serialize;
 use tracing::{debug, info, warn};
 
-use crate::actors::registry::FleetChanged;
+use crate::actors::index::ClearWorker;
+use crate::actors::registry::{FleetChanged, WorkerRecord};
 use crate::actors::selector::{EventsLive, LoadPushed};
 
 /// One worker's event state, as `GET /workers` shows it.
@@ -68,6 +69,9 @@ struct Worker {
     /// process, whose sequence numbers start again at 0 and whose cache is empty.
     startup_time: Option<f64>,
     desc: KvEventsDescriptor,
+    /// Routed rank by rank (`WorkerRecord::routed_ranks`): its prefix-index tenants are
+    /// its ranks.
+    by_rank: bool,
     ranks: BTreeMap<u32, RankState>,
     /// Per rank, the next sequence to apply: every batch below it is in the index.
     next: BTreeMap<u32, u64>,
@@ -114,6 +118,8 @@ pub struct EventsActor {
     off: HashMap<WorkerId, String>,
     /// Snapshots to the store, and holdings restored from one that wait for their worker.
     persist: Persistence,
+    /// The prefix index: what it recorded of a rank whose cache was cleared is stale too.
+    routed: Option<Recipient<ClearWorker>>,
 }
 
 impl EventsActor {
@@ -125,7 +131,26 @@ impl EventsActor {
             workers: HashMap::new(),
             off: HashMap::new(),
             persist: Persistence::default(),
+            routed: None,
         }
+    }
+
+    /// Tells `index` to forget what it recorded for a rank whose engine cache was cleared
+    /// (an `AllBlocksCleared`, a new process, a gap replay could not cover): the gateway
+    /// counts what it routed lately as held until the events say so, and this is the
+    /// events saying otherwise.
+    pub fn with_prefix_index(mut self, index: Recipient<ClearWorker>) -> Self {
+        self.routed = Some(index);
+        self
+    }
+
+    fn routed_here_is_stale(&self, worker: WorkerId, rank: u32) {
+        let (Some(index), Some(w)) = (&self.routed, self.workers.get(&worker)) else {
+            return;
+        };
+        // A worker routed by rank has a tenant per rank; any other is one tenant.
+        let target = if w.by_rank { worker.rank(rank) } else { worker };
+        index.do_send(ClearWorker(target));
     }
 
     fn apply(&mut self, worker: WorkerId, rank: u32, batch: &EventBatch) {
@@ -150,6 +175,7 @@ impl EventsActor {
                 }
                 KvEvent::AllBlocksCleared => {
                     self.index.clear(worker, rank);
+                    self.routed_here_is_stale(worker, rank);
                 }
             }
         }
@@ -158,12 +184,12 @@ impl EventsActor {
     fn start_worker(
         &mut self,
         ctx: &mut Context<Self>,
-        id: WorkerId,
-        url: &str,
-        startup_time: Option<f64>,
+        w: &WorkerRecord,
         raw: &serde_json::Value,
         resume: BTreeMap<u32, u64>,
     ) {
+        let (id, url, startup_time) = (w.id, w.url.as_str(), w.startup_time);
+        let by_rank = w.routed_ranks().is_some();
         let desc = match serde_json::from_value::<KvEventsDescriptor>(raw.clone()) {
             Ok(d) => d,
             Err(e) => {
@@ -218,6 +244,7 @@ impl EventsActor {
                 url: url.to_owned(),
                 startup_time,
                 desc,
+                by_rank,
                 ranks,
                 next,
                 tasks,
@@ -295,8 +322,7 @@ impl Handler<FleetChanged> for EventsActor {
 
     fn handle(&mut self, msg: FleetChanged, ctx: &mut Context<Self>) {
         let fleet = msg.0;
-        let present: HashMap<WorkerId, &crate::actors::registry::WorkerRecord> =
-            fleet.iter().map(|w| (w.id, w)).collect();
+        let present: HashMap<WorkerId, &WorkerRecord> = fleet.iter().map(|w| (w.id, w)).collect();
         // Gone, not routable, or restarted (a new process numbers its batches from 0 again
         // and holds nothing): the subscription ends and what it held goes with it.
         let gone: Vec<WorkerId> = self
@@ -329,7 +355,7 @@ impl Handler<FleetChanged> for EventsActor {
                             BTreeMap::new()
                         }
                     };
-                    self.start_worker(ctx, w.id, w.url.as_str(), w.startup_time, raw, resume);
+                    self.start_worker(ctx, w, raw, resume);
                 }
                 // Back without events: what it published before is of no use.
                 None if w.healthy() && self.persist.discard(w.id) => {
@@ -418,6 +444,7 @@ impl EventsActor {
                     warn!(worker = %w.url, rank, "KV events: a gap replay could not cover; the rank is rebuilt from what comes");
                     self.index.clear(worker, rank);
                     self.persist.dirty = true;
+                    self.routed_here_is_stale(worker, rank);
                 }
             }
             Feed::Restarted { worker, rank } => {
@@ -427,6 +454,7 @@ impl EventsActor {
                     self.index.clear(worker, rank);
                     w.next.insert(rank, 0);
                     self.persist.dirty = true;
+                    self.routed_here_is_stale(worker, rank);
                 }
             }
             Feed::State {

@@ -258,7 +258,13 @@ impl IndexActor {
 
     /// What the index holds of `key`; with `count`, the lookup also counts as traffic
     /// through the prefixes it matched (a routing decision, not an explanation).
-    fn lookup(&mut self, model: &str, key: &RoutingText, count: bool) -> PrefixMatches {
+    fn lookup(
+        &mut self,
+        model: &str,
+        key: &RoutingText,
+        count: bool,
+        recent: Option<Duration>,
+    ) -> (PrefixMatches, Vec<(WorkerId, usize)>) {
         #[cfg(feature = "fault-injection")]
         if std::mem::take(&mut self.panic_next) {
             panic!("injected panic in a prefix lookup");
@@ -278,14 +284,18 @@ impl IndexActor {
                 RoutingText::Text(s) => (s.len(), MatchSource::TextTree),
                 RoutingText::Empty => (0, MatchSource::TextTree),
             };
-            return PrefixMatches {
+            let none = PrefixMatches {
                 input_len,
                 per_worker: Vec::new(),
                 source,
                 traffic: None,
             };
+            return (none, Vec::new());
         };
-        match (key, hash_mode) {
+        // Records made since then (token tree only, when asked).
+        let since = recent.map(|w| now.saturating_sub(w.as_millis() as u64));
+        let mut lately = Vec::new();
+        let matches = match (key, hash_mode) {
             (RoutingText::Tokens(t), true) => {
                 let probe = m.hash.probe(t, 0, now);
                 let boundary = probe.boundary;
@@ -307,11 +317,13 @@ impl IndexActor {
                 traffic: None,
             },
             (RoutingText::Tokens(t), false) => {
-                let pm = if count {
-                    m.tokens.observe(t)
-                } else {
-                    m.tokens.peek_prefix(t)
+                let mut pm = match (count, since) {
+                    (true, Some(s)) => m.tokens.observe_since(t, s),
+                    (true, None) => m.tokens.observe(t),
+                    (false, Some(s)) => m.tokens.peek_since(t, s),
+                    (false, None) => m.tokens.peek_prefix(t),
                 };
+                lately = std::mem::take(&mut pm.recent);
                 PrefixMatches {
                     input_len: pm.input_len,
                     source: MatchSource::TokenTree,
@@ -333,7 +345,8 @@ impl IndexActor {
                 }
             }
             (RoutingText::Empty, _) => PrefixMatches::default(),
-        }
+        };
+        (matches, lately)
     }
 
     fn record(&mut self, model: &str, key: &RoutingText, worker: WorkerId) {
@@ -395,22 +408,25 @@ impl Actor for IndexActor {
 /// Who holds how much of the request's prompt. The facts travel with the message and come
 /// back with the answer, so the prompt is never copied.
 #[derive(Message, Debug)]
-#[rtype(result = "(RequestFacts, PrefixMatches)")]
+#[rtype(result = "(RequestFacts, PrefixMatches, Vec<(WorkerId, usize)>)")]
 pub struct MatchPrefix {
     pub model: String,
     pub facts: RequestFacts,
     /// Count the lookup as traffic (a dispatch); false for a dry run.
     pub count: bool,
+    /// Also answer, per tenant, what of a token prompt it was routed within this long
+    /// (the third part of the answer; empty when `None`).
+    pub recent: Option<Duration>,
 }
 
 impl Handler<MatchPrefix> for IndexActor {
     type Result = MessageResult<MatchPrefix>;
 
     fn handle(&mut self, msg: MatchPrefix, _: &mut Context<Self>) -> Self::Result {
-        let m = self
-            .guarded(|s| s.lookup(&msg.model, &msg.facts.key, msg.count))
+        let (m, recent) = self
+            .guarded(|s| s.lookup(&msg.model, &msg.facts.key, msg.count, msg.recent))
             .unwrap_or_default();
-        MessageResult((msg.facts, m))
+        MessageResult((msg.facts, m, recent))
     }
 }
 

@@ -533,9 +533,21 @@ impl SelectorActor {
     }
 }
 
-/// What a lookup found: the index's matches, and for a token request the chain index's
-/// answer for the workers whose KV events are live.
-type Found = (RequestFacts, PrefixMatches, Option<ChainAnswer>);
+/// How long what the gateway routed to a target counts as held there even where its
+/// engine's KV events do not say so yet: an engine publishes a prompt's blocks when its
+/// prefill ends, so a burst on a new prefix would otherwise find no holder until then and
+/// start it on every engine. Longer than a prefill waits and runs on a busy engine;
+/// past it the events alone tell (an eviction since included).
+const ROUTED_LATELY: Duration = Duration::from_secs(10);
+
+/// What a lookup found: the index's matches, what each target was routed lately, and for
+/// a token request the chain index's answer for the workers whose KV events are live.
+type Found = (
+    RequestFacts,
+    PrefixMatches,
+    Vec<(WorkerId, usize)>,
+    Option<ChainAnswer>,
+);
 
 /// Asks the index for `ask`'s matches and, for a token request, the events actor for the
 /// blocks each live worker's engine holds (both at once).
@@ -548,21 +560,32 @@ fn lookup(
         (RoutingText::Tokens(t), Some(e)) => Some(e.send(MatchChain { tokens: t.clone() })),
         _ => None,
     };
+    let ask = MatchPrefix {
+        recent: chain.is_some().then_some(ROUTED_LATELY),
+        ..ask
+    };
     let matched = index.send(ask);
     async move {
-        let (facts, m) = matched.await?;
+        let (facts, m, lately) = matched.await?;
         let c = match chain {
             Some(c) => c.await.ok(),
             None => None,
         };
-        Ok((facts, m, c))
+        Ok((facts, m, lately, c))
     }
 }
 
 impl SelectorActor {
     /// Lays exact chain holdings (blocks × block size, in tokens) over a token tree's
-    /// matches: per rank for a rank target, the worker's best rank for a whole worker.
-    fn overlay(&self, m: &mut PrefixMatches, c: Option<&ChainAnswer>) {
+    /// matches: per rank for a rank target, the worker's best rank for a whole worker;
+    /// what a target was routed lately (`lately`, [`ROUTED_LATELY`]) counts too, as its
+    /// engine has not published it yet.
+    fn overlay(
+        &self,
+        m: &mut PrefixMatches,
+        lately: &[(WorkerId, usize)],
+        c: Option<&ChainAnswer>,
+    ) {
         let Some(c) = c else {
             return;
         };
@@ -580,6 +603,9 @@ impl SelectorActor {
             }
             if !live {
                 continue;
+            }
+            if let Some((_, n)) = lately.iter().find(|(t, _)| *t == v.id) {
+                best = best.max(*n);
             }
             m.per_worker.retain(|(x, _)| *x != v.id);
             let held = best.min(m.input_len);
@@ -638,13 +664,14 @@ impl Handler<Select> for SelectorActor {
                 model: model.clone(),
                 facts: msg.facts,
                 count: msg.first,
+                recent: None,
             },
         );
         AtomicResponse::new(Box::pin(ask.into_actor(self).map(move |answer, act, _| {
             let _enter = span.enter();
             let (facts, matches) = match answer {
-                Ok((facts, mut m, chain)) => {
-                    act.overlay(&mut m, chain.as_ref());
+                Ok((facts, mut m, lately, chain)) => {
+                    act.overlay(&mut m, &lately, chain.as_ref());
                     (facts, Some(m))
                 }
                 // The index is gone (shutdown): the facts went with it.
@@ -695,11 +722,12 @@ impl Handler<Explain> for SelectorActor {
                 model: self.model_key(&msg.facts),
                 facts: msg.facts,
                 count: false,
+                recent: None,
             },
         );
         AtomicResponse::new(Box::pin(ask.into_actor(self).map(move |answer, act, _| {
-            let (facts, mut matches, chain) = answer.map_err(|_| SelectError::NoHealthy)?;
-            act.overlay(&mut matches, chain.as_ref());
+            let (facts, mut matches, lately, chain) = answer.map_err(|_| SelectError::NoHealthy)?;
+            act.overlay(&mut matches, &lately, chain.as_ref());
             act.guarded(|s| s.decide(&facts, Some(&matches), &[], seq))
                 .map(|(_, d)| d)
         })))

@@ -744,3 +744,21 @@ proptest! {
         prop_assert_eq!(super::common_prefix(&ta, &tb), lcp(&a, &b));
     }
 }
+
+#[test]
+fn recent_matches_count_only_entries_stamped_since() {
+    let mut t: RadixTree<u8, u64> = RadixTree::new(TreeConfig::default());
+    t.insert(b"system prompt, first question", 1, 10);
+    t.insert(b"system prompt, second question", 2, 100);
+    let key = b"system prompt, first question and more";
+    let m = t.peek_since(key, 50);
+    assert_eq!(m.per_tenant, vec![(1, 29), (2, 15)]);
+    assert_eq!(m.recent, vec![(2, 15)], "tenant 1 recorded before 50");
+    assert!(t.peek_prefix(key).recent.is_empty(), "asked for nothing");
+    // A later record of the head for tenant 1 stamps its path: the shared head is recent
+    // for tenant 1 now, its own tail is not.
+    t.insert(b"system prompt, ", 1, 200);
+    assert_eq!(t.peek_since(key, 150).recent, vec![(1, 15)]);
+    assert_eq!(t.observe_since(key, 0).recent, vec![(1, 29), (2, 15)]);
+    t.check_invariants();
+}
