@@ -1,4 +1,5 @@
-//! The best hit rate a run allows: an upper bound, computed from what was sent and answered.
+//! The best hit rate a run allows: an upper bound, computed from what was sent and answered,
+//! in the token ids the engines computed and generated.
 //!
 //! A request can be served from cache at most the tokens its prompt shares with the prompt
 //! plus answer of some request sent before it (an engine caches only what it computed),
@@ -52,13 +53,13 @@ pub fn render_chat(messages: &[Message]) -> String {
     )
 }
 
-/// One request of a run, in the order it was sent.
+/// One request of a run, in the order it was sent, in the engines' own tokens.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sent {
-    /// The rendered prompt.
-    pub prompt: String,
-    /// The answer's text (empty when it failed).
-    pub answer: String,
+    /// The prompt's ids as the engine computed them.
+    pub prompt: Vec<u32>,
+    /// The answer's ids (empty when it failed).
+    pub answer: Vec<u32>,
 }
 
 /// What an engine can keep: its page size and its KV pool, in tokens.
@@ -68,38 +69,50 @@ pub struct EngineShape {
     pub pool_tokens: usize,
 }
 
-/// The upper bound over `sent`, tokenized with `encode` (the engines' tokenizer).
-pub fn upper_bound(sent: &[Sent], shape: EngineShape, encode: &dyn Fn(&str) -> Vec<u32>) -> Tokens {
+/// The upper bound over `sent`.
+pub fn upper_bound(sent: &[Sent], shape: EngineShape) -> Tokens {
+    upper_bound_after(&[], sent, shape)
+}
+
+/// The upper bound over `sent` when the engines had served `before` first (traffic before
+/// the gateway started): what they computed counts as earlier, their tokens do not count.
+pub fn upper_bound_after(before: &[Sent], sent: &[Sent], shape: EngineShape) -> Tokens {
     let page = shape.page_size.max(1);
-    // Each earlier request's prompt + answer, by text, so the closest one is a neighbour.
-    let mut earlier: BTreeSet<String> = BTreeSet::new();
+    // Each earlier request's prompt + answer, in token order, so the closest one is a
+    // neighbour.
+    let mut earlier: BTreeSet<Vec<u32>> = before.iter().map(kept).collect();
     let mut out = Tokens::default();
     for s in sent {
-        let prompt = encode(&s.prompt);
-        let shared = closest(&earlier, &s.prompt)
-            .map(|other| common_len(&prompt, &encode(other)))
-            .unwrap_or(0);
+        let shared = closest(&earlier, &s.prompt);
         let cap = shared
             .min(shape.pool_tokens)
-            .min(prompt.len().saturating_sub(1));
-        out.prompt += prompt.len() as u64;
+            .min(s.prompt.len().saturating_sub(1));
+        out.prompt += s.prompt.len() as u64;
         out.cached += (cap / page * page) as u64;
-        earlier.insert(format!("{}{}", s.prompt, s.answer));
+        earlier.insert(kept(s));
     }
     out
 }
 
-/// The member of `seen` with the longest common text prefix with `text`: in sorted order it
-/// is one of the two neighbours.
-fn closest<'a>(seen: &'a BTreeSet<String>, text: &str) -> Option<&'a str> {
-    let mut before = seen.range::<str, _>((Bound::Unbounded, Bound::Included(text)));
-    let after = seen.range::<str, _>((Bound::Excluded(text), Bound::Unbounded));
+/// What an engine can keep of a request: its prompt and its answer.
+fn kept(s: &Sent) -> Vec<u32> {
+    let mut ids = s.prompt.clone();
+    ids.extend_from_slice(&s.answer);
+    ids
+}
+
+/// The longest common prefix of `ids` with a member of `seen`: in sorted order the best
+/// member is one of the two neighbours.
+fn closest(seen: &BTreeSet<Vec<u32>>, ids: &[u32]) -> usize {
+    let before = seen.range::<[u32], _>((Bound::Unbounded, Bound::Included(ids)));
+    let after = seen.range::<[u32], _>((Bound::Excluded(ids), Bound::Unbounded));
     before
-        .next_back()
-        .into_iter()
+        .rev()
+        .take(1)
         .chain(after.take(1))
-        .max_by_key(|other| common_len(text.as_bytes(), other.as_bytes()))
-        .map(String::as_str)
+        .map(|other| common_len(ids, other))
+        .max()
+        .unwrap_or(0)
 }
 
 fn common_len<T: PartialEq>(a: &[T], b: &[T]) -> usize {

@@ -9,11 +9,13 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use clap::{Args, Parser, Subcommand};
-use kvgate_bench::{Plan, RunReport, WorkloadKind, WorkloadSpec, table, workload_chart};
+use kvgate_bench::{
+    EngineTokens, Plan, RunReport, WorkloadKind, WorkloadSpec, table, workload_chart,
+};
 use kvgate_engine_sim::SimConfig;
 use kvgate_policies::PolicyKind;
 
-use run::driver::Arrival;
+use run::driver::{Arrival, PromptForm};
 use run::workload::{PolicyChoice, Settings, Target, run_target};
 
 /// Workload and proxy-overhead benchmarks for kvgate.
@@ -161,6 +163,33 @@ struct WorkloadArgs {
     /// probes or traffic), comma-separated, repeated over the engines in order.
     #[arg(long, value_delimiter = ',', default_value = "0.36")]
     idle_gauges: Vec<f64>,
+    /// Also run each kvgate policy in front of engines that publish KV events (rows
+    /// `<policy>+events`: the exact index); the plain rows' engines publish none. smg's
+    /// engines publish them too.
+    #[arg(long)]
+    kv_events: bool,
+    /// chat: `/v1/chat/completions`; tokens: `/generate` with `input_ids`, the same chats
+    /// rendered and encoded with the engines' tokenizer.
+    #[arg(long, value_enum, default_value = "chat")]
+    prompt_form: PromptForm,
+    /// The engines tokenize with this model tokenizer (a directory with `tokenizer.json`,
+    /// e.g. tests/fixtures/tokenizer) and render chats with its template; kvgate loads it
+    /// from the path they advertise.
+    #[arg(long)]
+    tokenizer_path: Option<PathBuf>,
+    /// Each engine's KV pool in tokens (SGLang's `max_total_num_tokens`), shared by running
+    /// requests and the prefix cache, which evicts LRU to admit requests.
+    #[arg(long, default_value_t = 200_000)]
+    pool_tokens: usize,
+    /// Gateway instances in front of each fleet (kvgate and smg alike); request i of the
+    /// plan goes to instance i mod N, as behind a balancer without session affinity.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=8))]
+    gateway_replicas: u64,
+    /// Before each gateway starts, each prompt group (conversation) has already been served
+    /// once by an engine, group g by engine g mod N, with a question the plan never asks:
+    /// a gateway restarted or added in front of a busy fleet.
+    #[arg(long)]
+    warm_engines: bool,
     /// Cap on requests per run.
     #[arg(long, default_value_t = 10_000)]
     max_requests: usize,
@@ -349,6 +378,8 @@ fn workload(a: WorkloadArgs) -> anyhow::Result<()> {
         decode_step_per_req: Duration::try_from_secs_f64(a.decode_step_per_req_ms / 1e3)
             .context("--decode-step-per-req-ms")?,
         page_size: a.page_size,
+        cache_capacity_tokens: a.pool_tokens,
+        tokenizer_path: a.tokenizer_path.clone(),
         // The hit rate is read from the answers, as from a real engine with its cache report on.
         enable_cache_report: true,
         ..SimConfig::default()
@@ -361,7 +392,27 @@ fn workload(a: WorkloadArgs) -> anyhow::Result<()> {
             })
             .collect()
     };
-    let mut targets: Vec<Target> = a.policies.iter().cloned().map(Target::Kvgate).collect();
+    if a.kv_events && a.prompt_form == PromptForm::Chat && a.tokenizer_path.is_none() {
+        bail!(
+            "--kv-events with chat prompts needs --tokenizer-path: kvgate matches text on the events through the model's tokenizer"
+        );
+    }
+    let tokens = EngineTokens::load(sim.tokenizer, a.tokenizer_path.as_deref())
+        .context("loading the engines' tokenizer")?;
+    let tokens = std::sync::Arc::new(tokens);
+    let mut targets: Vec<Target> = Vec::new();
+    for policy in &a.policies {
+        targets.push(Target::Kvgate {
+            policy: policy.clone(),
+            events: false,
+        });
+        if a.kv_events {
+            targets.push(Target::Kvgate {
+                policy: policy.clone(),
+                events: true,
+            });
+        }
+    }
     if let Some(bin) = smg {
         targets.push(Target::Smg(bin));
     }
@@ -403,10 +454,20 @@ fn workload(a: WorkloadArgs) -> anyhow::Result<()> {
             Some(ms) => format!(", traffic {ms} ms after the gateway starts"),
             None => String::new(),
         };
+        let replicas = match a.gateway_replicas {
+            1 => String::new(),
+            n => format!(", {n} gateway replicas"),
+        };
+        let warm = if a.warm_engines { ", engines warm" } else { "" };
+        let form = match a.prompt_form {
+            PromptForm::Chat => "chat",
+            PromptForm::Tokens => "token prompts",
+        };
         let subtitle = format!(
-            "{} requests, {engines} engines x {} slots, {load}{start}, seed {}",
+            "{} requests ({form}), {engines} engines x {} slots, pool {} tokens, {load}{start}{replicas}{warm}, seed {}",
             plan.len(),
             a.max_running_requests,
+            a.pool_tokens,
             a.seed
         );
         let settings = Settings {
@@ -418,6 +479,12 @@ fn workload(a: WorkloadArgs) -> anyhow::Result<()> {
             request_timeout: Duration::from_secs(a.max_run_secs),
             log_dir: a.out.clone(),
             setting: subtitle.clone(),
+            // The range above keeps this small.
+            replicas: a.gateway_replicas as usize,
+            form: a.prompt_form,
+            tokens: std::sync::Arc::clone(&tokens),
+            kv_events: a.kv_events,
+            warm_engines: a.warm_engines,
         };
         println!("\n== {kind}: {subtitle}");
         let mut rows = Vec::new();

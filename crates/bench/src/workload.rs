@@ -176,6 +176,35 @@ impl Plan {
         self.len() == 0
     }
 
+    /// Traffic the engines served before the gateway started: for each group, in the order
+    /// groups first appear, its first request with the last user message replaced by a
+    /// question of the same length that the plan never asks. One session per group.
+    pub fn warm_up(&self, seed: u64) -> Plan {
+        let mut rng = SmallRng::seed_from_u64(seed ^ 0x0a11_3a2d);
+        let mut seen = std::collections::HashSet::new();
+        let sessions = self
+            .requests()
+            .filter(|r| seen.insert(r.group))
+            .map(|r| {
+                let mut messages = r.messages.clone();
+                if let Some(m) = messages.iter_mut().rev().find(|m| m.role == "user") {
+                    m.content = text(&mut rng, m.content.len() / WORD_BYTES);
+                }
+                Session {
+                    requests: vec![PlannedRequest {
+                        group: r.group,
+                        messages,
+                    }],
+                }
+            })
+            .collect();
+        Plan {
+            kind: self.kind,
+            sessions,
+            max_tokens: self.max_tokens,
+        }
+    }
+
     /// Keeps at most `cap` requests, dropping whole sessions from the end and then the tail
     /// of the last one, so order and grouping stay as planned.
     pub fn truncate(&mut self, cap: usize) {

@@ -1,11 +1,12 @@
-//! Replays a plan against one gateway URL with streaming chat requests, timing each one.
+//! Replays a plan against a gateway (or its replicas) with streaming requests, as chats or
+//! as token prompts, timing each one.
 
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt as _;
-use kvgate_bench::{Plan, render_chat};
+use kvgate_bench::{EngineTokens, Plan};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
@@ -21,6 +22,16 @@ pub enum Arrival {
     Poisson(f64),
 }
 
+/// How a request carries its prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PromptForm {
+    /// `/v1/chat/completions` with the messages: the gateway sees text.
+    Chat,
+    /// `/generate` with `input_ids`: the same chat rendered and encoded by the client with
+    /// the engines' tokenizer, so the gateway sees the engines' very tokens.
+    Tokens,
+}
+
 /// Most requests in flight in Poisson mode, so an overloaded target cannot grow without
 /// bound.
 const OPEN_LOOP_LIMIT: usize = 1024;
@@ -31,8 +42,10 @@ pub struct Record {
     pub ok: bool,
     /// When it was sent, from the start of the replay.
     pub sent_at: Duration,
-    /// The prompt as the engines render it.
-    pub prompt: String,
+    /// The prompt's ids as the engines compute them.
+    pub prompt: Vec<u32>,
+    /// The answer's ids.
+    pub answer_ids: Vec<u32>,
     /// The streamed answer's text.
     pub answer: String,
     pub ttft_ms: Option<f64>,
@@ -60,10 +73,20 @@ pub struct Replay {
     pub capped: bool,
 }
 
-/// Sends every request of `plan` to `base_url` and waits for all answers, or for `max_wall`.
+/// Where and how a replay sends its requests.
+pub struct Wire<'a> {
+    /// The gateway's replicas; request `i` of the plan goes to `i % len` (a balancer in
+    /// front with no session affinity).
+    pub urls: &'a [String],
+    pub model: &'a str,
+    pub form: PromptForm,
+    /// The engines' tokenizer: token prompts, and the ids the ideal is computed on.
+    pub tokens: &'a EngineTokens,
+}
+
+/// Sends every request of `plan` and waits for all answers, or for `max_wall`.
 pub async fn replay(
-    base_url: &str,
-    model: &str,
+    wire: &Wire<'_>,
     plan: &Plan,
     arrival: Arrival,
     seed: u64,
@@ -78,55 +101,96 @@ pub async fn replay(
         .timeout(request_timeout)
         .connector(awc::Connector::new().limit(limit))
         .finish();
-    let url = format!("{base_url}/v1/chat/completions");
+    let path = match wire.form {
+        PromptForm::Chat => "/v1/chat/completions",
+        PromptForm::Tokens => "/generate",
+    };
+    let urls: Vec<String> = wire.urls.iter().map(|u| format!("{u}{path}")).collect();
+    if urls.is_empty() {
+        return Replay {
+            records: Vec::new(),
+            wall: Duration::ZERO,
+            capped: false,
+        };
+    }
     let permits = Rc::new(Semaphore::new(limit));
     let records = Rc::new(RefCell::new(Vec::with_capacity(plan.len())));
     let starts = start_offsets(plan.sessions.len(), arrival, seed);
+    let firsts = first_indices(plan);
     let begun = Instant::now();
 
-    let sessions = plan.sessions.iter().zip(starts).map(|(session, start)| {
-        let (client, url, permits, records) =
-            (&client, &url, Rc::clone(&permits), Rc::clone(&records));
-        async move {
-            if let Some(at) = start {
-                actix_rt::time::sleep_until((begun + at).into()).await;
-            }
-            // The answers so far: a conversation re-sends what the engine said, not the plan's
-            // placeholder, so an engine that caches its output can hit it.
-            let mut answers: Vec<String> = Vec::new();
-            for req in &session.requests {
-                let Ok(_permit) = permits.acquire().await else {
-                    return;
-                };
-                let mut messages = req.messages.clone();
-                for (m, a) in messages
-                    .iter_mut()
-                    .filter(|m| m.role == "assistant")
-                    .zip(&answers)
-                {
-                    m.content.clone_from(a);
+    let sessions = plan
+        .sessions
+        .iter()
+        .zip(starts)
+        .zip(firsts)
+        .map(|((session, start), first)| {
+            let (client, urls, permits, records) =
+                (&client, &urls, Rc::clone(&permits), Rc::clone(&records));
+            async move {
+                if let Some(at) = start {
+                    actix_rt::time::sleep_until((begun + at).into()).await;
                 }
-                let body = json!({
-                    "model": model,
-                    "messages": messages,
-                    "max_tokens": plan.max_tokens,
-                    "stream": true,
-                    "stream_options": {"include_usage": true},
-                });
-                let sent_at = begun.elapsed();
-                let mut rec = send(client, url, &body).await;
-                rec.sent_at = sent_at;
-                rec.prompt = render_chat(&messages);
-                answers.push(rec.answer.clone());
-                let failed = !rec.ok;
-                records.borrow_mut().push(rec);
-                if failed {
-                    // A conversation cannot go on without its answer.
-                    return;
+                // The answers so far: a conversation re-sends what the engine said, not the
+                // plan's placeholder, so an engine that caches its output can hit it.
+                let mut answers: Vec<String> = Vec::new();
+                for (k, req) in session.requests.iter().enumerate() {
+                    let Ok(_permit) = permits.acquire().await else {
+                        return;
+                    };
+                    let mut messages = req.messages.clone();
+                    for (m, a) in messages
+                        .iter_mut()
+                        .filter(|m| m.role == "assistant")
+                        .zip(&answers)
+                    {
+                        m.content.clone_from(a);
+                    }
+                    let url = &urls[(first + k) % urls.len()];
+                    let mut rec = match wire.tokens.chat(&messages) {
+                        Ok(ids) => {
+                            let body = match wire.form {
+                                PromptForm::Chat => json!({
+                                    "model": wire.model,
+                                    "messages": messages,
+                                    "max_tokens": plan.max_tokens,
+                                    "stream": true,
+                                    "stream_options": {"include_usage": true},
+                                }),
+                                PromptForm::Tokens => json!({
+                                    "model": wire.model,
+                                    "input_ids": ids,
+                                    "sampling_params": {"max_new_tokens": plan.max_tokens},
+                                    "stream": true,
+                                }),
+                            };
+                            let sent_at = begun.elapsed();
+                            let mut rec = send(client, url, &body).await;
+                            rec.sent_at = sent_at;
+                            rec.prompt = ids;
+                            rec
+                        }
+                        Err(e) => Record {
+                            error: Some(format!("encoding the prompt: {e}")),
+                            ..Record::default()
+                        },
+                    };
+                    if rec.ok && wire.form == PromptForm::Chat {
+                        match wire.tokens.answer(&rec.answer) {
+                            Ok(ids) => rec.answer_ids = ids,
+                            Err(e) => rec.error = Some(format!("encoding the answer: {e}")),
+                        }
+                    }
+                    answers.push(rec.answer.clone());
+                    let failed = !rec.ok;
+                    records.borrow_mut().push(rec);
+                    if failed {
+                        // A conversation cannot go on without its answer.
+                        return;
+                    }
                 }
             }
-        }
-    });
+        });
     let all = futures_util::future::join_all(sessions);
     let capped = actix_rt::time::timeout(max_wall, all).await.is_err();
     let wall = begun.elapsed();
@@ -136,6 +200,18 @@ pub async fn replay(
         wall,
         capped,
     }
+}
+
+/// The plan index of each session's first request.
+fn first_indices(plan: &Plan) -> Vec<usize> {
+    plan.sessions
+        .iter()
+        .scan(0, |next, s| {
+            let first = *next;
+            *next += s.requests.len();
+            Some(first)
+        })
+        .collect()
 }
 
 /// When each session starts: all at once for a closed loop, Poisson arrivals otherwise.
@@ -197,6 +273,13 @@ async fn send(client: &awc::Client, url: &str, body: &Value) -> Record {
                     rec.answer.push_str(&text);
                 }
                 Line::Usage(u) => rec.usage = Some(u),
+                Line::Generated { text, ids, usage } => {
+                    // Each `/generate` chunk carries the whole answer so far.
+                    rec.output_tokens = ids.len() as u64;
+                    rec.answer = text;
+                    rec.answer_ids = ids;
+                    rec.usage = Some(usage);
+                }
                 Line::Done => done = true,
                 Line::Other => {}
             }
@@ -219,6 +302,12 @@ async fn send(client: &awc::Client, url: &str, body: &Value) -> Record {
 enum Line {
     Token(String),
     Usage(Usage),
+    /// A `/generate` chunk: the answer so far and the engine's counts.
+    Generated {
+        text: String,
+        ids: Vec<u32>,
+        usage: Usage,
+    },
     Done,
     Other,
 }
@@ -234,6 +323,21 @@ fn sse_line(line: &[u8]) -> Line {
     let Ok(v) = serde_json::from_slice::<Value>(data) else {
         return Line::Other;
     };
+    if let Some(meta) = v.get("meta_info").filter(|m| m.is_object()) {
+        let ids = v["output_ids"].as_array().map_or_else(Vec::new, |a| {
+            a.iter()
+                .filter_map(|id| id.as_u64().and_then(|id| u32::try_from(id).ok()))
+                .collect()
+        });
+        return Line::Generated {
+            text: v["text"].as_str().unwrap_or_default().to_owned(),
+            ids,
+            usage: Usage {
+                prompt_tokens: meta["prompt_tokens"].as_u64().unwrap_or(0),
+                cached_tokens: meta["cached_tokens"].as_u64(),
+            },
+        };
+    }
     if let Some(usage) = v.get("usage").filter(|u| u.is_object()) {
         return Line::Usage(Usage {
             prompt_tokens: usage["prompt_tokens"].as_u64().unwrap_or(0),
@@ -248,4 +352,36 @@ fn sse_line(line: &[u8]) -> Line {
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_generate_chunk_carries_the_answer_so_far_and_the_counts() {
+        let line = br#"data: {"text":" as of","output_ids":[419,7],"meta_info":{"prompt_tokens":10,"cached_tokens":4,"finish_reason":null}}"#;
+        let Line::Generated { text, ids, usage } = sse_line(line) else {
+            panic!("not read as a /generate chunk");
+        };
+        assert_eq!((text.as_str(), ids), (" as of", vec![419, 7]));
+        assert_eq!(
+            usage,
+            Usage {
+                prompt_tokens: 10,
+                cached_tokens: Some(4)
+            }
+        );
+        assert!(matches!(sse_line(b"data: [DONE]"), Line::Done));
+    }
+
+    #[test]
+    fn requests_are_numbered_in_plan_order_across_sessions() {
+        let spec = kvgate_bench::WorkloadSpec {
+            conversations: 3,
+            turns: 2,
+            ..kvgate_bench::WorkloadSpec::new(kvgate_bench::WorkloadKind::MultiTurn)
+        };
+        assert_eq!(first_indices(&Plan::build(&spec)), vec![0, 2, 4]);
+    }
 }

@@ -1,18 +1,21 @@
 //! `kvgate-bench workload`: every policy on a fresh fleet and a fresh gateway, the same plan.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, bail};
-use kvgate_bench::{EngineShape, Plan, RunReport, Sent, Summary, Tokens, upper_bound};
-use kvgate_engine_sim::{SimConfig, SimFleet, Tokenizer};
+use anyhow::{Context as _, anyhow, bail};
+use kvgate_bench::{
+    EngineShape, EngineTokens, Plan, RunReport, Sent, Summary, Tokens, upper_bound_after,
+};
+use kvgate_engine_sim::{EngineStats, SimConfig, SimFleet};
 use kvgate_gateway::testing::GetViews;
 use kvgate_gateway::{Gateway, GatewayConfig};
 use kvgate_policies::{CacheMode, PolicyConfig, PolicyKind};
 use kvgate_poller::PollNow;
 
 use super::child::{ChildServer, free_port};
-use super::driver::{Arrival, replay};
+use super::driver::{Arrival, PromptForm, Record, Wire, replay};
 
 /// A kvgate policy as named on the command line: `cache_aware`, `cache_aware:threshold`...
 #[derive(Debug, Clone, PartialEq)]
@@ -65,12 +68,25 @@ pub struct Settings {
     pub log_dir: PathBuf,
     /// The run's setting in words, kept in each report.
     pub setting: String,
+    /// Gateway instances in front of the fleet; requests go to them in turn.
+    pub replicas: usize,
+    pub form: PromptForm,
+    /// The engines' tokenizer (that of `sims`).
+    pub tokens: Arc<EngineTokens>,
+    /// The run has event-fed rows: smg's fleet publishes KV events too, so it could use
+    /// them.
+    pub kv_events: bool,
+    /// Before the gateway starts, each group's warm-up request ([`Plan::warm_up`]) goes
+    /// straight to an engine, group g to engine g mod N: traffic of an earlier gateway.
+    pub warm_engines: bool,
 }
 
 /// Who routes the run.
 #[derive(Debug, Clone)]
 pub enum Target {
-    Kvgate(PolicyChoice),
+    /// kvgate with a policy; `events`: in front of engines that publish KV events, so its
+    /// exact index is fed (otherwise only its approximate index).
+    Kvgate { policy: PolicyChoice, events: bool },
     /// The reference gateway's `smg` command, with its cache_aware policy.
     Smg(PathBuf),
 }
@@ -78,10 +94,30 @@ pub enum Target {
 impl Target {
     pub fn label(&self) -> String {
         match self {
-            Target::Kvgate(p) => p.label.clone(),
+            Target::Kvgate { policy, events } if *events => format!("{}+events", policy.label),
+            Target::Kvgate { policy, .. } => policy.label.clone(),
             Target::Smg(_) => "smg:cache_aware".to_owned(),
         }
     }
+
+    /// Whether its engines publish KV events.
+    fn events(&self, s: &Settings) -> bool {
+        match self {
+            Target::Kvgate { events, .. } => *events,
+            Target::Smg(_) => s.kv_events,
+        }
+    }
+}
+
+/// `sims` publishing KV events (with replay) on free ports.
+fn publishing(sims: &[SimConfig]) -> Vec<SimConfig> {
+    sims.iter()
+        .map(|c| SimConfig {
+            kv_events_port: Some(0),
+            kv_events_replay_port: Some(0),
+            ..c.clone()
+        })
+        .collect()
 }
 
 /// The gateway in front of a fleet, whichever it is.
@@ -113,26 +149,63 @@ pub fn run_target(
     plan: &Plan,
     s: &Settings,
 ) -> anyhow::Result<RunReport> {
-    let fleet = SimFleet::start_each("127.0.0.1", 0, s.sims.clone())
-        .context("starting the simulated fleet")?;
-    let model = s.sims.first().map(|c| c.model.clone()).unwrap_or_default();
-    let front = match target {
-        Target::Kvgate(p) => start_kvgate(sys, p, &fleet, s)?,
-        Target::Smg(bin) => start_smg(bin, &fleet, s, plan)?,
+    let sims = if target.events(s) {
+        publishing(&s.sims)
+    } else {
+        s.sims.clone()
     };
-    let url = front.url();
+    let fleet =
+        SimFleet::start_each("127.0.0.1", 0, sims).context("starting the simulated fleet")?;
+    let model = s.sims.first().map(|c| c.model.clone()).unwrap_or_default();
+    let warm = if s.warm_engines {
+        warm_up(sys, &fleet, &model, plan, s)
+    } else {
+        Vec::new()
+    };
+    let warm_stats = snapshot(&fleet);
+    let mut fronts = Vec::with_capacity(s.replicas);
+    for replica in 0..s.replicas.max(1) {
+        let front = match target {
+            Target::Kvgate { policy, events } => start_kvgate(sys, policy, *events, &fleet, s),
+            Target::Smg(bin) => start_smg(bin, &fleet, s, plan, replica),
+        };
+        match front {
+            Ok(f) => fronts.push(f),
+            Err(e) => {
+                fronts.into_iter().for_each(Front::stop);
+                fleet.stop();
+                return Err(e);
+            }
+        }
+    }
+    let urls: Vec<String> = fronts.iter().map(Front::url).collect();
+    let wire = Wire {
+        urls: &urls,
+        model: &model,
+        form: s.form,
+        tokens: &s.tokens,
+    };
     let run = sys.block_on(replay(
-        &url,
-        &model,
+        &wire,
         plan,
         s.arrival,
         s.seed,
         s.max_wall,
         s.request_timeout,
     ));
-    front.stop();
+    fronts.into_iter().for_each(Front::stop);
 
-    let stats: Vec<_> = (0..fleet.len()).map(|i| fleet.engine(i).stats()).collect();
+    // The measured run's own share of the engines' counters.
+    let stats: Vec<EngineStats> = snapshot(&fleet)
+        .into_iter()
+        .zip(&warm_stats)
+        .map(|(after, before)| EngineStats {
+            requests: after.requests - before.requests,
+            prompt_tokens: after.prompt_tokens - before.prompt_tokens,
+            cached_tokens: after.cached_tokens - before.cached_tokens,
+            ..after
+        })
+        .collect();
     fleet.stop();
     let ttft: Vec<f64> = run
         .records
@@ -147,15 +220,7 @@ pub fn run_target(
         .map(|r| r.total_ms)
         .collect();
     let completed = run.records.iter().filter(|r| r.ok).count();
-    let mut sent: Vec<_> = run.records.iter().collect();
-    sent.sort_by_key(|r| r.sent_at);
-    let sent: Vec<Sent> = sent
-        .into_iter()
-        .map(|r| Sent {
-            prompt: r.prompt.clone(),
-            answer: r.answer.clone(),
-        })
-        .collect();
+    let sent = in_order(&run.records);
     let shape = s.sims.first().map_or(
         EngineShape {
             page_size: 1,
@@ -166,7 +231,21 @@ pub fn run_target(
             pool_tokens: c.cache_capacity_tokens,
         },
     );
-    let tokenizer = s.sims.first().map_or(Tokenizer::default(), |c| c.tokenizer);
+    // The ideal is only an upper bound in the engines' tokens: say so if ours differ.
+    let miscounted = run
+        .records
+        .iter()
+        .filter(|r| {
+            r.usage
+                .is_some_and(|u| u.prompt_tokens != r.prompt.len() as u64)
+        })
+        .count();
+    if miscounted > 0 {
+        eprintln!(
+            "    warning: {}: {miscounted} prompts counted differently by the engines than by the bench",
+            target.label()
+        );
+    }
     let hits = run
         .records
         .iter()
@@ -213,7 +292,7 @@ pub fn run_target(
         failed: run.records.len() - completed,
         hits,
         engine_counters,
-        ideal: upper_bound(&sent, shape, &|text| tokenizer.encode(text)),
+        ideal: upper_bound_after(&in_order(&warm), &sent, shape),
         ttft_ms: Summary::of(&ttft),
         latency_ms: Summary::of(&latency),
         wall_secs: run.wall.as_secs_f64(),
@@ -230,9 +309,62 @@ pub fn run_target(
     })
 }
 
+/// What each engine has counted so far.
+fn snapshot(fleet: &SimFleet) -> Vec<EngineStats> {
+    (0..fleet.len()).map(|i| fleet.engine(i).stats()).collect()
+}
+
+/// The records as the ideal takes them: in the order they were sent.
+fn in_order(records: &[Record]) -> Vec<Sent> {
+    let mut sent: Vec<&Record> = records.iter().collect();
+    sent.sort_by_key(|r| r.sent_at);
+    sent.into_iter()
+        .map(|r| Sent {
+            prompt: r.prompt.clone(),
+            answer: r.answer_ids.clone(),
+        })
+        .collect()
+}
+
+/// Sends `plan`'s warm-up straight to the engines, one request per engine at a time;
+/// returns what was sent.
+fn warm_up(
+    sys: &actix_rt::SystemRunner,
+    fleet: &SimFleet,
+    model: &str,
+    plan: &Plan,
+    s: &Settings,
+) -> Vec<Record> {
+    let urls = fleet.urls();
+    let wire = Wire {
+        urls: &urls,
+        model,
+        form: s.form,
+        tokens: &s.tokens,
+    };
+    let warm = plan.warm_up(s.seed);
+    let run = sys.block_on(replay(
+        &wire,
+        &warm,
+        Arrival::Closed(urls.len()),
+        s.seed,
+        s.max_wall,
+        s.request_timeout,
+    ));
+    let failed = run.records.iter().filter(|r| !r.ok).count();
+    if failed > 0 || run.records.len() < warm.len() {
+        eprintln!(
+            "    warning: {failed} of {} warm-up requests failed",
+            warm.len()
+        );
+    }
+    run.records
+}
+
 fn start_kvgate(
     sys: &actix_rt::SystemRunner,
     p: &PolicyChoice,
+    events: bool,
     fleet: &SimFleet,
     s: &Settings,
 ) -> anyhow::Result<Front> {
@@ -253,7 +385,9 @@ fn start_kvgate(
     if let Some(after) = s.start_after {
         // A fresh start: the traffic finds whatever the gateway has learned by then.
         std::thread::sleep(after);
-    } else if p.kind.needs_loads() {
+        return Ok(Front::Kvgate(gw, dir));
+    }
+    if p.kind.needs_loads() {
         // Route with real load reports (the idle residual among them) from the first request.
         let actors = gw.actors().clone();
         actors.poller.do_send(PollNow);
@@ -275,10 +409,52 @@ fn start_kvgate(
             );
         }
     }
+    if events {
+        let tokenizer = s.form == PromptForm::Chat;
+        if let Err(e) = sys.block_on(until_events_live(&gw.url(), tokenizer)) {
+            eprintln!("warning: {}+events: {e:#}", p.label);
+        }
+    }
     Ok(Front::Kvgate(gw, dir))
 }
 
-fn start_smg(bin: &Path, fleet: &SimFleet, s: &Settings, plan: &Plan) -> anyhow::Result<Front> {
+/// Waits until every engine's events are live on the gateway at `url` and, for chats, its
+/// model's tokenizer is loaded.
+async fn until_events_live(url: &str, tokenizer: bool) -> anyhow::Result<()> {
+    let client = awc::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut resp = client
+            .get(format!("{url}/workers"))
+            .send()
+            .await
+            .map_err(|e| anyhow!("GET /workers: {e}"))?;
+        let v: serde_json::Value = resp
+            .json()
+            .limit(1 << 20)
+            .await
+            .map_err(|e| anyhow!("GET /workers: {e}"))?;
+        let workers = v["workers"].as_array().cloned().unwrap_or_default();
+        let ready = |w: &serde_json::Value| {
+            w["events"]["state"] == "live" && (!tokenizer || w["tokenizer"]["state"] == "ready")
+        };
+        if !workers.is_empty() && workers.iter().all(ready) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("events not live after 30 s: {v}");
+        }
+        actix_rt::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn start_smg(
+    bin: &Path,
+    fleet: &SimFleet,
+    s: &Settings,
+    plan: &Plan,
+    replica: usize,
+) -> anyhow::Result<Front> {
     let port = free_port()?;
     let mut args: Vec<String> = ["launch", "--host", "127.0.0.1", "--port"]
         .map(String::from)
@@ -287,7 +463,15 @@ fn start_smg(bin: &Path, fleet: &SimFleet, s: &Settings, plan: &Plan) -> anyhow:
     args.push("--worker-urls".into());
     args.extend(fleet.urls());
     args.extend(["--policy", "cache_aware", "--log-level", "warn"].map(String::from));
-    let log = s.log_dir.join(format!("smg-{}.log", plan.kind));
+    // Replicas cannot share the default metrics port; loopback only, as everything here.
+    args.extend(["--prometheus-host".to_owned(), "127.0.0.1".to_owned()]);
+    args.extend(["--prometheus-port".to_owned(), free_port()?.to_string()]);
+    let name = if replica == 0 {
+        format!("smg-{}.log", plan.kind)
+    } else {
+        format!("smg-{}-{replica}.log", plan.kind)
+    };
+    let log = s.log_dir.join(name);
     let mut child =
         ChildServer::spawn("smg", bin, &args, &log, format!("http://127.0.0.1:{port}"))?;
     child
