@@ -8,6 +8,7 @@ pub mod auth;
 pub mod decisions;
 pub mod error;
 pub mod inference;
+pub mod intake;
 pub mod inspect;
 pub mod parse;
 pub mod proxy;

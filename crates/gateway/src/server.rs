@@ -10,7 +10,12 @@ use std::time::{Duration, Instant};
 use actix::dev::channel::AddressReceiver;
 use actix::{Actor, Addr, Arbiter, Context};
 use actix_web::dev::{Server, ServerHandle};
+use actix_http::error::DispatchError;
+use actix_http::{Extensions, HttpService};
+use actix_service::{IntoServiceFactory, ServiceFactoryExt, fn_service, map_config};
+use actix_web::dev::AppConfig;
 use actix_web::{HttpServer, web};
+use tokio::net::TcpStream;
 use thiserror::Error;
 use tracing::{error, info, warn};
 
@@ -30,6 +35,7 @@ use crate::http::admission::Admission;
 use crate::http::auth::{AllowList, Keys};
 use crate::http::decisions::{DECISION_LOG_SIZE, DecisionSink};
 use crate::http::inference::RetryPolicy;
+use crate::http::intake::Intake;
 use crate::http::routes::{AppState, Lifecycle};
 use crate::metrics::Metrics;
 use crate::upstream::Pool;
@@ -387,42 +393,69 @@ fn http_server(
 ) -> Result<Server, StartError> {
     let routing_start = Arc::new(Mutex::new(Some(routing)));
     let connect_timeout = cfg.connect_timeout;
-    let server = HttpServer::new(move || {
-        // The first worker to build its app hosts the routing actors; later calls (other
-        // workers, a restarted service) find them started.
-        let start = match routing_start.lock() {
-            Ok(mut g) => g.take(),
-            Err(p) => p.into_inner().take(),
-        };
-        if let Some(r) = start {
-            r.run_here();
-        }
-        // One upstream pool per HTTP thread.
-        let pool = Pool::new(connect_timeout, UPSTREAM_KEEP_ALIVE);
-        pool.spawn_sweeper();
-        crate::http::app::app(state.clone(), pool)
-    })
-    // Streamed tokens are small writes: with Nagle's algorithm each waited for the
-    // client's delayed ACK of the one before (+28 ms TTFT measured at two streams).
-    .tcp_nodelay(true)
-    .client_request_timeout(cfg.header_read_timeout)
-    // A client that closes its socket ends the request (and the upstream one) even while
-    // the answer has not started: no engine keeps generating for nobody.
-    .h1_allow_half_closed(false)
-    .client_disconnect_timeout(Duration::from_secs(1))
-    .shutdown_timeout(cfg.shutdown_grace_period.as_secs().max(1))
-    .disable_signals();
-    let server = match cfg.http_workers {
-        Some(n) => server.workers(n),
-        None => server,
-    };
+    let header_read_timeout = cfg.header_read_timeout;
+    let limit = cfg.max_payload_size;
     let addr = listener
         .local_addr()
         .map_or_else(|_| format!("{}:{}", cfg.host, cfg.port), |a| a.to_string());
-    let server = server
-        .listen(listener)
+    let local = listener.local_addr().ok();
+    let builder = Server::build()
+        .shutdown_timeout(cfg.shutdown_grace_period.as_secs().max(1))
+        .disable_signals();
+    let builder = match cfg.http_workers {
+        Some(n) => builder.workers(n),
+        None => builder,
+    };
+    // Ends idle keep-alive connections when the server stops.
+    let stopping = builder.graceful_shutdown_signal();
+    let builder = builder
+        .listen("kvgate", listener, move || {
+            // The first worker to build its app hosts the routing actors; later calls
+            // (other workers, a restarted service) find them started.
+            let start = match routing_start.lock() {
+                Ok(mut g) => g.take(),
+                Err(p) => p.into_inner().take(),
+            };
+            if let Some(r) = start {
+                r.run_here();
+            }
+            // One upstream pool per HTTP thread.
+            let pool = Pool::new(connect_timeout, UPSTREAM_KEEP_ALIVE);
+            pool.spawn_sweeper();
+            let app = crate::http::app::app(state.clone(), pool)
+                .into_factory()
+                .map_err(|e| e.error_response());
+            let stopping = stopping.clone();
+            let mut http = HttpService::<Intake, _, _>::build()
+                .graceful_shutdown_signal(move || {
+                    let s = stopping.clone();
+                    async move { s.notified().await }
+                })
+                .client_request_timeout(header_read_timeout)
+                // A client that closes its socket ends the request (and the upstream one)
+                // even while the answer has not started: no engine keeps generating for
+                // nobody.
+                .h1_allow_half_closed(false)
+                .client_disconnect_timeout(Duration::from_secs(1))
+                .on_connect_ext(|io: &Intake, ext: &mut Extensions| {
+                    ext.insert(io.bodies());
+                });
+            if let Some(a) = local {
+                http = http.local_addr(a);
+            }
+            let http = http.h1(map_config(app, |_| AppConfig::default()));
+            fn_service(move |io: TcpStream| {
+                let peer = io.peer_addr().ok();
+                // Streamed tokens are small writes: with Nagle's algorithm each waited for
+                // the client's delayed ACK of the one before (+28 ms TTFT measured at two
+                // streams).
+                let _ = io.set_nodelay(true);
+                std::future::ready(Ok::<_, DispatchError>((Intake::new(io, limit), peer)))
+            })
+            .and_then(http)
+        })
         .map_err(|source| StartError::Bind { addr, source })?;
-    Ok(server.run())
+    Ok(builder.run())
 }
 
 /// Starts the actors and the HTTP server inside the current actix System.

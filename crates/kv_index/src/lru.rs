@@ -121,20 +121,39 @@ impl Lru {
         e
     }
 
-    /// A new entry placed just after `after` in both lists (an edge split: the new parent
-    /// must stay younger than the child it was cut from, and older than everything else).
+    /// A new entry placed just after `global` on the global list and just after `tenant`
+    /// on its tenant's (an edge split: the new parent must stay younger than the child it
+    /// was cut from, and older than everything else).
     pub(crate) fn insert_after(
         &mut self,
         list: &mut TenantList,
-        after: u32,
+        (global, tenant): (u32, u32),
         tslot: u32,
         node: u32,
         stamp: u64,
     ) -> u32 {
         let e = self.alloc(tslot, node, stamp);
-        link_after(&mut self.entries, &mut self.ends, GLOBAL, e, after);
-        link_after(&mut self.entries, &mut list.ends, TENANT, e, after);
+        link_after(&mut self.entries, &mut self.ends, GLOBAL, e, global);
+        link_after(&mut self.entries, &mut list.ends, TENANT, e, tenant);
         e
+    }
+
+    /// The last entry of the run that starts at `e` on the global list: entries of `e`'s
+    /// stamp on nodes for which `on` holds.
+    pub(crate) fn run_end(&self, e: u32, on: impl Fn(u32) -> bool) -> u32 {
+        let stamp = self.entries[e as usize].stamp;
+        let mut end = e;
+        loop {
+            let next = self.entries[end as usize].next[GLOBAL];
+            if next == NIL {
+                return end;
+            }
+            let n = &self.entries[next as usize];
+            if n.stamp != stamp || !on(n.node) {
+                return end;
+            }
+            end = next;
+        }
     }
 
     pub(crate) fn move_to_back(&mut self, list: &mut TenantList, e: u32, stamp: u64) {

@@ -564,8 +564,13 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
                 let en = self.lru.get(e);
                 (en.tslot, en.stamp)
             };
+            // Entries of one stamp are ordered deeper first, then by tenant (the order a
+            // restore rebuilds): the head goes after the child's entries of its stamp and
+            // the heads placed before it.
+            let global = self.lru.run_end(e, |n| n == child || n == head);
             let list = &mut self.slots[ts as usize].list;
-            head_tenants.insert(i, (t, self.lru.insert_after(list, e, ts, head, stamp)));
+            let h = self.lru.insert_after(list, (global, e), ts, head, stamp);
+            head_tenants.insert(i, (t, h));
         }
         let (head_traffic, tail_traffic) = self.nodes[child as usize].traffic.split();
         self.nodes[child as usize].traffic = tail_traffic;

@@ -14,6 +14,7 @@ use crate::actors::index::ForgetPrefix;
 use crate::actors::selector::{self, SelectError};
 use crate::http::decisions::{Decided, is_text};
 use crate::http::error::ApiError;
+use crate::http::intake;
 use crate::http::parse::{Endpoint, request_facts};
 use crate::http::proxy::{self, Upstream};
 use crate::http::routes::{AppState, RequestId, read_body};
@@ -117,6 +118,8 @@ async fn proxy_request(
     arrived: Instant,
     served: &mut Option<Arc<str>>,
 ) -> Result<HttpResponse, ApiError> {
+    // Taken first: a request refused before its body is needed lets the body go.
+    let claim = intake::claim(&req);
     state.keys.client(&req)?;
     let peer = req.peer_addr().map(|a| a.ip());
     let mut ticket = Some(
@@ -125,11 +128,17 @@ async fn proxy_request(
             .admit(state.keys.client_id(&req), peer)
             .await?,
     );
-    let body = actix_rt::time::timeout(
-        state.body_timeout,
-        read_body(&req, payload, state.max_payload_size),
-    )
-    .await
+    let read = async {
+        match claim {
+            Some(c) => c
+                .body()
+                .await
+                .map_err(|e| ApiError::BadRequest(format!("reading the body: {e}"))),
+            None => read_body(&req, payload, state.max_payload_size).await,
+        }
+    };
+    let body = actix_rt::time::timeout(state.body_timeout, read)
+        .await
     .map_err(|_| ApiError::BodyTimeout(state.body_timeout.as_secs_f64()))??;
     let mut facts = facts_of(endpoint, &req, &body, &state).await?;
     let request_id = req

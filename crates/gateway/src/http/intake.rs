@@ -1,0 +1,455 @@
+//! Inference bodies read at the socket, in one buffer of their `Content-Length`.
+//!
+//! actix-http reads a connection 8 KiB at a time and hands a body on as one chunk per
+//! read, which the handler then copies into one buffer: at 256 KiB that is 32 reads, 32
+//! chunks through the payload channel and a copy of the whole body. [`Intake`] wraps each
+//! accepted connection below actix-http. When it reads the head of a `POST` to an
+//! inference route with a `Content-Length` within the payload limit, it reads the body
+//! itself, straight into one buffer of that size, and gives actix-http the head with
+//! `content-length: 0` and an `x-kvgate-body` token instead; the handler takes the body by
+//! that token ([`claim`]). Everything else (other routes, chunked bodies, `Expect`,
+//! bodies over the limit, anything it cannot parse) passes through untouched, so actix-http
+//! answers it as before.
+
+use std::cell::RefCell;
+use std::future::poll_fn;
+use std::io;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll, Waker};
+
+use actix_web::HttpRequest;
+use actix_web::http::header::HeaderName;
+use bytes::{Buf, Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+
+use crate::http::parse::Endpoint;
+
+/// The header that carries a body's token to the handler. A client's own is dropped from
+/// any head whose body is taken here, and one on any other request matches no body.
+pub static BODY_TOKEN: HeaderName = HeaderName::from_static("x-kvgate-body");
+
+/// Heads longer than this are left to actix-http (which refuses them).
+const MAX_HEAD: usize = 64 * 1024;
+/// Headers parsed per head; a head with more passes through.
+const MAX_HEADERS: usize = 96;
+/// What each read of a head asks for.
+const HEAD_READ: usize = 16 * 1024;
+
+#[derive(Debug)]
+enum Entry {
+    Pending(Option<Waker>),
+    Ready(Bytes),
+    /// The client went away (or failed) before the whole body came.
+    Lost,
+}
+
+/// Bodies read for the handlers of one connection, by token.
+#[derive(Debug, Default)]
+pub struct Bodies {
+    entries: RefCell<Vec<(u64, Entry)>>,
+}
+
+impl Bodies {
+    fn set(&self, token: u64, to: Entry) {
+        let mut entries = self.entries.borrow_mut();
+        if let Some((_, e)) = entries.iter_mut().find(|(t, _)| *t == token)
+            && let Entry::Pending(waker) = std::mem::replace(e, to)
+            && let Some(w) = waker
+        {
+            w.wake();
+        }
+    }
+
+    fn contains(&self, token: u64) -> bool {
+        self.entries.borrow().iter().any(|(t, _)| *t == token)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.entries.borrow().is_empty()
+    }
+}
+
+/// A handler's claim on its request's body; dropped unread (the request was refused
+/// before its body was needed), the body goes with it.
+#[derive(Debug)]
+pub struct BodyClaim {
+    bodies: Rc<Bodies>,
+    token: u64,
+}
+
+/// The client closed its connection, or it failed, before its body had come whole.
+#[derive(Debug, thiserror::Error)]
+#[error("the connection ended before the body had come whole")]
+pub struct BodyLost;
+
+/// The claim on `req`'s body when [`Intake`] read it; `None` when the body is actix-http's
+/// payload as usual.
+pub fn claim(req: &HttpRequest) -> Option<BodyClaim> {
+    let token: u64 = req.headers().get(&BODY_TOKEN)?.to_str().ok()?.parse().ok()?;
+    let bodies = req.conn_data::<Rc<Bodies>>()?;
+    bodies.contains(token).then(|| BodyClaim {
+        bodies: bodies.clone(),
+        token,
+    })
+}
+
+impl BodyClaim {
+    /// The whole body, once it has come.
+    pub async fn body(self) -> Result<Bytes, BodyLost> {
+        poll_fn(|cx| {
+            let mut entries = self.bodies.entries.borrow_mut();
+            let Some(i) = entries.iter().position(|(t, _)| *t == self.token) else {
+                return Poll::Ready(Err(BodyLost));
+            };
+            match &mut entries[i].1 {
+                Entry::Pending(w) => {
+                    *w = Some(cx.waker().clone());
+                    Poll::Pending
+                }
+                Entry::Ready(_) | Entry::Lost => match entries.swap_remove(i).1 {
+                    Entry::Ready(b) => Poll::Ready(Ok(b)),
+                    _ => Poll::Ready(Err(BodyLost)),
+                },
+            }
+        })
+        .await
+    }
+}
+
+impl Drop for BodyClaim {
+    fn drop(&mut self) {
+        self.bodies
+            .entries
+            .borrow_mut()
+            .retain(|(t, _)| *t != self.token);
+    }
+}
+
+#[derive(Debug)]
+enum Mode {
+    /// Reading the next request's head.
+    Head,
+    /// Reading a body for its handler: `want` bytes in all.
+    Body {
+        token: u64,
+        body: BytesMut,
+        want: usize,
+    },
+    /// Passing the rest of a body actix-http reads itself.
+    Pass(u64),
+    /// Passing everything from here on (framing this module does not follow).
+    Raw,
+}
+
+/// What a head asks of the intake.
+#[derive(Debug, PartialEq, Eq)]
+enum Look {
+    /// Not whole yet.
+    Partial,
+    /// Everything from here on passes through.
+    Raw,
+    /// The head (`head` bytes) and a body of `body` bytes pass through.
+    Pass { head: usize, body: u64 },
+    /// The head (`head` bytes) goes on as `rewritten`; the body (`body` bytes) is read here.
+    Take {
+        head: usize,
+        body: usize,
+        rewritten: Vec<u8>,
+    },
+}
+
+const INFERENCE: [Endpoint; 3] = [Endpoint::Chat, Endpoint::Completions, Endpoint::Generate];
+
+/// Reads the head at the start of `input`: whether its body is taken (with the head
+/// rewritten for `token`), passes, or the connection passes through from here on.
+fn look(input: &[u8], limit: usize, token: u64, may_take: bool) -> Look {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut headers);
+    let head = match req.parse(input) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) if input.len() < MAX_HEAD => return Look::Partial,
+        // Too long, too many headers, or not HTTP/1 as httparse reads it: actix-http's to
+        // answer.
+        _ => return Look::Raw,
+    };
+    let mut length: Option<u64> = None;
+    let mut lengths = 0;
+    let mut expect = false;
+    for h in req.headers.iter() {
+        let name = h.name;
+        if name.eq_ignore_ascii_case("transfer-encoding") || name.eq_ignore_ascii_case("upgrade")
+        {
+            return Look::Raw;
+        }
+        if name.eq_ignore_ascii_case("content-length") {
+            lengths += 1;
+            length = std::str::from_utf8(h.value)
+                .ok()
+                .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|v| v.parse().ok());
+        } else if name.eq_ignore_ascii_case("expect") {
+            expect = true;
+        }
+    }
+    let body = match (lengths, length) {
+        (0, _) => 0,
+        (1, Some(n)) => n,
+        // Lengths that disagree or do not parse: actix-http refuses the request.
+        _ => return Look::Raw,
+    };
+    if req.method == Some("CONNECT") {
+        return Look::Raw;
+    }
+    let path = req.path.unwrap_or("");
+    let path = path.split_once('?').map_or(path, |(p, _)| p);
+    let inference = req.method == Some("POST") && INFERENCE.iter().any(|e| e.path() == path);
+    let fits = usize::try_from(body).is_ok_and(|n| n > 0 && n <= limit);
+    if !(inference && fits && may_take && !expect) {
+        return Look::Pass { head, body };
+    }
+    match rewritten(&input[..head], req.headers, token) {
+        Some(rewritten) => Look::Take {
+            head,
+            body: body as usize,
+            rewritten,
+        },
+        None => Look::Pass { head, body },
+    }
+}
+
+/// `head` with its `content-length` (and any `x-kvgate-body`) lines dropped and
+/// `content-length: 0` and the token added after its last header line.
+fn rewritten(head: &[u8], headers: &[httparse::Header<'_>], token: u64) -> Option<Vec<u8>> {
+    let base = head.as_ptr() as usize;
+    let line_end = |from: usize| memchr::memchr(b'\n', &head[from..]).map(|i| from + i + 1);
+    // The request line's end, then each header line's.
+    let mut at = line_end(0)?;
+    let mut out = Vec::with_capacity(head.len() + 48);
+    out.extend_from_slice(&head[..at]);
+    for h in headers {
+        let start = (h.name.as_ptr() as usize).checked_sub(base)?;
+        if start != at {
+            // Not laid out line after line as expected: leave it alone.
+            return None;
+        }
+        let end = line_end(start)?;
+        let drop = h.name.eq_ignore_ascii_case("content-length")
+            || h.name.eq_ignore_ascii_case(BODY_TOKEN.as_str());
+        if !drop {
+            out.extend_from_slice(&head[start..end]);
+        }
+        at = end;
+    }
+    out.extend_from_slice(b"content-length: 0\r\nx-kvgate-body: ");
+    out.extend_from_slice(token.to_string().as_bytes());
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(&head[at..]);
+    Some(out)
+}
+
+/// An accepted connection as actix-http reads it (see the module's text).
+#[derive(Debug)]
+pub struct Intake {
+    io: TcpStream,
+    limit: usize,
+    /// Read from the socket, not yet looked at.
+    input: BytesMut,
+    /// Ready for actix-http.
+    out: BytesMut,
+    mode: Mode,
+    bodies: Rc<Bodies>,
+    next_token: u64,
+    /// The socket has ended: once `out` is given, actix-http reads the end.
+    eof: bool,
+}
+
+impl Intake {
+    /// Wraps `io`; bodies up to `limit` bytes (the payload limit) are read here.
+    pub fn new(io: TcpStream, limit: usize) -> Intake {
+        Intake {
+            io,
+            limit,
+            input: BytesMut::new(),
+            out: BytesMut::new(),
+            mode: Mode::Head,
+            bodies: Rc::default(),
+            // Tokens of one connection say nothing of another's.
+            next_token: rand::random::<u64>() >> 1,
+            eof: false,
+        }
+    }
+
+    /// The connection's bodies, for its extensions (where [`claim`] finds them).
+    pub fn bodies(&self) -> Rc<Bodies> {
+        self.bodies.clone()
+    }
+
+    /// Moves what `input` holds along as far as the mode allows.
+    fn advance(&mut self) {
+        loop {
+            match &mut self.mode {
+                Mode::Raw => {
+                    let all = self.input.split();
+                    self.out.unsplit(all);
+                    return;
+                }
+                Mode::Pass(left) => {
+                    let n = (*left).min(self.input.len() as u64) as usize;
+                    if n == 0 {
+                        return;
+                    }
+                    *left -= n as u64;
+                    if *left == 0 {
+                        self.mode = Mode::Head;
+                    }
+                    let part = self.input.split_to(n);
+                    self.out.unsplit(part);
+                }
+                Mode::Body { body, want, .. } => {
+                    let n = (*want - body.len()).min(self.input.len());
+                    body.extend_from_slice(&self.input[..n]);
+                    self.input.advance(n);
+                    if body.len() < *want {
+                        return;
+                    }
+                    self.finish_body();
+                }
+                Mode::Head => {
+                    if self.input.is_empty() {
+                        return;
+                    }
+                    let token = self.next_token;
+                    match look(&self.input, self.limit, token, self.bodies.is_empty()) {
+                        Look::Partial => return,
+                        Look::Raw => self.mode = Mode::Raw,
+                        Look::Pass { head, body } => {
+                            let head = self.input.split_to(head);
+                            self.out.unsplit(head);
+                            if body > 0 {
+                                self.mode = Mode::Pass(body);
+                            }
+                        }
+                        Look::Take {
+                            head,
+                            body,
+                            rewritten,
+                        } => {
+                            self.next_token = token.wrapping_add(1);
+                            self.input.advance(head);
+                            self.out.extend_from_slice(&rewritten);
+                            self.bodies
+                                .entries
+                                .borrow_mut()
+                                .push((token, Entry::Pending(None)));
+                            self.mode = Mode::Body {
+                                token,
+                                body: BytesMut::with_capacity(body),
+                                want: body,
+                            };
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn finish_body(&mut self) {
+        if let Mode::Body { token, body, .. } = std::mem::replace(&mut self.mode, Mode::Head) {
+            self.bodies.set(token, Entry::Ready(body.freeze()));
+        }
+    }
+
+    /// The socket ended or failed: a body being read is lost, and what is left goes to
+    /// actix-http as it is.
+    fn ended(&mut self) {
+        if let Mode::Body { token, .. } = std::mem::replace(&mut self.mode, Mode::Raw) {
+            self.bodies.set(token, Entry::Lost);
+        }
+        let rest = self.input.split();
+        self.out.unsplit(rest);
+        self.eof = true;
+    }
+}
+
+impl AsyncRead for Intake {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        loop {
+            if !this.out.is_empty() {
+                let n = this.out.len().min(buf.remaining());
+                buf.put_slice(&this.out[..n]);
+                this.out.advance(n);
+                return Poll::Ready(Ok(()));
+            }
+            if this.eof {
+                return Poll::Ready(Ok(()));
+            }
+            let io = Pin::new(&mut this.io);
+            let read = match &mut this.mode {
+                // Nothing to rewrite: straight into actix-http's buffer.
+                Mode::Raw => return io.poll_read(cx, buf),
+                // Straight into the body's own buffer, never past its end.
+                Mode::Body { body, want, .. } => {
+                    let read = tokio_util::io::poll_read_buf(io, cx, body);
+                    if body.len() > *want {
+                        let over = body.split_off(*want);
+                        this.input.unsplit(over);
+                    }
+                    read
+                }
+                Mode::Head | Mode::Pass(_) => {
+                    this.input.reserve(HEAD_READ);
+                    tokio_util::io::poll_read_buf(io, cx, &mut this.input)
+                }
+            };
+            match read {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(0)) => this.ended(),
+                Poll::Ready(Ok(_)) => this.advance(),
+                Poll::Ready(Err(e)) => {
+                    this.ended();
+                    return Poll::Ready(Err(e));
+                }
+            }
+        }
+    }
+}
+
+impl AsyncWrite for Intake {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,260 @@
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use super::*;
+
+const LIMIT: usize = 1 << 20;
+
+fn chat(body: &[u8], extra: &str) -> Vec<u8> {
+    let mut r = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n\
+         {extra}content-length: {}\r\nx-trace: 1\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    r.extend_from_slice(body);
+    r
+}
+
+fn head_len(r: &[u8]) -> usize {
+    memchr::memmem::find(r, b"\r\n\r\n").map_or(0, |i| i + 4)
+}
+
+#[test]
+fn an_inference_post_within_the_limit_is_taken_and_its_head_rewritten() {
+    let r = chat(b"{\"messages\":[]}", "");
+    let Look::Take {
+        head,
+        body,
+        rewritten,
+    } = look(&r, LIMIT, 7, true)
+    else {
+        panic!("not taken: {:?}", look(&r, LIMIT, 7, true));
+    };
+    assert_eq!((head, body), (head_len(&r), 15));
+    assert_eq!(
+        String::from_utf8(rewritten).unwrap(),
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n\
+         x-trace: 1\r\ncontent-length: 0\r\nx-kvgate-body: 7\r\n\r\n"
+    );
+}
+
+#[test]
+fn a_clients_own_body_token_is_dropped_from_a_taken_head() {
+    let r = chat(b"{}", "X-Kvgate-Body: 7\r\n");
+    let Look::Take { rewritten, .. } = look(&r, LIMIT, 9, true) else {
+        panic!("not taken");
+    };
+    let text = String::from_utf8(rewritten).unwrap();
+    assert!(!text.contains("X-Kvgate-Body"), "{text}");
+    assert_eq!(text.matches("x-kvgate-body: 9\r\n").count(), 1, "{text}");
+}
+
+#[test]
+fn every_route_and_query_of_the_inference_routes_is_taken() {
+    for path in [
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/generate",
+        "/generate?x=1",
+    ] {
+        let r = format!("POST {path} HTTP/1.1\r\ncontent-length: 2\r\n\r\n{{}}");
+        assert!(
+            matches!(look(r.as_bytes(), LIMIT, 1, true), Look::Take { body: 2, .. }),
+            "{path}"
+        );
+    }
+}
+
+#[test]
+fn what_is_not_taken_passes_with_its_body_or_ends_the_parsing() {
+    let pass = |r: &str, body: u64| {
+        let want = Look::Pass {
+            head: head_len(r.as_bytes()),
+            body,
+        };
+        assert_eq!(look(r.as_bytes(), 16, 1, true), want, "{r}");
+    };
+    pass("GET /health HTTP/1.1\r\nhost: gw\r\n\r\n", 0);
+    pass("POST /workers HTTP/1.1\r\ncontent-length: 10\r\n\r\n", 10);
+    pass("GET /v1/chat/completions HTTP/1.1\r\n\r\n", 0);
+    pass("POST /v1/chat/completions/x HTTP/1.1\r\ncontent-length: 3\r\n\r\n", 3);
+    // Over the limit: actix-http answers 413 from the declared length.
+    pass("POST /generate HTTP/1.1\r\ncontent-length: 17\r\n\r\n", 17);
+    pass("POST /generate HTTP/1.1\r\ncontent-length: 0\r\n\r\n", 0);
+    pass("POST /generate HTTP/1.1\r\nexpect: 100-continue\r\ncontent-length: 2\r\n\r\n", 2);
+    // A body already waiting for its handler: the next one passes.
+    let r = "POST /generate HTTP/1.1\r\ncontent-length: 2\r\n\r\n";
+    assert_eq!(
+        look(r.as_bytes(), 16, 1, false),
+        Look::Pass {
+            head: r.len(),
+            body: 2
+        }
+    );
+    let raw = |r: &str| assert_eq!(look(r.as_bytes(), 16, 1, true), Look::Raw, "{r}");
+    raw("POST /generate HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n");
+    raw("POST /generate HTTP/1.1\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\n");
+    raw("POST /generate HTTP/1.1\r\ncontent-length: +2\r\n\r\n");
+    raw("GET /ws HTTP/1.1\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n");
+    raw("NOT HTTP AT ALL\r\n\r\n");
+    assert_eq!(
+        look(b"POST /generate HTTP/1.1\r\ncontent-le", 16, 1, true),
+        Look::Partial
+    );
+    let long = format!("GET / HTTP/1.1\r\nx: {}", "a".repeat(MAX_HEAD));
+    raw(&long);
+}
+
+/// An `Intake` over a loopback connection whose client wrote `sent` (and closed when
+/// `close`), read to its end or until `until` bytes came.
+async fn through(sent: Vec<u8>, limit: usize, close: bool) -> (Vec<u8>, Rc<Bodies>, Intake) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let client = tokio::spawn(async move {
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        // In pieces, so heads and bodies are split across reads.
+        for piece in sent.chunks(1000) {
+            c.write_all(piece).await.unwrap();
+            tokio::task::yield_now().await;
+        }
+        if close {
+            c.shutdown().await.unwrap();
+        }
+        c
+    });
+    let (io, _) = l.accept().await.unwrap();
+    let mut intake = Intake::new(io, limit);
+    let bodies = intake.bodies();
+    let mut out = Vec::new();
+    if close {
+        intake.read_to_end(&mut out).await.unwrap();
+    }
+    drop(client.await.unwrap());
+    (out, bodies, intake)
+}
+
+fn taken(bodies: &Bodies) -> Vec<(u64, Option<Bytes>)> {
+    bodies
+        .entries
+        .borrow()
+        .iter()
+        .map(|(t, e)| {
+            let b = match e {
+                Entry::Ready(b) => Some(b.clone()),
+                _ => None,
+            };
+            (*t, b)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_taken_body_comes_whole_and_what_follows_it_passes_as_sent() {
+    let body: Vec<u8> = (0..300_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+    let mut sent = chat(&body, "");
+    let after = b"GET /health HTTP/1.1\r\nhost: gw\r\n\r\n".to_vec();
+    sent.extend_from_slice(&after);
+    let (out, bodies, _) = through(sent.clone(), LIMIT, true).await;
+    let got = taken(&bodies);
+    assert_eq!(got.len(), 1);
+    let (token, b) = &got[0];
+    assert_eq!(b.as_deref(), Some(&body[..]));
+    let head = String::from_utf8(out[..out.len() - after.len()].to_vec()).unwrap();
+    assert!(head.ends_with(&format!("content-length: 0\r\nx-kvgate-body: {token}\r\n\r\n")));
+    assert_eq!(&out[out.len() - after.len()..], &after[..]);
+}
+
+#[tokio::test]
+async fn bodies_that_are_not_taken_pass_byte_for_byte() {
+    let mut sent = b"POST /workers HTTP/1.1\r\ncontent-length: 5000\r\n\r\n".to_vec();
+    sent.extend(std::iter::repeat_n(b'x', 5000));
+    // Over the limit of 100 given below.
+    sent.extend_from_slice(b"POST /generate HTTP/1.1\r\ncontent-length: 200\r\n\r\n");
+    sent.extend(std::iter::repeat_n(b'y', 200));
+    sent.extend_from_slice(b"POST /generate HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n");
+    sent.extend_from_slice(b"3\r\nabc\r\n0\r\n\r\nPOST /generate HTTP/1.1\r\ncontent-length: 2\r\n\r\n{}");
+    let (out, bodies, _) = through(sent.clone(), 100, true).await;
+    assert_eq!(out, sent);
+    assert!(taken(&bodies).is_empty());
+}
+
+#[tokio::test]
+async fn a_client_gone_before_its_body_came_loses_it_and_the_claim_says_so() {
+    let mut sent = chat(&[b'z'; 50_000], "");
+    sent.truncate(sent.len() - 10_000);
+    let (_, bodies, _) = through(sent, LIMIT, true).await;
+    let got = taken(&bodies);
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].1, None);
+    let claim = BodyClaim {
+        bodies: bodies.clone(),
+        token: got[0].0,
+    };
+    assert!(claim.body().await.is_err());
+    assert!(bodies.is_empty());
+}
+
+#[tokio::test]
+async fn a_claim_waits_for_its_body_and_one_dropped_unread_lets_it_go() {
+    let body = vec![b'q'; 200_000];
+    let sent = chat(&body, "");
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (io, _) = l.accept().await.unwrap();
+    let mut intake = Intake::new(io, LIMIT);
+    let bodies = intake.bodies();
+    let h = head_len(&sent);
+    c.write_all(&sent[..h + 100]).await.unwrap();
+    let mut head = vec![0; 4096];
+    let n = intake.read(&mut head).await.unwrap();
+    let text = String::from_utf8(head[..n].to_vec()).unwrap();
+    let token: u64 = text
+        .rsplit("x-kvgate-body: ")
+        .next()
+        .and_then(|t| t.trim_end().parse().ok())
+        .unwrap();
+    let claim = BodyClaim {
+        bodies: bodies.clone(),
+        token,
+    };
+    // The rest of the body arrives while the claim waits; the intake reads it as
+    // actix-http would, by being polled for more.
+    let rest = sent[h + 100..].to_vec();
+    let writer = tokio::spawn(async move {
+        c.write_all(&rest).await.unwrap();
+        c
+    });
+    let read_on = async {
+        let mut more = [0u8; 64];
+        loop {
+            if intake.read(&mut more).await.unwrap() == 0 {
+                break;
+            }
+        }
+    };
+    let got = tokio::time::timeout(Duration::from_secs(10), async {
+        tokio::select! {
+            got = claim.body() => got,
+            () = read_on => panic!("the connection ended first"),
+        }
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(got, body);
+    assert!(bodies.is_empty());
+    drop(writer.await.unwrap());
+
+    // Dropped unread: the table is empty again, so the next body can be taken.
+    let b = Rc::new(Bodies::default());
+    b.entries.borrow_mut().push((3, Entry::Pending(None)));
+    drop(BodyClaim {
+        bodies: b.clone(),
+        token: 3,
+    });
+    assert!(b.is_empty());
+}
