@@ -9,14 +9,14 @@ use std::time::{Duration, Instant};
 
 use actix::dev::channel::AddressReceiver;
 use actix::{Actor, Addr, Arbiter, Context};
-use actix_web::dev::{Server, ServerHandle};
 use actix_http::error::DispatchError;
 use actix_http::{Extensions, HttpService};
 use actix_service::{IntoServiceFactory, ServiceFactoryExt, fn_service, map_config};
 use actix_web::dev::AppConfig;
+use actix_web::dev::{Server, ServerHandle};
 use actix_web::{HttpServer, web};
-use tokio::net::TcpStream;
 use thiserror::Error;
+use tokio::net::TcpStream;
 use tracing::{error, info, warn};
 
 use kvgate_policies::CacheIndex;

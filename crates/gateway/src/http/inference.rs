@@ -139,7 +139,7 @@ async fn proxy_request(
     };
     let body = actix_rt::time::timeout(state.body_timeout, read)
         .await
-    .map_err(|_| ApiError::BodyTimeout(state.body_timeout.as_secs_f64()))??;
+        .map_err(|_| ApiError::BodyTimeout(state.body_timeout.as_secs_f64()))??;
     let mut facts = facts_of(endpoint, &req, &body, &state).await?;
     let request_id = req
         .extensions()

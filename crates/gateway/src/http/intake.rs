@@ -12,8 +12,10 @@
 //! answers it as before.
 
 use std::cell::RefCell;
+use std::fmt::Write as _;
 use std::future::poll_fn;
 use std::io;
+use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
@@ -87,7 +89,13 @@ pub struct BodyLost;
 /// The claim on `req`'s body when [`Intake`] read it; `None` when the body is actix-http's
 /// payload as usual.
 pub fn claim(req: &HttpRequest) -> Option<BodyClaim> {
-    let token: u64 = req.headers().get(&BODY_TOKEN)?.to_str().ok()?.parse().ok()?;
+    let token: u64 = req
+        .headers()
+        .get(&BODY_TOKEN)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()?;
     let bodies = req.conn_data::<Rc<Bodies>>()?;
     bodies.contains(token).then(|| BodyClaim {
         bodies: bodies.clone(),
@@ -152,22 +160,19 @@ enum Look {
     Raw,
     /// The head (`head` bytes) and a body of `body` bytes pass through.
     Pass { head: usize, body: u64 },
-    /// The head (`head` bytes) goes on as `rewritten`; the body (`body` bytes) is read here.
-    Take {
-        head: usize,
-        body: usize,
-        rewritten: Vec<u8>,
-    },
+    /// The head (`head` bytes) went on rewritten; the body (`body` bytes) is read here.
+    Take { head: usize, body: usize },
 }
 
 const INFERENCE: [Endpoint; 3] = [Endpoint::Chat, Endpoint::Completions, Endpoint::Generate];
 
-/// Reads the head at the start of `input`: whether its body is taken (with the head
-/// rewritten for `token`), passes, or the connection passes through from here on.
-fn look(input: &[u8], limit: usize, token: u64, may_take: bool) -> Look {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut req = httparse::Request::new(&mut headers);
-    let head = match req.parse(input) {
+/// Reads the head at the start of `input`: whether its body is taken (the head rewritten
+/// for `token` onto `out`), passes, or the connection passes through from here on.
+fn look(input: &[u8], out: &mut BytesMut, limit: usize, token: u64, may_take: bool) -> Look {
+    // Left uninitialised: zeroing 96 headers would cost more than parsing a short head.
+    let mut headers = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut []);
+    let head = match req.parse_with_uninit_headers(input, &mut headers) {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) if input.len() < MAX_HEAD => return Look::Partial,
         // Too long, too many headers, or not HTTP/1 as httparse reads it: actix-http's to
@@ -179,8 +184,7 @@ fn look(input: &[u8], limit: usize, token: u64, may_take: bool) -> Look {
     let mut expect = false;
     for h in req.headers.iter() {
         let name = h.name;
-        if name.eq_ignore_ascii_case("transfer-encoding") || name.eq_ignore_ascii_case("upgrade")
-        {
+        if name.eq_ignore_ascii_case("transfer-encoding") || name.eq_ignore_ascii_case("upgrade") {
             return Look::Raw;
         }
         if name.eq_ignore_ascii_case("content-length") {
@@ -209,29 +213,37 @@ fn look(input: &[u8], limit: usize, token: u64, may_take: bool) -> Look {
     if !(inference && fits && may_take && !expect) {
         return Look::Pass { head, body };
     }
-    match rewritten(&input[..head], req.headers, token) {
-        Some(rewritten) => Look::Take {
+    let before = out.len();
+    match rewrite(&input[..head], req.headers, token, out) {
+        Some(()) => Look::Take {
             head,
             body: body as usize,
-            rewritten,
         },
-        None => Look::Pass { head, body },
+        None => {
+            out.truncate(before);
+            Look::Pass { head, body }
+        }
     }
 }
 
-/// `head` with its `content-length` (and any `x-kvgate-body`) lines dropped and
-/// `content-length: 0` and the token added after its last header line.
-fn rewritten(head: &[u8], headers: &[httparse::Header<'_>], token: u64) -> Option<Vec<u8>> {
+/// Puts `head` on `out` with its `content-length` (and any `x-kvgate-body`) lines dropped
+/// and `content-length: 0` and the token added after its last header line; `None` when
+/// the head is not laid out as expected (part of it may be on `out`).
+fn rewrite(
+    head: &[u8],
+    headers: &[httparse::Header<'_>],
+    token: u64,
+    out: &mut BytesMut,
+) -> Option<()> {
     let base = head.as_ptr() as usize;
     let line_end = |from: usize| memchr::memchr(b'\n', &head[from..]).map(|i| from + i + 1);
     // The request line's end, then each header line's.
     let mut at = line_end(0)?;
-    let mut out = Vec::with_capacity(head.len() + 48);
+    out.reserve(head.len() + 48);
     out.extend_from_slice(&head[..at]);
     for h in headers {
         let start = (h.name.as_ptr() as usize).checked_sub(base)?;
         if start != at {
-            // Not laid out line after line as expected: leave it alone.
             return None;
         }
         let end = line_end(start)?;
@@ -243,10 +255,9 @@ fn rewritten(head: &[u8], headers: &[httparse::Header<'_>], token: u64) -> Optio
         at = end;
     }
     out.extend_from_slice(b"content-length: 0\r\nx-kvgate-body: ");
-    out.extend_from_slice(token.to_string().as_bytes());
-    out.extend_from_slice(b"\r\n");
+    write!(out, "{token}\r\n").ok()?;
     out.extend_from_slice(&head[at..]);
-    Some(out)
+    Some(())
 }
 
 /// An accepted connection as actix-http reads it (see the module's text).
@@ -321,7 +332,8 @@ impl Intake {
                         return;
                     }
                     let token = self.next_token;
-                    match look(&self.input, self.limit, token, self.bodies.is_empty()) {
+                    let may_take = self.bodies.is_empty();
+                    match look(&self.input, &mut self.out, self.limit, token, may_take) {
                         Look::Partial => return,
                         Look::Raw => self.mode = Mode::Raw,
                         Look::Pass { head, body } => {
@@ -331,14 +343,9 @@ impl Intake {
                                 self.mode = Mode::Pass(body);
                             }
                         }
-                        Look::Take {
-                            head,
-                            body,
-                            rewritten,
-                        } => {
+                        Look::Take { head, body } => {
                             self.next_token = token.wrapping_add(1);
                             self.input.advance(head);
-                            self.out.extend_from_slice(&rewritten);
                             self.bodies
                                 .entries
                                 .borrow_mut()

@@ -181,16 +181,13 @@ pub fn request_facts(
         Ok(b) => b,
         Err(e) => return Err(ApiError::InvalidJson(format!("the body is not UTF-8: {e}"))),
     };
-    if too_deep(body.as_bytes()) {
-        return Err(ApiError::InvalidJson(format!(
-            "nesting deeper than {MAX_JSON_DEPTH} levels"
-        )));
-    }
     // Reject non-objects early: untagged enums would otherwise give vague messages.
     let first = body.bytes().find(|b| !b.is_ascii_whitespace());
     if first != Some(b'{') {
         return Err(if first.is_none() {
             ApiError::InvalidJson("empty body".into())
+        } else if too_deep(body.as_bytes()) {
+            too_deep_error()
         } else {
             // Let serde report invalid JSON as such; valid JSON that is not an object is a 400.
             match serde_json::from_str::<serde::de::IgnoredAny>(body) {
@@ -199,11 +196,18 @@ pub fn request_facts(
             }
         });
     }
+    // The fast path reads at most 32 levels, so only what it leaves to serde can be too
+    // deep: the depth scan, a pass over the whole body, runs only then.
     let parsed = match fast::scan(body, endpoint) {
         Some(b) => b,
+        None if too_deep(body.as_bytes()) => return Err(too_deep_error()),
         None => serde_body(endpoint, body)?,
     };
     facts_of(parsed, prompt)
+}
+
+fn too_deep_error() -> ApiError {
+    ApiError::InvalidJson(format!("nesting deeper than {MAX_JSON_DEPTH} levels"))
 }
 
 /// A body of one of the three shapes, read by the fast path or by serde.

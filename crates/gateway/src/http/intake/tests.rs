@@ -25,17 +25,13 @@ fn head_len(r: &[u8]) -> usize {
 #[test]
 fn an_inference_post_within_the_limit_is_taken_and_its_head_rewritten() {
     let r = chat(b"{\"messages\":[]}", "");
-    let Look::Take {
-        head,
-        body,
-        rewritten,
-    } = look(&r, LIMIT, 7, true)
-    else {
-        panic!("not taken: {:?}", look(&r, LIMIT, 7, true));
+    let mut rewritten = BytesMut::new();
+    let Look::Take { head, body } = look(&r, &mut rewritten, LIMIT, 7, true) else {
+        panic!("not taken");
     };
     assert_eq!((head, body), (head_len(&r), 15));
     assert_eq!(
-        String::from_utf8(rewritten).unwrap(),
+        String::from_utf8(rewritten.to_vec()).unwrap(),
         "POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n\
          x-trace: 1\r\ncontent-length: 0\r\nx-kvgate-body: 7\r\n\r\n"
     );
@@ -44,10 +40,11 @@ fn an_inference_post_within_the_limit_is_taken_and_its_head_rewritten() {
 #[test]
 fn a_clients_own_body_token_is_dropped_from_a_taken_head() {
     let r = chat(b"{}", "X-Kvgate-Body: 7\r\n");
-    let Look::Take { rewritten, .. } = look(&r, LIMIT, 9, true) else {
+    let mut rewritten = BytesMut::new();
+    let Look::Take { .. } = look(&r, &mut rewritten, LIMIT, 9, true) else {
         panic!("not taken");
     };
-    let text = String::from_utf8(rewritten).unwrap();
+    let text = String::from_utf8(rewritten.to_vec()).unwrap();
     assert!(!text.contains("X-Kvgate-Body"), "{text}");
     assert_eq!(text.matches("x-kvgate-body: 9\r\n").count(), 1, "{text}");
 }
@@ -62,7 +59,10 @@ fn every_route_and_query_of_the_inference_routes_is_taken() {
     ] {
         let r = format!("POST {path} HTTP/1.1\r\ncontent-length: 2\r\n\r\n{{}}");
         assert!(
-            matches!(look(r.as_bytes(), LIMIT, 1, true), Look::Take { body: 2, .. }),
+            matches!(
+                look(r.as_bytes(), &mut BytesMut::new(), LIMIT, 1, true),
+                Look::Take { body: 2, .. }
+            ),
             "{path}"
         );
     }
@@ -75,33 +75,50 @@ fn what_is_not_taken_passes_with_its_body_or_ends_the_parsing() {
             head: head_len(r.as_bytes()),
             body,
         };
-        assert_eq!(look(r.as_bytes(), 16, 1, true), want, "{r}");
+        let mut out = BytesMut::new();
+        assert_eq!(look(r.as_bytes(), &mut out, 16, 1, true), want, "{r}");
+        assert!(out.is_empty(), "{r}");
     };
     pass("GET /health HTTP/1.1\r\nhost: gw\r\n\r\n", 0);
     pass("POST /workers HTTP/1.1\r\ncontent-length: 10\r\n\r\n", 10);
     pass("GET /v1/chat/completions HTTP/1.1\r\n\r\n", 0);
-    pass("POST /v1/chat/completions/x HTTP/1.1\r\ncontent-length: 3\r\n\r\n", 3);
+    pass(
+        "POST /v1/chat/completions/x HTTP/1.1\r\ncontent-length: 3\r\n\r\n",
+        3,
+    );
     // Over the limit: actix-http answers 413 from the declared length.
     pass("POST /generate HTTP/1.1\r\ncontent-length: 17\r\n\r\n", 17);
     pass("POST /generate HTTP/1.1\r\ncontent-length: 0\r\n\r\n", 0);
-    pass("POST /generate HTTP/1.1\r\nexpect: 100-continue\r\ncontent-length: 2\r\n\r\n", 2);
+    pass(
+        "POST /generate HTTP/1.1\r\nexpect: 100-continue\r\ncontent-length: 2\r\n\r\n",
+        2,
+    );
     // A body already waiting for its handler: the next one passes.
     let r = "POST /generate HTTP/1.1\r\ncontent-length: 2\r\n\r\n";
     assert_eq!(
-        look(r.as_bytes(), 16, 1, false),
+        look(r.as_bytes(), &mut BytesMut::new(), 16, 1, false),
         Look::Pass {
             head: r.len(),
             body: 2
         }
     );
-    let raw = |r: &str| assert_eq!(look(r.as_bytes(), 16, 1, true), Look::Raw, "{r}");
+    let raw = |r: &str| {
+        let look = look(r.as_bytes(), &mut BytesMut::new(), 16, 1, true);
+        assert_eq!(look, Look::Raw, "{r}");
+    };
     raw("POST /generate HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n");
     raw("POST /generate HTTP/1.1\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\n");
     raw("POST /generate HTTP/1.1\r\ncontent-length: +2\r\n\r\n");
     raw("GET /ws HTTP/1.1\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n");
     raw("NOT HTTP AT ALL\r\n\r\n");
     assert_eq!(
-        look(b"POST /generate HTTP/1.1\r\ncontent-le", 16, 1, true),
+        look(
+            b"POST /generate HTTP/1.1\r\ncontent-le",
+            &mut BytesMut::new(),
+            16,
+            1,
+            true
+        ),
         Look::Partial
     );
     let long = format!("GET / HTTP/1.1\r\nx: {}", "a".repeat(MAX_HEAD));
@@ -163,7 +180,9 @@ async fn a_taken_body_comes_whole_and_what_follows_it_passes_as_sent() {
     let (token, b) = &got[0];
     assert_eq!(b.as_deref(), Some(&body[..]));
     let head = String::from_utf8(out[..out.len() - after.len()].to_vec()).unwrap();
-    assert!(head.ends_with(&format!("content-length: 0\r\nx-kvgate-body: {token}\r\n\r\n")));
+    assert!(head.ends_with(&format!(
+        "content-length: 0\r\nx-kvgate-body: {token}\r\n\r\n"
+    )));
     assert_eq!(&out[out.len() - after.len()..], &after[..]);
 }
 
@@ -175,7 +194,9 @@ async fn bodies_that_are_not_taken_pass_byte_for_byte() {
     sent.extend_from_slice(b"POST /generate HTTP/1.1\r\ncontent-length: 200\r\n\r\n");
     sent.extend(std::iter::repeat_n(b'y', 200));
     sent.extend_from_slice(b"POST /generate HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n");
-    sent.extend_from_slice(b"3\r\nabc\r\n0\r\n\r\nPOST /generate HTTP/1.1\r\ncontent-length: 2\r\n\r\n{}");
+    sent.extend_from_slice(
+        b"3\r\nabc\r\n0\r\n\r\nPOST /generate HTTP/1.1\r\ncontent-length: 2\r\n\r\n{}",
+    );
     let (out, bodies, _) = through(sent.clone(), 100, true).await;
     assert_eq!(out, sent);
     assert!(taken(&bodies).is_empty());

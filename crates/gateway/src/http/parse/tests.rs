@@ -159,6 +159,24 @@ fn rejects_bad_bodies_cleanly() {
     check_err(Endpoint::Completions, deep.as_bytes(), true);
     let deep_obj = format!("{}{}", "{\"a\":".repeat(200_000), "}".repeat(200_000));
     check_err(Endpoint::Chat, deep_obj.as_bytes(), true);
+    let deep_list = "[".repeat(300);
+    for (e, b) in [
+        (Endpoint::Completions, deep.as_bytes()),
+        (Endpoint::Chat, deep_obj.as_bytes()),
+        (Endpoint::Generate, deep_list.as_bytes()),
+    ] {
+        match request_facts(e, b, true) {
+            Err(ApiError::InvalidJson(m)) => assert_eq!(m, "nesting deeper than 128 levels"),
+            other => panic!("{other:?}"),
+        }
+    }
+    // Deeper than the fast path reads, within the limit: serde reads it.
+    let nested = format!(
+        "{{\"prompt\":\"x\",\"extra\":{}{}}}",
+        "[".repeat(100),
+        "]".repeat(100)
+    );
+    assert!(request_facts(Endpoint::Completions, nested.as_bytes(), true).is_ok());
     // Brackets inside strings are not nesting.
     let in_string = format!("{{\"prompt\":\"{}\"}}", "[".repeat(1000));
     assert!(request_facts(Endpoint::Completions, in_string.as_bytes(), true).is_ok());
