@@ -17,6 +17,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use kvgate_policies::DecisionPath;
+
+use crate::http::parse::Endpoint;
+
 /// Seconds, for LLM latencies: 5 ms to 10 min.
 const LATENCY_BUCKETS: [f64; 16] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
@@ -74,8 +78,12 @@ pub struct ReportLabels {
     pub reported: &'static str,
 }
 
-/// The three inference routes, in the order of [`Metrics::route`].
-const ROUTES: [&str; 3] = ["/v1/chat/completions", "/v1/completions", "/generate"];
+/// The three inference routes, in the order of [`Endpoint::index`].
+const ROUTES: [&str; 3] = [
+    Endpoint::Chat.path(),
+    Endpoint::Completions.path(),
+    Endpoint::Generate.path(),
+];
 const STATUSES: [&str; 4] = ["2xx", "4xx", "5xx", "other"];
 /// Every `path` label value of a dispatched decision.
 const PATHS: [&str; 10] = [
@@ -90,15 +98,44 @@ const PATHS: [&str; 10] = [
     "fallback",
     "retry",
 ];
+/// Where a dispatched path's counter is in [`PATHS`] (a match, not a string search).
+fn path_slot(path: DecisionPath) -> Option<usize> {
+    Some(match path {
+        DecisionPath::Hit => 0,
+        DecisionPath::Spill => 1,
+        DecisionPath::Miss => 2,
+        DecisionPath::KvPressure => 3,
+        DecisionPath::Hash => 4,
+        DecisionPath::Load => 5,
+        DecisionPath::RoundRobin => 6,
+        DecisionPath::Random => 7,
+        DecisionPath::Fallback => 8,
+        // Never dispatched: no worker was chosen.
+        DecisionPath::NoWorker | DecisionPath::Saturated => return None,
+    })
+}
+
+fn same_model(a: Option<&Arc<str>>, b: Option<&Arc<str>>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b) || a == b,
+        _ => false,
+    }
+}
+
 /// Models with series of their own; any further one counts as `other`.
 const MAX_MODELS: usize = 64;
 
 /// Tells one `Metrics` from another in [`LAST_MODEL`] (tests run several gateways).
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
+/// The id of a `Metrics`, a model's shared name (`None`: the request named none) and its
+/// counters.
+type LastModel = (u64, Option<Arc<str>>, ModelCounters);
+
 thread_local! {
     /// The last model this thread counted a request for, and of which `Metrics`.
-    static LAST_MODEL: std::cell::RefCell<Option<(u64, String, ModelCounters)>> =
+    static LAST_MODEL: std::cell::RefCell<Option<LastModel>> =
         const { std::cell::RefCell::new(None) };
 }
 
@@ -432,17 +469,21 @@ impl Metrics {
     }
 
     /// The histograms of an inference route.
-    pub fn route(&self, route: &str) -> Option<&RouteSeries> {
-        ROUTES
-            .iter()
-            .position(|r| *r == route)
-            .map(|i| &self.routes[i])
+    pub fn route(&self, route: Endpoint) -> &RouteSeries {
+        &self.routes[route.index()]
     }
 
-    /// A dispatched decision that took `path` (`retry` for a request's later attempts).
-    pub fn decision(&self, path: &str) {
-        if let Some((_, c)) = self.paths.iter().find(|(p, _)| *p == path) {
-            c.inc();
+    /// A dispatched decision that took `path`; a request's later attempts count as
+    /// `retry` (and in `retries`) whatever their path.
+    pub fn dispatched(&self, path: DecisionPath, attempt: u32) {
+        let i = if attempt > 1 {
+            self.retries.inc();
+            Some(PATHS.len() - 1)
+        } else {
+            path_slot(path)
+        };
+        if let Some(i) = i {
+            self.paths[i].1.inc();
         }
     }
 
@@ -477,22 +518,20 @@ impl Metrics {
         self.reported[usize::from(!reported)].inc();
     }
 
-    /// An inference request answered with `status`; `model` is a model the fleet serves.
-    pub fn request(&self, route: &'static str, status: u16, model: Option<&str>) {
-        let Some(r) = ROUTES.iter().position(|x| *x == route) else {
-            return;
-        };
+    /// An inference request answered with `status`; `model` is a model the fleet serves,
+    /// by the selector's shared name.
+    pub fn request(&self, route: Endpoint, status: u16, model: Option<&Arc<str>>) {
+        let r = route.index();
         let s = match status {
             200..=299 => 0,
             400..=499 => 1,
             500..=599 => 2,
             _ => 3,
         };
-        let model = model.unwrap_or("");
-        // Most requests of a thread name the model its last one named: that skips the
-        // map's SipHash.
+        // Most requests of a thread name the model its last one named, by the same shared
+        // name: that skips the map's SipHash and even the comparison of the text.
         let hit = LAST_MODEL.with(|last| match &*last.borrow() {
-            Some((id, name, c)) if *id == self.id && name == model => {
+            Some((id, name, c)) if *id == self.id && same_model(name.as_ref(), model) => {
                 c[r][s].inc();
                 true
             }
@@ -501,18 +540,19 @@ impl Metrics {
         if hit {
             return;
         }
+        let text = model.map_or("", |m| m);
         let known = self
             .models
             .read()
             .unwrap_or_else(PoisonError::into_inner)
-            .get(model)
+            .get(text)
             .cloned();
         let counters = match known {
             Some(c) => c,
-            None => self.model_counters(model),
+            None => self.model_counters(text),
         };
         counters[r][s].inc();
-        LAST_MODEL.with(|last| *last.borrow_mut() = Some((self.id, model.to_owned(), counters)));
+        LAST_MODEL.with(|last| *last.borrow_mut() = Some((self.id, model.cloned(), counters)));
     }
 
     fn model_counters(&self, model: &str) -> ModelCounters {
@@ -567,5 +607,72 @@ pub struct FleetWorker {
 impl Default for Metrics {
     fn default() -> Self {
         Metrics::new("cache_aware")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kvgate_policies::DecisionPath;
+
+    use std::sync::Arc;
+
+    use super::{Fleet, Metrics, PATHS, path_slot};
+    use crate::http::parse::Endpoint;
+
+    #[test]
+    fn each_dispatched_path_counts_under_its_own_name() {
+        use DecisionPath::*;
+        let all = [
+            Hit, Spill, Miss, KvPressure, Hash, Load, RoundRobin, Random, Fallback, NoWorker,
+            Saturated,
+        ];
+        for p in all {
+            if let Some(i) = path_slot(p) {
+                assert_eq!(PATHS[i], p.name());
+            }
+        }
+        let m = Metrics::default();
+        m.dispatched(Hit, 1);
+        m.dispatched(Miss, 2);
+        m.dispatched(NoWorker, 1);
+        let counts = m.decision_counts();
+        let count = |p: &str| counts.iter().find(|(n, _)| *n == p).map(|(_, c)| *c);
+        assert_eq!(count("hit"), Some(1));
+        assert_eq!(count("miss"), Some(0));
+        assert_eq!(count("retry"), Some(1));
+        assert_eq!(m.retries.get(), 1);
+    }
+
+    #[test]
+    fn a_model_counts_under_its_name_whichever_copy_of_it_is_given() {
+        let m = Metrics::default();
+        // Two copies of one name (the selector's, before and after a rebuild) and none.
+        let (a, b): (Arc<str>, Arc<str>) = (Arc::from("m"), Arc::from("m"));
+        m.request(Endpoint::Chat, 200, Some(&a));
+        m.request(Endpoint::Chat, 200, Some(&b));
+        m.request(Endpoint::Chat, 200, Some(&Arc::from("n")));
+        m.request(Endpoint::Generate, 503, None);
+        assert_eq!(m.requests_total(), 4);
+        let text = m.encode(&Fleet::default()).expect("encodes");
+        const CHAT: &str = "route=\"/v1/chat/completions\"";
+        let count = |labels: &[&str]| {
+            text.lines()
+                .filter(|l| l.starts_with("kvgate_requests_total{"))
+                .find(|l| labels.iter().all(|x| l.contains(x)))
+                .and_then(|l| l.rsplit(' ').next())
+                .map(str::to_owned)
+        };
+        assert_eq!(
+            count(&["model=\"m\"", "status=\"2xx\"", CHAT]).as_deref(),
+            Some("2")
+        );
+        assert_eq!(
+            count(&["model=\"n\"", "status=\"2xx\"", CHAT]).as_deref(),
+            Some("1")
+        );
+        assert_eq!(
+            count(&["model=\"\"", "status=\"5xx\"", "route=\"/generate\""]).as_deref(),
+            Some("1")
+        );
     }
 }

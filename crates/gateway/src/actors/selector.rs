@@ -9,6 +9,7 @@
 //! expected wait work per rank; the chosen rank is sent in the body (`routed_dp_rank`).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
@@ -60,8 +61,9 @@ pub struct SelectorActor {
     /// Test builds: the next decision panics.
     #[cfg(feature = "fault-injection")]
     panic_next: bool,
-    /// Which views serve each model, rebuilt on every fleet change.
-    by_model: HashMap<String, Vec<usize>>,
+    /// Which views serve each model, rebuilt on every fleet change. The names are handed
+    /// out with each dispatch: the decision log and the metrics share them, uncopied.
+    by_model: HashMap<Arc<str>, Vec<usize>>,
     /// Work dispatched since each worker's load sample.
     ledger: CreditLedger,
     /// Rebuilt only when the set of workers changes.
@@ -89,6 +91,15 @@ pub struct SelectorActor {
     /// When each (worker, rank) last pushed its load: a report is as fresh as its oldest
     /// rank.
     pushed: HashMap<(WorkerId, u32), Duration>,
+}
+
+/// What `decide` chose.
+struct Chosen {
+    /// The chosen target's place in `views`.
+    idx: Option<usize>,
+    decision: Decision,
+    /// The request's model, as the fleet's own name for it.
+    model: Option<Arc<str>>,
 }
 
 /// What `dispatch` did.
@@ -219,7 +230,10 @@ impl SelectorActor {
             .map(|(v, m)| (v.id, (v, m)))
             .collect();
         let before: Vec<WorkerId> = old.keys().copied().collect();
-        self.by_model.clear();
+        // Emptied rather than cleared: a model still served keeps its shared name.
+        for ix in self.by_model.values_mut() {
+            ix.clear();
+        }
         self.pending = fleet.iter().any(|w| w.status == WorkerStatus::Pending);
         for rec in fleet.iter() {
             for (target, rank) in rec.targets() {
@@ -259,10 +273,16 @@ impl SelectorActor {
                 self.views.push(view);
                 self.meta.push(meta);
                 for model in &rec.models {
-                    self.by_model.entry(model.clone()).or_default().push(i);
+                    match self.by_model.get_mut(model.as_str()) {
+                        Some(ix) => ix.push(i),
+                        None => {
+                            self.by_model.insert(Arc::from(model.as_str()), vec![i]);
+                        }
+                    }
                 }
             }
         }
+        self.by_model.retain(|_, ix| !ix.is_empty());
         // Removed targets: their requests' waits end with the senders dropped here.
         for gone in old.keys() {
             if !self.views.iter().any(|v| v.id == *gone) {
@@ -291,7 +311,7 @@ impl SelectorActor {
         matches: Option<&PrefixMatches>,
         exclude: &[WorkerId],
         seq: u64,
-    ) -> Result<(Option<usize>, Decision), SelectError> {
+    ) -> Result<Chosen, SelectError> {
         #[cfg(feature = "fault-injection")]
         if std::mem::take(&mut self.panic_next) {
             panic!("injected panic in a routing decision");
@@ -304,12 +324,12 @@ impl SelectorActor {
             // An open circuit's time may be up (half-open), a probe may have ended.
             self.refresh_eligibility(now);
         }
-        let indices: Option<&Vec<usize>> = match &facts.model {
-            Some(model) => match self.by_model.get(model) {
-                Some(ix) => Some(ix),
+        let (model, indices) = match &facts.model {
+            Some(model) => match self.by_model.get_key_value(model.as_str()) {
+                Some((name, ix)) => (Some(name.clone()), Some(ix)),
                 None => return Err(self.unknown_model(model)),
             },
-            None => None,
+            None => (None, None),
         };
         // The common case (every worker serves the model, nothing excluded) reads the
         // views in place; otherwise a filtered copy is built.
@@ -353,7 +373,11 @@ impl SelectorActor {
             });
         };
         let idx = self.views.iter().position(|v| v.id == worker);
-        Ok((idx, decision))
+        Ok(Chosen {
+            idx,
+            decision,
+            model,
+        })
     }
 }
 
@@ -380,9 +404,12 @@ impl SelectorActor {
     fn model_key(&self, facts: &RequestFacts) -> String {
         match &facts.model {
             Some(m) => m.clone(),
-            None if self.by_model.len() == 1 => {
-                self.by_model.keys().next().cloned().unwrap_or_default()
-            }
+            None if self.by_model.len() == 1 => self
+                .by_model
+                .keys()
+                .next()
+                .map(|m| m.to_string())
+                .unwrap_or_default(),
             None => String::new(),
         }
     }
@@ -448,7 +475,11 @@ impl SelectorActor {
         attempt: u32,
     ) -> Result<Dispatched, SelectError> {
         self.seq = self.seq.wrapping_add(1);
-        let (idx, mut decision) = self.decide(facts, matches, exclude, self.seq)?;
+        let Chosen {
+            idx,
+            mut decision,
+            model: served,
+        } = self.decide(facts, matches, exclude, self.seq)?;
         if attempt > 1 {
             decision.notes.push(DecisionNote::Retry { attempt });
         }
@@ -522,6 +553,7 @@ impl SelectorActor {
             recorded,
             target: v.id,
             rank: meta.rank,
+            model: served,
         }))
     }
 
@@ -631,7 +663,7 @@ impl Handler<Select> for SelectorActor {
         trace!(parent: &span, queued_us = queued.as_micros() as u64, "select");
         // An unknown model is refused before the index hop, so it never creates an index.
         if let Some(m) = &msg.facts.model
-            && !self.by_model.contains_key(m)
+            && !self.by_model.contains_key(m.as_str())
         {
             let e = if self.views.is_empty() {
                 SelectError::NoWorkers
@@ -712,7 +744,7 @@ impl Handler<Explain> for SelectorActor {
         let Some(index) = self.index_for(&msg.facts) else {
             let r = self
                 .guarded(|s| s.decide(&msg.facts, None, &[], seq))
-                .map(|(_, d)| d);
+                .map(|c| c.decision);
             return AtomicResponse::new(Box::pin(fut::ready(r)));
         };
         let ask = lookup(
@@ -729,7 +761,7 @@ impl Handler<Explain> for SelectorActor {
             let (facts, mut matches, lately, chain) = answer.map_err(|_| SelectError::NoHealthy)?;
             act.overlay(&mut matches, &lately, chain.as_ref());
             act.guarded(|s| s.decide(&facts, Some(&matches), &[], seq))
-                .map(|(_, d)| d)
+                .map(|c| c.decision)
         })))
     }
 }

@@ -5,15 +5,16 @@
 //! or an update, not in an actor: two messages per request to another thread cost more
 //! than the whole record (`docs/benchmarks.md`, proxy overhead).
 
-use std::collections::VecDeque;
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use kvgate_policies::{Decision, RoutingText, WorkerId};
 use kvgate_poller::WorkerUrl;
 
-use crate::metrics::Metrics;
 use serde::{Serialize, Serializer};
+
+use crate::http::parse::Endpoint;
+use crate::metrics::Metrics;
 
 /// Decisions kept; older ones fall off.
 pub const DECISION_LOG_SIZE: usize = 1024;
@@ -50,13 +51,12 @@ pub struct LoggedAnswer {
     pub reported_cached_tokens: Option<u64>,
 }
 
-/// One attempt's decision.
+/// One attempt's decision, as `GET /admin/decisions` shows it.
 #[derive(Debug, Clone, Serialize)]
 pub struct DecisionRecord {
     pub seq: u64,
     pub time_unix_ms: u64,
-    #[serde(serialize_with = "text")]
-    pub request_id: Arc<str>,
+    pub request_id: RequestIdText,
     #[serde(serialize_with = "opt_text")]
     pub model: Option<Arc<str>>,
     pub route: &'static str,
@@ -78,10 +78,11 @@ pub struct DecisionRecord {
 
 /// What the HTTP side knows of a request when its worker is chosen.
 #[derive(Debug, Clone)]
-pub struct Decided {
-    pub request_id: Arc<str>,
+pub struct Decided<'a> {
+    pub request_id: &'a Arc<str>,
+    /// The served model's name, shared with the selector (no copy per request).
     pub model: Option<Arc<str>>,
-    pub route: &'static str,
+    pub endpoint: Endpoint,
     pub attempt: u32,
     pub worker_url: WorkerUrl,
     /// Whether the routing key is text (matched units are bytes) or tokens.
@@ -94,37 +95,116 @@ pub struct Decided {
     pub stream: bool,
 }
 
-impl DecisionRecord {
-    pub fn new(seq: u64, d: &Decision, at: Decided) -> DecisionRecord {
-        let chosen = d.chosen();
-        let predicted = chosen.and_then(|c| c.matched).map(|units| {
-            if at.text {
-                (units as f64 / at.bytes_per_token.max(f64::MIN_POSITIVE)).floor() as u64
-            } else {
-                units as u64
+/// A request id as the log keeps it: copied when short (the gateway's own are 28 bytes),
+/// so that the request's own allocation is freed with the request rather than 1024
+/// requests later, which upset the allocator's reuse of its chunks (callgrind: +0.6k
+/// instructions per request in malloc and free).
+#[derive(Clone)]
+pub enum RequestIdText {
+    Inline { len: u8, bytes: [u8; INLINE_ID] },
+    Shared(Arc<str>),
+}
+
+const INLINE_ID: usize = 38;
+
+impl RequestIdText {
+    fn new(id: &Arc<str>) -> RequestIdText {
+        let b = id.as_bytes();
+        match u8::try_from(b.len()) {
+            Ok(len) if b.len() <= INLINE_ID => {
+                let mut bytes = [0; INLINE_ID];
+                bytes[..b.len()].copy_from_slice(b);
+                RequestIdText::Inline { len, bytes }
             }
-        });
+            _ => RequestIdText::Shared(id.clone()),
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        match self {
+            RequestIdText::Inline { len, bytes } => {
+                // Copied whole from a `str` at a char boundary (its end): valid UTF-8.
+                std::str::from_utf8(&bytes[..usize::from(*len)]).unwrap_or_default()
+            }
+            RequestIdText::Shared(id) => id,
+        }
+    }
+}
+
+impl std::fmt::Debug for RequestIdText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for RequestIdText {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+/// A decision as the ring keeps it: the policy's own `Decision`, moved in whole, and
+/// what the request adds. The shape the log shows is built only when it is read.
+#[derive(Debug)]
+struct Entry {
+    seq: u64,
+    /// When the worker was chosen; the answer's times count from here.
+    at: Instant,
+    request_id: RequestIdText,
+    model: Option<Arc<str>>,
+    endpoint: Endpoint,
+    attempt: u32,
+    worker: WorkerUrl,
+    predicted: Option<u64>,
+    decision: Decision,
+    answer: Option<Ended>,
+}
+
+/// How an answer ended, as the ring keeps it: instants, turned into milliseconds when
+/// read.
+#[derive(Debug, Clone, Copy)]
+struct Ended {
+    outcome: &'static str,
+    status: Option<u16>,
+    first_byte: Option<Instant>,
+    end: Instant,
+    cached: Option<u64>,
+}
+
+impl Ended {
+    fn logged(&self, at: Instant) -> LoggedAnswer {
+        LoggedAnswer {
+            outcome: self.outcome,
+            status: self.status,
+            ttft_ms: self.first_byte.map(|t| ms(t.duration_since(at))),
+            latency_ms: ms(self.end.duration_since(at)),
+            reported_cached_tokens: self.cached,
+        }
+    }
+}
+
+impl Entry {
+    fn record(&self, clock: &Clock) -> DecisionRecord {
+        let d = &self.decision;
         let mut candidates: Vec<&kvgate_policies::CandidateScore> = d.candidates.iter().collect();
         candidates.sort_by(|a, b| {
             let key = |c: &kvgate_policies::CandidateScore| c.score.unwrap_or(f64::INFINITY);
             key(a).total_cmp(&key(b))
         });
         DecisionRecord {
-            seq,
-            time_unix_ms: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |t| t.as_millis() as u64),
-            request_id: at.request_id.clone(),
-            model: at.model,
-            route: at.route,
-            attempt: at.attempt,
-            worker: at.worker_url,
+            seq: self.seq,
+            time_unix_ms: clock.unix_ms(self.at),
+            request_id: self.request_id.clone(),
+            model: self.model.clone(),
+            route: self.endpoint.path(),
+            attempt: self.attempt,
+            worker: self.worker.clone(),
             worker_id: d.worker,
             path: d.path.name(),
             rule: d.rule,
             notes: d.notes.iter().map(|n| n.name()).collect(),
             match_rate: d.match_rate,
-            predicted_cached_tokens: predicted,
+            predicted_cached_tokens: self.predicted,
             candidates: candidates
                 .into_iter()
                 .take(TOP_CANDIDATES)
@@ -138,8 +218,42 @@ impl DecisionRecord {
                     gated: c.gated,
                 })
                 .collect(),
-            answer: None,
+            answer: self.answer.map(|a| a.logged(self.at)),
         }
+    }
+}
+
+/// The chosen worker's matched prefix in tokens.
+fn predicted_tokens(d: &Decision, text: bool, bytes_per_token: f64) -> Option<u64> {
+    let units = d.chosen()?.matched?;
+    Some(if text {
+        (units as f64 / bytes_per_token.max(f64::MIN_POSITIVE)).floor() as u64
+    } else {
+        units as u64
+    })
+}
+
+/// Wall-clock time from the monotonic clock: one reading of each at start, so a record
+/// costs one `Instant::now()`, shared with its answer's timings.
+#[derive(Debug)]
+struct Clock {
+    start: Instant,
+    start_unix_ms: u64,
+}
+
+impl Clock {
+    fn now() -> Clock {
+        Clock {
+            start: Instant::now(),
+            start_unix_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |t| t.as_millis() as u64),
+        }
+    }
+
+    fn unix_ms(&self, at: Instant) -> u64 {
+        let since = at.saturating_duration_since(self.start).as_millis() as u64;
+        self.start_unix_ms.saturating_add(since)
     }
 }
 
@@ -153,10 +267,6 @@ fn opt_hex_id<S: Serializer>(id: &Option<WorkerId>, s: S) -> Result<S::Ok, S::Er
         Some(id) => s.collect_str(id),
         None => s.serialize_none(),
     }
-}
-
-fn text<S: Serializer>(t: &Arc<str>, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(t)
 }
 
 fn opt_text<S: Serializer>(t: &Option<Arc<str>>, s: S) -> Result<S::Ok, S::Error> {
@@ -175,121 +285,179 @@ pub fn is_text(key: &RoutingText) -> bool {
     matches!(key, RoutingText::Text(_))
 }
 
-/// The ring.
+/// Where a decision went in the ring.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    seq: u64,
+    i: usize,
+}
+
+/// The ring: a fixed array written in place, in turn.
 #[derive(Debug)]
 struct Ring {
-    records: VecDeque<DecisionRecord>,
+    slots: Vec<Entry>,
     cap: usize,
     next: u64,
+    /// The slot written next: the oldest entry once the ring is full.
+    head: usize,
 }
 
 impl Ring {
-    fn push(&mut self, seq_of: impl FnOnce(u64) -> DecisionRecord) -> u64 {
+    /// Writes the decision of the next sequence number, over the oldest one when the
+    /// ring is full, field by field: whole entries moved in and out cost more than the
+    /// rest of the record. Returns where it went, for its answer; `decision` is swapped
+    /// with the one it replaced.
+    fn push(
+        &mut self,
+        at: Instant,
+        decided: Decided<'_>,
+        decision: &mut Decision,
+        predicted: Option<u64>,
+    ) -> Slot {
         let seq = self.next;
         self.next += 1;
-        if self.records.len() == self.cap {
-            self.records.pop_front();
-        }
-        self.records.push_back(seq_of(seq));
-        seq
+        let i = self.head;
+        self.head = if i + 1 == self.cap { 0 } else { i + 1 };
+        let slot = Slot { seq, i };
+        let Some(e) = self.slots.get_mut(i) else {
+            self.slots.push(Entry {
+                seq,
+                at,
+                request_id: RequestIdText::new(decided.request_id),
+                model: decided.model,
+                endpoint: decided.endpoint,
+                attempt: decided.attempt,
+                worker: decided.worker_url,
+                predicted,
+                decision: std::mem::replace(decision, Decision::none()),
+                answer: None,
+            });
+            return slot;
+        };
+        e.seq = seq;
+        e.at = at;
+        e.request_id = RequestIdText::new(decided.request_id);
+        e.model = decided.model;
+        e.endpoint = decided.endpoint;
+        e.attempt = decided.attempt;
+        e.worker = decided.worker_url;
+        e.predicted = predicted;
+        std::mem::swap(&mut e.decision, decision);
+        e.answer = None;
+        slot
     }
 
-    fn answer(&mut self, seq: u64, answer: LoggedAnswer) {
-        // Records are in sequence order: the answer's record is found by position.
-        let Some(first) = self.records.front().map(|r| r.seq) else {
-            return;
-        };
-        if let Some(r) = seq
-            .checked_sub(first)
-            .and_then(|i| self.records.get_mut(i as usize))
-        {
-            r.answer = Some(answer);
+    fn answer(&mut self, slot: Slot, answer: Ended) {
+        // The slot may have been taken by a newer decision since.
+        if let Some(e) = self.slots.get_mut(slot.i).filter(|e| e.seq == slot.seq) {
+            e.answer = Some(answer);
         }
+    }
+
+    /// The entries, oldest first.
+    fn iter(&self) -> impl DoubleEndedIterator<Item = &Entry> {
+        // Before the ring is full `head` is its length: nothing is older than slot 0.
+        let (newer, older) = self.slots.split_at(self.head.min(self.slots.len()));
+        older.iter().chain(newer)
     }
 
     /// The newest `limit`, or with `since` the first `limit` after it: following pages
     /// forward from the oldest unseen.
-    fn read(&self, limit: usize, since: Option<u64>) -> Vec<DecisionRecord> {
-        let after = self
-            .records
-            .iter()
-            .filter(|r| since.is_none_or(|s| r.seq > s));
+    fn read(&self, limit: usize, since: Option<u64>, clock: &Clock) -> Vec<DecisionRecord> {
+        let after = self.iter().filter(|e| since.is_none_or(|s| e.seq > s));
         let skip = match since {
             Some(_) => 0,
-            None => self.records.len().saturating_sub(limit),
+            None => self.slots.len().saturating_sub(limit),
         };
-        after.skip(skip).take(limit).cloned().collect()
+        after
+            .skip(skip)
+            .take(limit)
+            .map(|e| e.record(clock))
+            .collect()
     }
+}
+
+#[derive(Debug)]
+struct Shared {
+    ring: Mutex<Ring>,
+    metrics: Arc<Metrics>,
+    clock: Clock,
 }
 
 /// The decision log, shared by every HTTP thread; it also feeds the answer metrics.
 #[derive(Debug, Clone)]
-pub struct DecisionSink {
-    ring: Arc<Mutex<Ring>>,
-    metrics: Arc<Metrics>,
-}
+pub struct DecisionSink(Arc<Shared>);
 
 impl DecisionSink {
     /// A log keeping the last `cap` decisions.
     pub fn new(cap: usize, metrics: Arc<Metrics>) -> DecisionSink {
-        DecisionSink {
+        let cap = cap.max(1);
+        DecisionSink(Arc::new(Shared {
             metrics,
-            ring: Arc::new(Mutex::new(Ring {
-                records: VecDeque::with_capacity(cap.clamp(1, DECISION_LOG_SIZE)),
-                cap: cap.max(1),
+            ring: Mutex::new(Ring {
+                slots: Vec::with_capacity(cap.min(DECISION_LOG_SIZE)),
+                cap,
                 next: 1,
-            })),
-        }
+                head: 0,
+            }),
+            clock: Clock::now(),
+        }))
     }
 
     fn ring(&self) -> std::sync::MutexGuard<'_, Ring> {
         // A panic while holding the lock leaves a ring that is still whole.
-        self.ring.lock().unwrap_or_else(PoisonError::into_inner)
+        self.0.ring.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Logs `d` and returns the note that reports its answer when dropped.
-    pub fn decided(&self, d: &Decision, at: Decided) -> AnswerNote {
-        let (route, arrived, stream) = (at.route, at.arrived, at.stream);
-        let mut predicted = None;
-        let seq = self.ring().push(|seq| {
-            let r = DecisionRecord::new(seq, d, at);
-            predicted = r.predicted_cached_tokens;
-            r
-        });
+    /// Logs `decision` and returns the note that reports its answer when dropped. The
+    /// decision is taken as it is (the log's shape is built when it is read); left in its
+    /// place is the one it displaced from the ring, for the caller to drop outside the
+    /// lock, or an empty one.
+    pub fn decided(&self, decision: &mut Decision, at: Decided<'_>) -> AnswerNote {
+        let now = Instant::now();
+        let predicted = predicted_tokens(decision, at.text, at.bytes_per_token);
+        let (endpoint, arrived, stream) = (at.endpoint, at.arrived, at.stream);
+        let slot = self.ring().push(now, at, decision, predicted);
         AnswerNote {
             sink: self.clone(),
-            seq,
-            route,
+            slot,
+            started: now,
             arrived,
-            started: Instant::now(),
-            stream,
             first_byte: None,
             last_chunk: None,
+            predicted,
+            cached: None,
             status: None,
+            endpoint,
+            stream,
+            whole: false,
             failed: false,
             abandoned: false,
             relayed: false,
-            predicted,
-            cached: None,
         }
     }
 
     /// Logged decisions, oldest first: the newest `limit`, or with `since` the first
     /// `limit` after that sequence number.
     pub fn read(&self, limit: usize, since: Option<u64>) -> Vec<DecisionRecord> {
-        self.ring().read(limit, since)
+        self.ring().read(limit, since, &self.0.clock)
     }
 
-    /// Logged decisions per path made since `since_unix_ms` (as far back as the ring goes).
-    pub fn paths_since(&self, since_unix_ms: u64) -> Vec<(&'static str, u64)> {
+    /// Logged decisions per path made within the last `window` (as far back as the ring
+    /// goes).
+    pub fn paths_within(&self, window: Duration) -> Vec<(&'static str, u64)> {
+        let from = Instant::now().checked_sub(window);
         let mut out: Vec<(&'static str, u64)> = Vec::new();
-        for r in self
+        for e in self
             .ring()
-            .records
             .iter()
-            .filter(|r| r.time_unix_ms >= since_unix_ms)
+            .filter(|e| from.is_none_or(|f| e.at >= f))
         {
-            let path = if r.attempt > 1 { "retry" } else { r.path };
+            let path = if e.attempt > 1 {
+                "retry"
+            } else {
+                e.decision.path.name()
+            };
             match out.iter_mut().find(|(p, _)| *p == path) {
                 Some((_, n)) => *n += 1,
                 None => out.push((path, 1)),
@@ -301,10 +469,12 @@ impl DecisionSink {
     /// The time to first byte (ms) of the newest `n` answered decisions that have one.
     pub fn recent_ttfts(&self, n: usize) -> Vec<f64> {
         self.ring()
-            .records
             .iter()
             .rev()
-            .filter_map(|r| r.answer.as_ref().and_then(|a| a.ttft_ms))
+            .filter_map(|e| {
+                let first = e.answer?.first_byte?;
+                Some(ms(first.duration_since(e.at)))
+            })
             .take(n)
             .collect()
     }
@@ -315,20 +485,22 @@ impl DecisionSink {
 #[derive(Debug)]
 pub struct AnswerNote {
     sink: DecisionSink,
-    seq: u64,
-    route: &'static str,
-    arrived: Instant,
+    slot: Slot,
     started: Instant,
-    stream: bool,
-    first_byte: Option<f64>,
+    arrived: Instant,
+    first_byte: Option<Instant>,
     last_chunk: Option<Instant>,
+    predicted: Option<u64>,
+    cached: Option<u64>,
     status: Option<u16>,
+    endpoint: Endpoint,
+    stream: bool,
+    /// The answer came whole ([`AnswerNote::body`]): its first byte is timed at its end.
+    whole: bool,
     failed: bool,
     abandoned: bool,
     /// The answer went to the client (the attempt was not given up for another).
     relayed: bool,
-    predicted: Option<u64>,
-    cached: Option<u64>,
 }
 
 impl AnswerNote {
@@ -350,18 +522,19 @@ impl AnswerNote {
         self.abandoned = true;
     }
 
-    /// A chunk of the answer as it passes: the first one times the first byte, and any
-    /// `"cached_tokens"` in it is read.
+    /// A chunk of a relayed answer as it passes: the first one times the first byte, and
+    /// any `"cached_tokens"` in it is read.
     pub fn chunk(&mut self, b: &[u8]) {
         let now = Instant::now();
         match self.last_chunk {
-            None => self.first_byte = Some(now.duration_since(self.started).as_secs_f64() * 1000.0),
-            Some(last) if self.stream => {
-                if let Some(r) = self.sink.metrics.route(self.route) {
-                    r.between_chunks
-                        .observe(now.duration_since(last).as_secs_f64());
-                }
-            }
+            None => self.first_byte = Some(now),
+            Some(last) if self.stream => self
+                .sink
+                .0
+                .metrics
+                .route(self.endpoint)
+                .between_chunks
+                .observe(now.duration_since(last).as_secs_f64()),
             Some(_) => {}
         }
         self.last_chunk = Some(now);
@@ -369,33 +542,52 @@ impl AnswerNote {
             self.cached = Some(n);
         }
     }
+
+    /// An answer read whole before it is relayed: its first byte and its end are the
+    /// same moment, read once when the note is dropped.
+    pub fn body(&mut self, b: &[u8]) {
+        self.whole = true;
+        self.cached = cached_tokens(b);
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
 }
 
 impl Drop for AnswerNote {
     fn drop(&mut self) {
+        let now = Instant::now();
         let outcome = match (self.failed, self.status) {
             (true, _) | (false, None) => "failed",
             _ if self.abandoned => "abandoned",
             (false, Some(s)) if (200..300).contains(&s) => "ok",
             (false, Some(_)) => "error",
         };
-        let answer = LoggedAnswer {
+        let first_byte = match self.first_byte {
+            Some(t) => Some(t),
+            None if self.whole => Some(now),
+            None => None,
+        };
+        let answer = Ended {
             outcome,
             status: self.status,
-            ttft_ms: self.first_byte,
-            latency_ms: self.started.elapsed().as_secs_f64() * 1000.0,
-            reported_cached_tokens: self.cached,
+            first_byte,
+            end: now,
+            cached: self.cached,
         };
-        self.sink.ring().answer(self.seq, answer);
+        self.sink.ring().answer(self.slot, answer);
         if !self.relayed {
             return;
         }
-        let m = &self.sink.metrics;
-        if let Some(r) = m.route(self.route) {
-            r.duration.observe(self.arrived.elapsed().as_secs_f64());
-            if let (true, Some(ms)) = (self.stream, self.first_byte) {
-                r.ttft.observe(ms / 1000.0);
-            }
+        let m = &self.sink.0.metrics;
+        let r = m.route(self.endpoint);
+        r.duration
+            .observe(now.duration_since(self.arrived).as_secs_f64());
+        if self.stream
+            && let Some(t) = first_byte
+        {
+            r.ttft.observe(t.duration_since(self.started).as_secs_f64());
         }
         if outcome == "ok" {
             m.cache_report(self.cached.is_some());
@@ -407,15 +599,37 @@ impl Drop for AnswerNote {
     }
 }
 
+/// How far from its end an answer is searched first: engines put their usage last
+/// (OpenAI's `usage`, SGLang's `meta_info`, a stream's last event) unless logprobs or
+/// token ids follow it.
+const TAIL: usize = 1024;
+
+/// Where the last match in `b` starts: one call for an answer with none or one (an
+/// iterator costs more than the search of a short answer).
+fn last_key(finder: &memchr::memmem::Finder<'_>, b: &[u8]) -> Option<usize> {
+    let mut at = finder.find(b)?;
+    while let Some(i) = finder.find(&b[at + 1..]) {
+        at += 1 + i;
+    }
+    Some(at)
+}
+
 /// The value of the last `"cached_tokens": N` in a JSON text. A quote inside a JSON string
 /// is escaped, so generated text that mentions the key does not match.
 pub fn cached_tokens(b: &[u8]) -> Option<u64> {
     const KEY: &[u8] = b"\"cached_tokens\"";
-    // Built once (building one costs more than searching a short chunk), and forward:
-    // the forward search is vectorised, the reverse one is not.
+    // Built once (building one costs more than searching a short answer), and forward:
+    // the forward search is vectorised, the reverse one four times slower per byte.
     static FINDER: LazyLock<memchr::memmem::Finder<'static>> =
         LazyLock::new(|| memchr::memmem::Finder::new(KEY));
-    let at = FINDER.find_iter(b).last()?;
+    // The tail first: a long answer that reports its usage is not searched whole. The
+    // rest ends where a key starting before the tail would end.
+    let tail = b.len().saturating_sub(TAIL);
+    let at = match last_key(&FINDER, &b[tail..]) {
+        Some(i) => tail + i,
+        None if tail == 0 => return None,
+        None => last_key(&FINDER, &b[..tail + KEY.len() - 1])?,
+    };
     let rest = &b[at + KEY.len()..];
     let rest = rest
         .trim_ascii_start()
@@ -446,33 +660,101 @@ mod tests {
     }
 
     #[test]
-    fn the_ring_keeps_the_newest_and_answers_after_a_sequence_number() {
-        let sink = DecisionSink::new(3, Arc::new(Metrics::default()));
-        let d = Decision::simple(WorkerId(1), kvgate_policies::DecisionPath::Load);
-        let at = Decided {
-            request_id: Arc::from("r"),
+    fn the_last_cached_tokens_is_read_wherever_it_lies_from_the_tail() {
+        let key = br#""cached_tokens":"#;
+        // The last key starting at every place around the tail's edge, with an earlier
+        // key far before it and filler after it.
+        for after in [
+            0,
+            1,
+            TAIL - key.len() - 3,
+            TAIL - 5,
+            TAIL - 1,
+            TAIL,
+            TAIL + 7,
+            3000,
+        ] {
+            let mut b = br#"{"meta_info":{"cached_tokens":1},"x":""#.to_vec();
+            b.extend(std::iter::repeat_n(b'a', 4000));
+            b.extend_from_slice(br#"","usage":{"cached_tokens":42}"#);
+            b.extend(std::iter::repeat_n(b' ', after));
+            assert_eq!(cached_tokens(&b), Some(42), "{after} bytes after");
+        }
+        // Only the early one: found by the forward search.
+        let mut b = br#"{"cached_tokens":3,"x":""#.to_vec();
+        b.extend(std::iter::repeat_n(b'a', 5000));
+        assert_eq!(cached_tokens(&b), Some(3));
+        assert_eq!(cached_tokens(b""), None);
+    }
+
+    fn decided(request_id: &Arc<str>) -> Decided<'_> {
+        Decided {
+            request_id,
             model: None,
-            route: "/v1/completions",
+            endpoint: Endpoint::Completions,
             attempt: 1,
             worker_url: WorkerUrl::parse("http://w:1").unwrap(),
             text: true,
             bytes_per_token: 4.0,
             arrived: Instant::now(),
             stream: false,
-        };
-        let mut notes: Vec<AnswerNote> = (0..5).map(|_| sink.decided(&d, at.clone())).collect();
+        }
+    }
+
+    fn seqs(records: &[DecisionRecord]) -> Vec<u64> {
+        records.iter().map(|r| r.seq).collect()
+    }
+
+    #[test]
+    fn the_ring_keeps_the_newest_and_answers_after_a_sequence_number() {
+        let sink = DecisionSink::new(3, Arc::new(Metrics::default()));
+        let d = Decision::simple(WorkerId(1), kvgate_policies::DecisionPath::Load);
+        let mut notes: Vec<AnswerNote> = (0..5)
+            .map(|_| sink.decided(&mut d.clone(), decided(&Arc::from("r"))))
+            .collect();
         notes[4].status(200);
         drop(notes);
         let all = sink.read(10, None);
-        assert_eq!(all.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![3, 4, 5]);
+        assert_eq!(seqs(&all), vec![3, 4, 5]);
         let outcomes: Vec<_> = all
             .iter()
             .map(|r| r.answer.as_ref().map(|a| a.outcome))
             .collect();
         assert_eq!(outcomes, [Some("failed"), Some("failed"), Some("ok")]);
-        let after = sink.read(1, Some(3));
-        assert_eq!(after.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![4]);
-        let newest = sink.read(1, None);
-        assert_eq!(newest.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![5]);
+        assert_eq!(seqs(&sink.read(1, Some(3))), vec![4]);
+        assert_eq!(seqs(&sink.read(1, None)), vec![5]);
+        // Wrapping round again keeps the order, oldest first.
+        for _ in 0..4 {
+            drop(sink.decided(&mut d.clone(), decided(&Arc::from("s"))));
+        }
+        assert_eq!(seqs(&sink.read(10, None)), vec![7, 8, 9]);
+        assert_eq!(seqs(&sink.read(2, Some(7))), vec![8, 9]);
+        assert_eq!(sink.paths_within(Duration::from_secs(60)), [("load", 3)]);
+    }
+
+    #[test]
+    fn an_answer_whose_slot_was_taken_is_dropped_and_a_record_has_its_time() {
+        let sink = DecisionSink::new(2, Arc::new(Metrics::default()));
+        let d = Decision::simple(WorkerId(1), kvgate_policies::DecisionPath::Hit);
+        let mut late = sink.decided(&mut d.clone(), decided(&Arc::from("late")));
+        late.status(200);
+        drop(sink.decided(&mut d.clone(), decided(&Arc::from("a"))));
+        drop(sink.decided(&mut d.clone(), decided(&Arc::from("b"))));
+        drop(late);
+        let all = sink.read(10, None);
+        assert_eq!(seqs(&all), vec![2, 3]);
+        assert!(all.iter().all(|r| r.request_id.as_str() != "late"));
+        assert_eq!(all[0].request_id.as_str(), "a");
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |t| t.as_millis() as u64);
+        for r in &all {
+            assert!(
+                r.time_unix_ms.abs_diff(now_ms) < 5_000,
+                "{}",
+                r.time_unix_ms
+            );
+            assert_eq!(r.route, "/v1/completions");
+        }
     }
 }

@@ -99,12 +99,13 @@ pub async fn inference(
         Ok(resp) => resp.status().as_u16(),
         Err(e) => actix_web::ResponseError::status_code(e).as_u16(),
     };
-    metrics.request(endpoint.path(), status, served.as_deref());
+    metrics.request(endpoint, status, served.as_ref());
     // A relayed answer's duration is taken when it ends; an error's now.
-    if answer.is_err()
-        && let Some(r) = metrics.route(endpoint.path())
-    {
-        r.duration.observe(arrived.elapsed().as_secs_f64());
+    if answer.is_err() {
+        metrics
+            .route(endpoint)
+            .duration
+            .observe(arrived.elapsed().as_secs_f64());
     }
     answer
 }
@@ -163,9 +164,9 @@ async fn proxy_request(
     let mut attempt = 1;
     let mut restarted = false;
     loop {
-        let model: Option<Arc<str>> = facts.model.as_deref().map(Arc::from);
         let (text, facts_stream) = (is_text(&facts.key), facts.stream);
-        let d = match selector::select(&state.selector, facts, exclude.clone(), attempt).await? {
+        let mut d = match selector::select(&state.selector, facts, exclude.clone(), attempt).await?
+        {
             Ok(d) => d,
             // The selector rebuilt its state after a failed decision: ask once more, on
             // the fresh state (a second failure is this request's own answer).
@@ -184,20 +185,15 @@ async fn proxy_request(
         };
         let (worker, target, url, recorded) =
             (d.worker, d.target, d.url.clone(), d.recorded.clone());
-        let path = if attempt > 1 {
-            state.metrics.retries.inc();
-            "retry"
-        } else {
-            d.decision.path.name()
-        };
-        state.metrics.decision(path);
-        served.clone_from(&model);
+        state.metrics.dispatched(d.decision.path, attempt);
+        served.clone_from(&d.model);
+        // The log takes the decision itself; the attempt needs none of it.
         let note = state.decisions.decided(
-            &d.decision,
+            &mut d.decision,
             Decided {
-                request_id: request_id.clone(),
-                model,
-                route: endpoint.path(),
+                request_id: &request_id,
+                model: d.model.take(),
+                endpoint,
                 attempt,
                 worker_url: url.clone(),
                 text,

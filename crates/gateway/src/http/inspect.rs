@@ -364,7 +364,7 @@ pub async fn fleet_state(
         .map_or(0, |t| t.as_millis() as u64);
     let recent: serde_json::Map<String, Value> = state
         .decisions
-        .paths_since(now_ms.saturating_sub(RECENT_WINDOW_MS))
+        .paths_within(std::time::Duration::from_millis(RECENT_WINDOW_MS))
         .into_iter()
         .map(|(p, n)| (p.to_owned(), json!(n)))
         .collect();

@@ -20,12 +20,17 @@ pub enum Endpoint {
 }
 
 impl Endpoint {
-    pub fn path(self) -> &'static str {
+    pub const fn path(self) -> &'static str {
         match self {
             Endpoint::Chat => "/v1/chat/completions",
             Endpoint::Completions => "/v1/completions",
             Endpoint::Generate => "/generate",
         }
+    }
+
+    /// 0, 1, 2 in the order above: where the route's series are kept.
+    pub const fn index(self) -> usize {
+        self as usize
     }
 }
 

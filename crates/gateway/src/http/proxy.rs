@@ -351,7 +351,7 @@ pub async fn forward(
     };
     booking.set_outcome(outcome);
     drop(booking);
-    note.chunk(&body);
+    note.body(&body);
     note.relayed();
     attempts_header(&mut builder, up.attempt);
     Ok(builder.body(body))

@@ -1,6 +1,7 @@
 //! What the selector is asked and what it answers: the messages, the `Dispatch` handed to
 //! the HTTP side, and the `Booking` that gives its slot back.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
@@ -51,6 +52,9 @@ pub struct Dispatch {
     /// Where the index recorded the prompt for this worker, so a failed attempt can be
     /// taken back out: the index namespace and the units the worker held before.
     pub recorded: Option<(String, usize)>,
+    /// The request's model as the fleet names it, shared rather than copied (the
+    /// decision log and the metrics' label); `None` when the request named none.
+    pub model: Option<Arc<str>>,
 }
 
 /// One in-flight request on a worker, released on drop whatever ended it.
