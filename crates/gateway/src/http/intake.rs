@@ -41,7 +41,12 @@ const HEAD_READ: usize = 16 * 1024;
 
 #[derive(Debug)]
 enum Entry {
-    Pending(Option<Waker>),
+    /// Not whole yet. Nothing of it is read until its handler asks (`wanted`): a request
+    /// waiting for admission holds no more of its body than actix-http would.
+    Pending {
+        waker: Option<Waker>,
+        wanted: bool,
+    },
     Ready(Bytes),
     /// The client went away (or failed) before the whole body came.
     Lost,
@@ -57,7 +62,7 @@ impl Bodies {
     fn set(&self, token: u64, to: Entry) {
         let mut entries = self.entries.borrow_mut();
         if let Some((_, e)) = entries.iter_mut().find(|(t, _)| *t == token)
-            && let Entry::Pending(waker) = std::mem::replace(e, to)
+            && let Entry::Pending { waker, .. } = std::mem::replace(e, to)
             && let Some(w) = waker
         {
             w.wake();
@@ -66,6 +71,15 @@ impl Bodies {
 
     fn contains(&self, token: u64) -> bool {
         self.entries.borrow().iter().any(|(t, _)| *t == token)
+    }
+
+    /// Whether `token`'s handler asked for its body; `None` once it let it go.
+    fn wanted(&self, token: u64) -> Option<bool> {
+        self.entries
+            .borrow()
+            .iter()
+            .find(|(t, _)| *t == token)
+            .map(|(_, e)| matches!(e, Entry::Pending { wanted: true, .. }))
     }
 
     fn is_empty(&self) -> bool {
@@ -112,8 +126,13 @@ impl BodyClaim {
                 return Poll::Ready(Err(BodyLost));
             };
             match &mut entries[i].1 {
-                Entry::Pending(w) => {
-                    *w = Some(cx.waker().clone());
+                Entry::Pending { waker, wanted } => {
+                    *waker = Some(cx.waker().clone());
+                    if !*wanted {
+                        *wanted = true;
+                        // The intake waits for this: it reads on when polled again.
+                        cx.waker().wake_by_ref();
+                    }
                     Poll::Pending
                 }
                 Entry::Ready(_) | Entry::Lost => match entries.swap_remove(i).1 {
@@ -139,7 +158,8 @@ impl Drop for BodyClaim {
 enum Mode {
     /// Reading the next request's head.
     Head,
-    /// Reading a body for its handler: `want` bytes in all.
+    /// Reading a body for its handler: `want` bytes in all (`body` is allocated when
+    /// the handler asks for it).
     Body {
         token: u64,
         body: BytesMut,
@@ -147,6 +167,8 @@ enum Mode {
     },
     /// Passing the rest of a body actix-http reads itself.
     Pass(u64),
+    /// Dropping the rest of a body whose handler let it go.
+    Skip(usize),
     /// Passing everything from here on (framing this module does not follow).
     Raw,
 }
@@ -297,6 +319,17 @@ impl Intake {
         self.bodies.clone()
     }
 
+    #[cfg(test)]
+    fn mode_name(&self) -> &'static str {
+        match self.mode {
+            Mode::Head => "head",
+            Mode::Body { .. } => "body",
+            Mode::Pass(_) => "pass",
+            Mode::Skip(_) => "skip",
+            Mode::Raw => "raw",
+        }
+    }
+
     /// Moves what `input` holds along as far as the mode allows.
     fn advance(&mut self) {
         loop {
@@ -318,7 +351,27 @@ impl Intake {
                     let part = self.input.split_to(n);
                     self.out.unsplit(part);
                 }
-                Mode::Body { body, want, .. } => {
+                Mode::Skip(left) => {
+                    let n = (*left).min(self.input.len());
+                    if n == 0 {
+                        return;
+                    }
+                    self.input.advance(n);
+                    *left -= n;
+                    if *left == 0 {
+                        self.mode = Mode::Head;
+                    }
+                }
+                Mode::Body { token, body, want } => {
+                    match self.bodies.wanted(*token) {
+                        None => {
+                            self.mode = Mode::Skip(*want - body.len());
+                            continue;
+                        }
+                        Some(false) => return,
+                        Some(true) if body.capacity() == 0 => body.reserve(*want),
+                        Some(true) => {}
+                    }
                     let n = (*want - body.len()).min(self.input.len());
                     body.extend_from_slice(&self.input[..n]);
                     self.input.advance(n);
@@ -346,13 +399,16 @@ impl Intake {
                         Look::Take { head, body } => {
                             self.next_token = token.wrapping_add(1);
                             self.input.advance(head);
-                            self.bodies
-                                .entries
-                                .borrow_mut()
-                                .push((token, Entry::Pending(None)));
+                            self.bodies.entries.borrow_mut().push((
+                                token,
+                                Entry::Pending {
+                                    waker: None,
+                                    wanted: false,
+                                },
+                            ));
                             self.mode = Mode::Body {
                                 token,
-                                body: BytesMut::with_capacity(body),
+                                body: BytesMut::new(),
                                 want: body,
                             };
                         }
@@ -388,6 +444,8 @@ impl AsyncRead for Intake {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         loop {
+            // Also where a body's handler asking for it, or letting it go, takes effect.
+            this.advance();
             if !this.out.is_empty() {
                 let n = this.out.len().min(buf.remaining());
                 buf.put_slice(&this.out[..n]);
@@ -401,6 +459,8 @@ impl AsyncRead for Intake {
             let read = match &mut this.mode {
                 // Nothing to rewrite: straight into actix-http's buffer.
                 Mode::Raw => return io.poll_read(cx, buf),
+                // Not asked for yet: the claim wakes this task when it is.
+                Mode::Body { body, .. } if body.capacity() == 0 => return Poll::Pending,
                 // Straight into the body's own buffer, never past its end.
                 Mode::Body { body, want, .. } => {
                     let read = tokio_util::io::poll_read_buf(io, cx, body);
@@ -410,7 +470,7 @@ impl AsyncRead for Intake {
                     }
                     read
                 }
-                Mode::Head | Mode::Pass(_) => {
+                Mode::Head | Mode::Pass(_) | Mode::Skip(_) => {
                     this.input.reserve(HEAD_READ);
                     tokio_util::io::poll_read_buf(io, cx, &mut this.input)
                 }
@@ -418,7 +478,7 @@ impl AsyncRead for Intake {
             match read {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Ok(0)) => this.ended(),
-                Poll::Ready(Ok(_)) => this.advance(),
+                Poll::Ready(Ok(_)) => {}
                 Poll::Ready(Err(e)) => {
                     this.ended();
                     return Poll::Ready(Err(e));

@@ -125,9 +125,18 @@ fn what_is_not_taken_passes_with_its_body_or_ends_the_parsing() {
     raw(&long);
 }
 
-/// An `Intake` over a loopback connection whose client wrote `sent` (and closed when
-/// `close`), read to its end or until `until` bytes came.
-async fn through(sent: Vec<u8>, limit: usize, close: bool) -> (Vec<u8>, Rc<Bodies>, Intake) {
+/// Marks every body as asked for, as its handler would.
+fn want_all(bodies: &Bodies) {
+    for (_, e) in bodies.entries.borrow_mut().iter_mut() {
+        if let Entry::Pending { wanted, .. } = e {
+            *wanted = true;
+        }
+    }
+}
+
+/// An `Intake` over a loopback connection whose client wrote `sent` and closed, read to
+/// its end with every body asked for.
+async fn through(sent: Vec<u8>, limit: usize) -> (Vec<u8>, Rc<Bodies>) {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     let client = tokio::spawn(async move {
@@ -137,20 +146,24 @@ async fn through(sent: Vec<u8>, limit: usize, close: bool) -> (Vec<u8>, Rc<Bodie
             c.write_all(piece).await.unwrap();
             tokio::task::yield_now().await;
         }
-        if close {
-            c.shutdown().await.unwrap();
-        }
+        c.shutdown().await.unwrap();
         c
     });
     let (io, _) = l.accept().await.unwrap();
     let mut intake = Intake::new(io, limit);
     let bodies = intake.bodies();
     let mut out = Vec::new();
-    if close {
-        intake.read_to_end(&mut out).await.unwrap();
+    let mut chunk = vec![0u8; 4096];
+    loop {
+        want_all(&bodies);
+        let n = intake.read(&mut chunk).await.unwrap();
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&chunk[..n]);
     }
     drop(client.await.unwrap());
-    (out, bodies, intake)
+    (out, bodies)
 }
 
 fn taken(bodies: &Bodies) -> Vec<(u64, Option<Bytes>)> {
@@ -174,7 +187,7 @@ async fn a_taken_body_comes_whole_and_what_follows_it_passes_as_sent() {
     let mut sent = chat(&body, "");
     let after = b"GET /health HTTP/1.1\r\nhost: gw\r\n\r\n".to_vec();
     sent.extend_from_slice(&after);
-    let (out, bodies, _) = through(sent.clone(), LIMIT, true).await;
+    let (out, bodies) = through(sent.clone(), LIMIT).await;
     let got = taken(&bodies);
     assert_eq!(got.len(), 1);
     let (token, b) = &got[0];
@@ -197,7 +210,7 @@ async fn bodies_that_are_not_taken_pass_byte_for_byte() {
     sent.extend_from_slice(
         b"3\r\nabc\r\n0\r\n\r\nPOST /generate HTTP/1.1\r\ncontent-length: 2\r\n\r\n{}",
     );
-    let (out, bodies, _) = through(sent.clone(), 100, true).await;
+    let (out, bodies) = through(sent.clone(), 100).await;
     assert_eq!(out, sent);
     assert!(taken(&bodies).is_empty());
 }
@@ -206,7 +219,7 @@ async fn bodies_that_are_not_taken_pass_byte_for_byte() {
 async fn a_client_gone_before_its_body_came_loses_it_and_the_claim_says_so() {
     let mut sent = chat(&[b'z'; 50_000], "");
     sent.truncate(sent.len() - 10_000);
-    let (_, bodies, _) = through(sent, LIMIT, true).await;
+    let (_, bodies) = through(sent, LIMIT).await;
     let got = taken(&bodies);
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].1, None);
@@ -272,10 +285,52 @@ async fn a_claim_waits_for_its_body_and_one_dropped_unread_lets_it_go() {
 
     // Dropped unread: the table is empty again, so the next body can be taken.
     let b = Rc::new(Bodies::default());
-    b.entries.borrow_mut().push((3, Entry::Pending(None)));
+    b.entries.borrow_mut().push((
+        3,
+        Entry::Pending {
+            waker: None,
+            wanted: false,
+        },
+    ));
     drop(BodyClaim {
         bodies: b.clone(),
         token: 3,
     });
     assert!(b.is_empty());
+}
+
+#[tokio::test]
+async fn a_body_is_not_read_before_its_handler_asks_and_one_let_go_is_skipped() {
+    let body = vec![b'w'; 100_000];
+    let mut sent = chat(&body, "");
+    let next = b"GET /health HTTP/1.1\r\n\r\n";
+    sent.extend_from_slice(next);
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (io, _) = l.accept().await.unwrap();
+    let mut intake = Intake::new(io, LIMIT);
+    let bodies = intake.bodies();
+    c.write_all(&sent).await.unwrap();
+    let mut chunk = vec![0u8; 4096];
+    let n = intake.read(&mut chunk).await.unwrap();
+    assert!(String::from_utf8_lossy(&chunk[..n]).contains("x-kvgate-body: "));
+    // Nobody asked: nothing more is read, however long the client has been sending.
+    let idle = tokio::time::timeout(Duration::from_millis(200), intake.read(&mut chunk)).await;
+    assert!(idle.is_err(), "read on: {idle:?}");
+    assert_eq!(intake.mode_name(), "body");
+    assert!(intake.input.len() < body.len());
+    // Let go unread (a refused request): the rest of the body is dropped, and the next
+    // request comes through as sent.
+    let token = bodies.entries.borrow()[0].0;
+    drop(BodyClaim {
+        bodies: bodies.clone(),
+        token,
+    });
+    let n = tokio::time::timeout(Duration::from_secs(5), intake.read(&mut chunk))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&chunk[..n], next);
+    drop(c);
 }
