@@ -1,6 +1,7 @@
 //! Text requests matched on engine KV events: engines with a model's own tokenizer (the
-//! fixture's, in `tests/fixtures/tokenizer`) publish the blocks of the chats they served;
-//! the gateway loads the same tokenizer from the path the engines advertise, renders each
+//! byte-level BPE of `tests/fixtures/tokenizer`, or the word-level one of
+//! `tests/fixtures/tokenizer-words`) publish the blocks of the chats they served; the
+//! gateway loads the same tokenizer from the path the engines advertise, renders each
 //! chat with its chat template and sends it where its blocks are. Without a tokenizer the
 //! text goes to the approximate index, and explain says why.
 
@@ -12,18 +13,24 @@ use kvgate_gateway::Gateway;
 use kvgate_tests::{get, post_json, test_config};
 use serde_json::{Value, json};
 
-fn fixture() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/tokenizer")
+/// The byte-level BPE fixture, or with `words` the word-level one.
+fn fixture(words: bool) -> PathBuf {
+    let dir = if words {
+        "fixtures/tokenizer-words"
+    } else {
+        "fixtures/tokenizer"
+    };
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(dir)
 }
 
-fn engine() -> SimConfig {
+fn engine(tokenizer: PathBuf) -> SimConfig {
     SimConfig {
         max_running_requests: 16,
         enable_cache_report: true,
         page_size: 16,
         kv_events_port: Some(0),
         kv_events_replay_port: Some(0),
-        tokenizer_path: Some(fixture()),
+        tokenizer_path: Some(tokenizer),
         ..SimConfig::default()
     }
 }
@@ -64,7 +71,17 @@ fn served_by(answer: &Value) -> usize {
 
 #[actix_rt::test]
 async fn chats_go_where_the_engines_events_hold_their_tokens() {
-    let fleet = SimFleet::start_each("127.0.0.1", 0, vec![engine(), engine()]).expect("fleet");
+    chats_follow_the_events(fixture(false)).await;
+}
+
+#[actix_rt::test]
+async fn chats_go_where_the_events_say_with_a_word_level_tokenizer() {
+    chats_follow_the_events(fixture(true)).await;
+}
+
+async fn chats_follow_the_events(tokenizer: PathBuf) {
+    let engines = vec![engine(tokenizer.clone()), engine(tokenizer.clone())];
+    let fleet = SimFleet::start_each("127.0.0.1", 0, engines).expect("fleet");
     let urls = fleet.urls();
     // Before any gateway: eight conversations, each served by a chosen engine directly.
     for (k, &holder) in HOLDER.iter().enumerate() {
@@ -89,7 +106,7 @@ async fn chats_go_where_the_engines_events_hold_their_tokens() {
     .await;
     assert_eq!(
         ws[0]["tokenizer"]["path"],
-        *fixture().to_string_lossy(),
+        *tokenizer.to_string_lossy(),
         "{ws:?}"
     );
 
@@ -163,11 +180,11 @@ async fn chats_go_where_the_engines_events_hold_their_tokens() {
 
 #[actix_rt::test]
 async fn without_a_tokenizer_text_uses_the_approximate_index_and_explain_says_why() {
-    let fleet = SimFleet::start_each("127.0.0.1", 0, vec![engine()]).expect("fleet");
+    let fleet = SimFleet::start_each("127.0.0.1", 0, vec![engine(fixture(false))]).expect("fleet");
     let dir = tempfile::tempdir().expect("dir");
     let mut cfg = test_config(&dir);
     cfg.worker_urls = fleet.urls();
-    cfg.tokenizer_path = Some(fixture().join("no-such-tokenizer.json"));
+    cfg.tokenizer_path = Some(fixture(false).join("no-such-tokenizer.json"));
     let gw = Gateway::start(cfg).expect("gateway");
     let ws = until(&gw, "the failed load", |ws| {
         ws.first()
