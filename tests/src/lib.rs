@@ -201,6 +201,27 @@ pub async fn wait_for(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
     panic!("timed out waiting for {what}");
 }
 
+/// The gateway's `GET /workers` list.
+pub async fn workers(gw: &Gateway) -> Vec<Value> {
+    get(&format!("{}/workers", gw.url())).await.json()["workers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// Reads `GET /workers` every 20 ms until `ok` holds of it, and returns it; panics after
+/// 10 s. For waiting on state, never for asserting time.
+pub async fn until_workers(gw: &Gateway, what: &str, ok: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+    for _ in 0..500 {
+        let w = workers(gw).await;
+        if ok(&w) {
+            return w;
+        }
+        actix_rt::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("timed out waiting for {what}: {:?}", workers(gw).await);
+}
+
 /// The JSON objects in an SSE body's `data:` lines, and whether it ended with `[DONE]`.
 pub fn sse_events(body: &str) -> (Vec<Value>, bool) {
     let mut events = Vec::new();

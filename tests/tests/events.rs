@@ -5,7 +5,7 @@
 
 use kvgate_engine_sim::{SimConfig, SimFleet, engine_of};
 use kvgate_gateway::Gateway;
-use kvgate_tests::{get, post_json, test_config};
+use kvgate_tests::{get, post_json, test_config, until_workers, workers};
 use serde_json::{Value, json};
 
 fn engine() -> SimConfig {
@@ -21,24 +21,6 @@ fn engine() -> SimConfig {
 /// A prompt of `n` token ids no other prompt here starts with.
 fn prefix(k: u32, n: u32) -> Vec<u32> {
     (0..n).map(|i| 1000 + k * 5000 + i).collect()
-}
-
-async fn workers(gw: &Gateway) -> Vec<Value> {
-    get(&format!("{}/workers", gw.url())).await.json()["workers"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-}
-
-async fn until_events(gw: &Gateway, what: &str, ok: impl Fn(&[Value]) -> bool) -> Vec<Value> {
-    for _ in 0..500 {
-        let w = workers(gw).await;
-        if ok(&w) {
-            return w;
-        }
-        actix_rt::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    panic!("timed out waiting for {what}: {:?}", workers(gw).await);
 }
 
 fn blocks_of(ws: &[Value], url: &str) -> u64 {
@@ -68,7 +50,7 @@ async fn token_requests_go_where_the_engines_events_say_their_blocks_are() {
     cfg.seed = Some(3);
     let gw = Gateway::start(cfg).expect("gateway");
     // The replay brings what was stored before the subscription.
-    let ws = until_events(&gw, "live events with the replayed blocks", |ws| {
+    let ws = until_workers(&gw, "live events with the replayed blocks", |ws| {
         ws.len() == 2
             && ws.iter().all(|w| w["events"]["state"] == "live")
             && urls.iter().all(|u| blocks_of(ws, u) > 0)
@@ -126,7 +108,7 @@ async fn token_requests_go_where_the_engines_events_say_their_blocks_are() {
     let before = workers(&gw).await;
     let r = post_json(&format!("{}/flush_cache", urls[0]), &json!({})).await;
     assert!(r.status.is_success(), "{}", r.text());
-    let after = until_events(&gw, "the flush", |ws| blocks_of(ws, &urls[0]) == 0).await;
+    let after = until_workers(&gw, "the flush", |ws| blocks_of(ws, &urls[0]) == 0).await;
     assert_eq!(blocks_of(&after, &urls[1]), blocks_of(&before, &urls[1]));
     // The flushed engine's prefixes, cached again on the other engine by other clients:
     // they follow their new holder, not the engine that announced them first.
@@ -138,7 +120,7 @@ async fn token_requests_go_where_the_engines_events_say_their_blocks_are() {
         .await;
         assert_eq!(r.status.as_u16(), 200, "{}", r.text());
     }
-    until_events(&gw, "the new holder's stores", |ws| {
+    until_workers(&gw, "the new holder's stores", |ws| {
         blocks_of(ws, &urls[1]) >= blocks_of(&before, &urls[1]) + 10 * 192
     })
     .await;
@@ -168,7 +150,7 @@ async fn a_worker_whose_publisher_is_unreachable_is_stalled_and_served_by_the_ap
         r#"{{"publisher": "zmq", "endpoint": "tcp://*:{dead}", "topic": "kv", "block_size": 1}}"#
     ));
     let gw = Gateway::start(cfg).expect("gateway");
-    let ws = until_events(&gw, "a stalled publisher", |ws| {
+    let ws = until_workers(&gw, "a stalled publisher", |ws| {
         ws.first()
             .is_some_and(|w| w["events"]["state"] == "stalled")
     })
@@ -230,20 +212,20 @@ async fn a_restarted_engine_is_subscribed_afresh_and_its_old_blocks_are_gone() {
             assert_eq!(r.status.as_u16(), 200, "{}", r.text());
         }
     };
-    until_events(&gw, "live events", |ws| {
+    until_workers(&gw, "live events", |ws| {
         ws.first().is_some_and(|w| w["events"]["state"] == "live")
     })
     .await;
     send(1).await;
-    until_events(&gw, "the first blocks", |ws| blocks_of(ws, &url) > 0).await;
+    until_workers(&gw, "the first blocks", |ws| blocks_of(ws, &url) > 0).await;
     // A new process on the same ports: its batches number from 0 again, its cache is empty.
     fleet.revive(0).expect("revive");
-    until_events(&gw, "the restart noticed", |ws| {
+    until_workers(&gw, "the restart noticed", |ws| {
         blocks_of(ws, &url) == 0 && ws[0]["events"]["state"] == "live"
     })
     .await;
     send(2).await;
-    until_events(&gw, "blocks from the new process", |ws| {
+    until_workers(&gw, "blocks from the new process", |ws| {
         blocks_of(ws, &url) > 0
     })
     .await;
@@ -364,7 +346,7 @@ async fn engines_that_advertise_nothing_are_subscribed_from_kv_events_config() {
             "replay_endpoint": "tcp://*:{replay_port}", "topic": "kv-events"}}"#
     ));
     let gw = Gateway::start(cfg).expect("gateway");
-    let ws = until_events(&gw, "live events from config", |ws| {
+    let ws = until_workers(&gw, "live events from config", |ws| {
         ws.len() == 2
             && ws.iter().all(|w| w["events"]["state"] == "live")
             && urls.iter().all(|u| blocks_of(ws, u) > 0)
@@ -420,7 +402,7 @@ async fn a_burst_on_a_prefix_the_events_place_spills_past_its_gated_holder() {
     cfg.seed = Some(9);
     cfg.policy.balance_abs_threshold = 4;
     let gw = Gateway::start(cfg).expect("gateway");
-    until_events(&gw, "the holder's blocks", |ws| {
+    until_workers(&gw, "the holder's blocks", |ws| {
         ws.len() == 2
             && ws.iter().all(|w| w["events"]["state"] == "live")
             && blocks_of(ws, &urls[0]) >= 256
@@ -462,7 +444,7 @@ async fn new_prefix_groups_stay_together_before_their_engines_publish_them() {
     cfg.worker_urls = urls.clone();
     cfg.seed = Some(4);
     let gw = Gateway::start(cfg).expect("gateway");
-    until_events(&gw, "live events", |ws| {
+    until_workers(&gw, "live events", |ws| {
         ws.len() == 4 && ws.iter().all(|w| w["events"]["state"] == "live")
     })
     .await;

@@ -5,7 +5,7 @@
 
 use kvgate_engine_sim::{SimConfig, SimFleet, engine_of};
 use kvgate_gateway::{Gateway, GatewayConfig};
-use kvgate_tests::{get, post_json, test_config};
+use kvgate_tests::{post_json, test_config, until_workers};
 use serde_json::{Value, json};
 
 /// Engines that keep only `buffer` batches per rank for replay.
@@ -23,24 +23,6 @@ fn engine(buffer: usize) -> SimConfig {
 /// A prompt of `n` token ids no other prompt here starts with.
 fn prefix(k: u32, n: u32) -> Vec<u32> {
     (0..n).map(|i| 1000 + k * 5000 + i).collect()
-}
-
-async fn workers(gw: &Gateway) -> Vec<Value> {
-    get(&format!("{}/workers", gw.url())).await.json()["workers"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-}
-
-async fn until(gw: &Gateway, what: &str, ok: impl Fn(&[Value]) -> bool) -> Vec<Value> {
-    for _ in 0..500 {
-        let w = workers(gw).await;
-        if ok(&w) {
-            return w;
-        }
-        actix_rt::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    panic!("timed out waiting for {what}: {:?}", workers(gw).await);
 }
 
 fn events_of<'a>(ws: &'a [Value], url: &str) -> &'a Value {
@@ -98,12 +80,12 @@ async fn the_event_index_outlives_a_gateway_restart_and_resumes_from_its_sequenc
     let urls = fleet.urls();
     let dir = tempfile::tempdir().expect("dir");
     let first = gateway(&dir, &urls);
-    until(&first, "live events", |ws| all_live(ws, 3)).await;
+    until_workers(&first, "live events", |ws| all_live(ws, 3)).await;
     // Nine prefixes cached straight on the engines while the first gateway follows.
     for k in 0..9u32 {
         cache_directly(&urls[(k % 3) as usize], k).await;
     }
-    let seen = until(&first, "every prefix's blocks", |ws| {
+    let seen = until_workers(&first, "every prefix's blocks", |ws| {
         urls.iter().all(|u| blocks_of(ws, u) >= 3 * 96)
     })
     .await;
@@ -116,7 +98,7 @@ async fn the_event_index_outlives_a_gateway_restart_and_resumes_from_its_sequenc
     fleet.revive(2).expect("revive");
 
     let second = gateway(&dir, &urls);
-    let ws = until(&second, "events resumed", |ws| {
+    let ws = until_workers(&second, "events resumed", |ws| {
         all_live(ws, 3) && blocks_of(ws, &urls[0]) > held[0]
     })
     .await;
@@ -136,7 +118,7 @@ async fn the_event_index_outlives_a_gateway_restart_and_resumes_from_its_sequenc
     // what the engines published first, so it knows less.
     let empty = tempfile::tempdir().expect("dir");
     let fresh = gateway(&empty, &urls);
-    let ws = until(&fresh, "live events", |ws| all_live(ws, 3)).await;
+    let ws = until_workers(&fresh, "live events", |ws| all_live(ws, 3)).await;
     assert!(
         blocks_of(&ws, &urls[1]) < held[1],
         "replay alone rebuilt {} of {} blocks: {ws:?}",
@@ -153,21 +135,21 @@ async fn an_engine_restarted_between_health_checks_is_seen_in_its_sequence() {
     let dir = tempfile::tempdir().expect("dir");
     // test_config's health checks are an hour apart: nothing re-reads /server_info.
     let gw = gateway(&dir, std::slice::from_ref(&url));
-    until(&gw, "live events", |ws| all_live(ws, 1)).await;
+    until_workers(&gw, "live events", |ws| all_live(ws, 1)).await;
     cache_directly(&url, 1).await;
-    let one = until(&gw, "the first prefix", |ws| blocks_of(ws, &url) >= 96).await;
+    let one = until_workers(&gw, "the first prefix", |ws| blocks_of(ws, &url) >= 96).await;
     let per_prefix = blocks_of(&one, &url);
     // The engine restarts; its new process caches another prefix of the same length.
     fleet.engine(0).restart();
     cache_directly(&url, 2).await;
-    let ws = until(&gw, "the restart seen", |ws| {
+    let ws = until_workers(&gw, "the restart seen", |ws| {
         events_of(ws, &url)["restarts"] == 1
     })
     .await;
     let ws = if blocks_of(&ws, &url) == per_prefix {
         ws
     } else {
-        until(&gw, "the new process's blocks", |ws| {
+        until_workers(&gw, "the new process's blocks", |ws| {
             blocks_of(ws, &url) == per_prefix
         })
         .await

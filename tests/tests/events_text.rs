@@ -6,11 +6,10 @@
 //! text goes to the approximate index, and explain says why.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use kvgate_engine_sim::{SimConfig, SimFleet, engine_of};
 use kvgate_gateway::Gateway;
-use kvgate_tests::{get, post_json, test_config};
+use kvgate_tests::{post_json, test_config, until_workers};
 use serde_json::{Value, json};
 
 /// The byte-level BPE fixture, or with `words` the word-level one.
@@ -42,24 +41,6 @@ fn conversation(k: usize) -> Vec<Value> {
         json!({"role": "system", "content": format!("{topic} {}", "Answer briefly and cite the logbook. ".repeat(12))}),
         json!({"role": "user", "content": format!("What happened at harbour {k} in the winter storm? {}", "Give dates. ".repeat(8))}),
     ]
-}
-
-async fn workers(gw: &Gateway) -> Vec<Value> {
-    get(&format!("{}/workers", gw.url())).await.json()["workers"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-}
-
-async fn until(gw: &Gateway, what: &str, ok: impl Fn(&[Value]) -> bool) -> Vec<Value> {
-    for _ in 0..500 {
-        let w = workers(gw).await;
-        if ok(&w) {
-            return w;
-        }
-        actix_rt::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("timed out waiting for {what}: {:?}", workers(gw).await);
 }
 
 /// Which engine serves each conversation first: no alternation a load balancer could hit.
@@ -95,7 +76,7 @@ async fn chats_follow_the_events(tokenizer: PathBuf) {
     cfg.seed = Some(5);
     // No --tokenizer-path: the engines' advertised tokenizer_path is a local path.
     let gw = Gateway::start(cfg).expect("gateway");
-    let ws = until(&gw, "live events and a loaded tokenizer", |ws| {
+    let ws = until_workers(&gw, "live events and a loaded tokenizer", |ws| {
         ws.len() == 2
             && ws.iter().all(|w| {
                 w["events"]["state"] == "live"
@@ -153,7 +134,7 @@ async fn chats_follow_the_events(tokenizer: PathBuf) {
     cfg2.worker_urls = urls.clone();
     cfg2.seed = Some(99);
     let gw2 = Gateway::start(cfg2).expect("second gateway");
-    until(&gw2, "the replica's events and tokenizer", |ws| {
+    until_workers(&gw2, "the replica's events and tokenizer", |ws| {
         ws.len() == 2
             && ws
                 .iter()
@@ -186,7 +167,7 @@ async fn without_a_tokenizer_text_uses_the_approximate_index_and_explain_says_wh
     cfg.worker_urls = fleet.urls();
     cfg.tokenizer_path = Some(fixture(false).join("no-such-tokenizer.json"));
     let gw = Gateway::start(cfg).expect("gateway");
-    let ws = until(&gw, "the failed load", |ws| {
+    let ws = until_workers(&gw, "the failed load", |ws| {
         ws.first()
             .is_some_and(|w| w["tokenizer"]["state"] == "failed")
     })

@@ -5,9 +5,10 @@
 //! chunks through the payload channel and a copy of the whole body. [`Intake`] wraps each
 //! accepted connection below actix-http. When it reads the head of a `POST` to an
 //! inference route with a `Content-Length` within the payload limit, it reads the body
-//! itself, straight into one buffer of that size, and gives actix-http the head with
-//! `content-length: 0` and an `x-kvgate-body` token instead; the handler takes the body by
-//! that token ([`claim`]). Everything else (other routes, chunked bodies, `Expect`,
+//! itself, straight into one buffer of that size, once the handler asks for it (after
+//! admission), and gives actix-http the head with `content-length: 0` and an
+//! `x-kvgate-body` token instead; the handler takes the body by that token ([`claim`]).
+//! Everything else (other routes, chunked bodies, `Expect`,
 //! bodies over the limit, anything it cannot parse) passes through untouched, so actix-http
 //! answers it as before.
 

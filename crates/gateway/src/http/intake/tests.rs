@@ -231,15 +231,21 @@ async fn a_client_gone_before_its_body_came_loses_it_and_the_claim_says_so() {
     assert!(bodies.is_empty());
 }
 
+/// A loopback connection: its client end, and its server end in an `Intake`.
+async fn connected() -> (tokio::net::TcpStream, Intake) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let c = tokio::net::TcpStream::connect(l.local_addr().unwrap())
+        .await
+        .unwrap();
+    let (io, _) = l.accept().await.unwrap();
+    (c, Intake::new(io, LIMIT))
+}
+
 #[tokio::test]
 async fn a_claim_waits_for_its_body_and_one_dropped_unread_lets_it_go() {
     let body = vec![b'q'; 200_000];
     let sent = chat(&body, "");
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let (io, _) = l.accept().await.unwrap();
-    let mut intake = Intake::new(io, LIMIT);
+    let (mut c, mut intake) = connected().await;
     let bodies = intake.bodies();
     let h = head_len(&sent);
     c.write_all(&sent[..h + 100]).await.unwrap();
@@ -305,11 +311,7 @@ async fn a_body_is_not_read_before_its_handler_asks_and_one_let_go_is_skipped() 
     let mut sent = chat(&body, "");
     let next = b"GET /health HTTP/1.1\r\n\r\n";
     sent.extend_from_slice(next);
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let (io, _) = l.accept().await.unwrap();
-    let mut intake = Intake::new(io, LIMIT);
+    let (mut c, mut intake) = connected().await;
     let bodies = intake.bodies();
     c.write_all(&sent).await.unwrap();
     let mut chunk = vec![0u8; 4096];
