@@ -15,6 +15,10 @@ struct Gw {
 }
 
 fn setup() -> (RawUpstream, Gw) {
+    setup_with(|_| {})
+}
+
+fn setup_with(tune: impl FnOnce(&mut kvgate_gateway::GatewayConfig)) -> (RawUpstream, Gw) {
     let up = RawUpstream::start(Script {
         status: 200,
         content_type: "application/json",
@@ -24,6 +28,7 @@ fn setup() -> (RawUpstream, Gw) {
     let dir = tempfile::tempdir().expect("temp dir");
     let mut cfg = test_config(&dir);
     cfg.worker_urls = vec![up.url.clone()];
+    tune(&mut cfg);
     let gw = kvgate_gateway::Gateway::start(cfg).expect("gateway starts");
     (up, Gw { gw, _dir: dir })
 }
@@ -139,4 +144,28 @@ async fn expect_continue_is_answered_then_the_body_forwarded() {
     let seen = up.seen.lock().expect("seen");
     assert_eq!(seen.len(), 1);
     assert_eq!(seen[0].1, b);
+}
+
+#[actix_rt::test]
+async fn a_request_refused_before_its_body_is_read_closes_its_connection() {
+    let (up, gw) = setup_with(|c| c.api_keys = vec![kvgate_gateway::Secret::new("sk-client")]);
+    let b = body(200_000, "refused");
+    // No key: refused at once. Without `connection: close` from the client, the gateway
+    // closes the connection itself rather than reading the body it will never use.
+    let mut sent = post_head("/v1/chat/completions", b.len(), "");
+    sent.extend_from_slice(&b);
+    let url = gw.gw.url().to_string();
+    let text = actix_rt::task::spawn_blocking(move || exchange(&url, &sent, false))
+        .await
+        .expect("client");
+    assert!(text.starts_with("HTTP/1.1 401"), "{text}");
+    assert!(
+        text.to_ascii_lowercase().contains("connection: close"),
+        "{text}"
+    );
+    assert!(
+        text.contains("invalid_api_key") || text.contains("error"),
+        "{text}"
+    );
+    assert!(up.seen.lock().expect("seen").is_empty());
 }

@@ -395,6 +395,7 @@ async fn write_round(
         model: MODEL.into(),
         key: RoutingText::Text(prompts.prompt(group, *serial)),
         worker: workers.holder(group, *serial, k),
+        ticket: None,
     });
     *serial += 1;
     // The margin covers the origin's uncertainty and the record's trip to the actor.
@@ -565,6 +566,7 @@ fn main() -> anyhow::Result<()> {
                 model: MODEL.into(),
                 key: RoutingText::Text(prompts.prompt(group, i)),
                 worker: workers.holder(group, i, &k),
+                ticket: None,
             });
             // Bounds what waits in the mailbox.
             if i % 1024 == 1023 {

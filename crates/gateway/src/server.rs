@@ -443,6 +443,10 @@ fn http_server(
             if let Some(a) = local {
                 http = http.local_addr(a);
             }
+            // actix-web builds its own with the listener's address, through a constructor
+            // it does not export; the default's placeholder host and address are read only
+            // by `connection_info()` without a Host header and `app_config()`, which no
+            // route here uses.
             let http = http.h1(map_config(app, |_| AppConfig::default()));
             fn_service(move |io: TcpStream| {
                 let peer = io.peer_addr().ok();

@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::mem;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::lru::{Lru, NIL, TenantList};
 use crate::prefix_match::PrefixMatch;
@@ -79,6 +80,28 @@ pub struct RadixTree<E, T> {
     path: Vec<u32>,
     /// Counted lookups so far (wrapping): the clock of the traffic counts.
     lookups: u32,
+    /// This tree among all in the process: an [`Observed`] is only good for its own.
+    epoch: u64,
+}
+
+/// Trees made so far in the process, for [`RadixTree::epoch`].
+static EPOCHS: AtomicU64 = AtomicU64::new(0);
+
+/// Where a counted match of a key ended ([`RadixTree::observe_for_insert`]), so that an
+/// insert of the same key right after ([`RadixTree::insert_observed`]) resumes there
+/// instead of comparing the key with the tree again. It holds node numbers with their
+/// generations and edge lengths, checked before use: any change along the path since (a
+/// node freed or split, a child grown where the match stopped) and the insert walks the key
+/// as [`RadixTree::insert`] does.
+#[derive(Debug, Clone)]
+pub struct Observed {
+    epoch: u64,
+    key_len: usize,
+    /// Node, generation, edge length.
+    path: Vec<(u32, u32, usize)>,
+    pos: usize,
+    /// The node the match stopped inside: node, generation, edge length, units matched.
+    partial: Option<(u32, u32, usize, usize)>,
 }
 
 impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
@@ -105,6 +128,7 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
             evicted: EvictStats::default(),
             path: Vec::new(),
             lookups: 0,
+            epoch: EPOCHS.fetch_add(1, Ordering::Relaxed),
         }
     }
 
@@ -183,6 +207,86 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
         self.count(&path, d);
         self.path = path;
         m
+    }
+
+    /// [`observe`](Self::observe) (with `since`, [`observe_since`](Self::observe_since)),
+    /// and where the match ended, for [`insert_observed`](Self::insert_observed).
+    pub fn observe_for_insert(
+        &mut self,
+        key: &[E],
+        since: Option<u64>,
+    ) -> (PrefixMatch<T>, Observed) {
+        let key_p = self.truncate(key);
+        let mut path = mem::take(&mut self.path);
+        let d = self.descend(key_p, &mut path);
+        let m = self.collect(key.len(), &path, d, since);
+        self.count(&path, d);
+        let node = |n: u32| {
+            let node = &self.nodes[n as usize];
+            (n, node.generation, node.edge.len())
+        };
+        let seen = Observed {
+            epoch: self.epoch,
+            key_len: key_p.len(),
+            path: path.iter().map(|&n| node(n)).collect(),
+            pos: d.pos,
+            partial: d.partial.map(|(n, k)| {
+                let (n, g, len) = node(n);
+                (n, g, len, k)
+            }),
+        };
+        self.path = path;
+        (m, seen)
+    }
+
+    /// [`insert`](Self::insert) of the key `seen` was observed for, resuming where that
+    /// match ended when nothing changed along its path since (it is checked); the caller
+    /// must pass the same key.
+    pub fn insert_observed(&mut self, key: &[E], tenant: T, now: u64, seen: &Observed) {
+        self.tick(now);
+        let key_p = self.truncate(key);
+        let mut path = mem::take(&mut self.path);
+        let d = match self.resume(key_p, seen, &mut path) {
+            Some(d) => d,
+            None => self.descend(key_p, &mut path),
+        };
+        self.record(key_p, &mut path, d, tenant);
+        self.path = path;
+    }
+
+    /// The descent `seen` recorded, onto `path`, if it still holds.
+    fn resume(&self, key: &[E], seen: &Observed, path: &mut Vec<u32>) -> Option<Descent> {
+        if seen.epoch != self.epoch || seen.key_len != key.len() {
+            return None;
+        }
+        let same = |n: u32, generation: u32, len: usize, parent: u32| {
+            self.nodes.get(n as usize).is_some_and(|node| {
+                node.generation == generation && node.edge.len() == len && node.parent == parent
+            })
+        };
+        path.clear();
+        let mut parent = ROOT;
+        for &(n, g, len) in &seen.path {
+            if !same(n, g, len, parent) {
+                return None;
+            }
+            path.push(n);
+            parent = n;
+        }
+        match seen.partial {
+            Some((n, g, len, k)) => same(n, g, len, parent).then_some(Descent {
+                pos: seen.pos,
+                partial: Some((n, k)),
+            }),
+            // Where the match stopped between nodes, no child may have grown since.
+            None if seen.pos < key.len() && self.find_child(parent, &key[seen.pos..]).is_some() => {
+                None
+            }
+            None => Some(Descent {
+                pos: seen.pos,
+                partial: None,
+            }),
+        }
     }
 
     /// Counts one lookup through `path` and into the edge a descent stopped inside.

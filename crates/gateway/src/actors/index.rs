@@ -3,12 +3,12 @@
 //! before each cache-aware decision and tells it what to record after. Persistence (the
 //! snapshot job and the restore) is in `snapshot`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::num::NonZeroUsize;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use kvgate_kv_index::{HashConfig, HashIndex, PrefixMatch, RadixTree, TreeConfig};
+use kvgate_kv_index::{HashConfig, HashIndex, Observed, PrefixMatch, RadixTree, TreeConfig};
 use kvgate_policies::{
     CacheIndex, MatchSource, PolicyConfig, PrefixMatches, PrefixTraffic, RequestFacts, RoutingText,
     WorkerId,
@@ -152,7 +152,14 @@ pub struct IndexActor {
     panic_next: bool,
     /// Where each snapshot's duration goes (`/metrics`).
     snapshot_seconds: Option<prometheus_client::metrics::histogram::Histogram>,
+    /// Where recent counted lookups ended in their tree, by ticket: the record that
+    /// follows a dispatch resumes there rather than comparing the prompt again.
+    observed: VecDeque<(u64, Observed)>,
+    next_ticket: u64,
 }
+
+/// Tickets kept: far more than lookups waiting for their record at any time.
+const OBSERVED_KEPT: usize = 1024;
 
 impl IndexActor {
     pub fn new(cfg: IndexConfig, epoch: Instant, persist: Option<Persister>) -> IndexActor {
@@ -170,6 +177,8 @@ impl IndexActor {
             panic_next: false,
             generation: 0,
             snapshot_seconds: None,
+            observed: VecDeque::new(),
+            next_ticket: 0,
         }
     }
 
@@ -257,14 +266,15 @@ impl IndexActor {
     }
 
     /// What the index holds of `key`; with `count`, the lookup also counts as traffic
-    /// through the prefixes it matched (a routing decision, not an explanation).
+    /// through the prefixes it matched (a routing decision, not an explanation), and
+    /// answers a ticket for the record of the same key that may follow.
     fn lookup(
         &mut self,
         model: &str,
         key: &RoutingText,
         count: bool,
         recent: Option<Duration>,
-    ) -> (PrefixMatches, Vec<(WorkerId, usize)>) {
+    ) -> (PrefixMatches, Vec<(WorkerId, usize)>, Option<u64>) {
         #[cfg(feature = "fault-injection")]
         if std::mem::take(&mut self.panic_next) {
             panic!("injected panic in a prefix lookup");
@@ -290,8 +300,9 @@ impl IndexActor {
                 source,
                 traffic: None,
             };
-            return (none, Vec::new());
+            return (none, Vec::new(), None);
         };
+        let mut seen: Option<Observed> = None;
         // Records made since then (token tree only, when asked).
         let since = recent.map(|w| now.saturating_sub(w.as_millis() as u64));
         let mut lately = Vec::new();
@@ -318,8 +329,11 @@ impl IndexActor {
             },
             (RoutingText::Tokens(t), false) => {
                 let mut pm = match (count, since) {
-                    (true, Some(s)) => m.tokens.observe_since(t, s),
-                    (true, None) => m.tokens.observe(t),
+                    (true, since) => {
+                        let (pm, o) = m.tokens.observe_for_insert(t, since);
+                        seen = Some(o);
+                        pm
+                    }
                     (false, Some(s)) => m.tokens.peek_since(t, s),
                     (false, None) => m.tokens.peek_prefix(t),
                 };
@@ -333,7 +347,9 @@ impl IndexActor {
             }
             (RoutingText::Text(s), false) => {
                 let pm = if count {
-                    m.text.observe(s.as_bytes())
+                    let (pm, o) = m.text.observe_for_insert(s.as_bytes(), None);
+                    seen = Some(o);
+                    pm
                 } else {
                     m.text.peek_prefix(s.as_bytes())
                 };
@@ -346,10 +362,24 @@ impl IndexActor {
             }
             (RoutingText::Empty, _) => PrefixMatches::default(),
         };
-        (matches, lately)
+        let ticket = seen.map(|o| {
+            let t = self.next_ticket;
+            self.next_ticket = t.wrapping_add(1);
+            if self.observed.len() == OBSERVED_KEPT {
+                self.observed.pop_front();
+            }
+            self.observed.push_back((t, o));
+            t
+        });
+        (matches, lately, ticket)
     }
 
-    fn record(&mut self, model: &str, key: &RoutingText, worker: WorkerId) {
+    fn record(&mut self, model: &str, key: &RoutingText, worker: WorkerId, ticket: Option<u64>) {
+        // The ticket of this key's lookup, if still kept (each is used once).
+        let seen = ticket.and_then(|t| {
+            let i = self.observed.iter().rposition(|(id, _)| *id == t)?;
+            self.observed.remove(i).map(|(_, o)| o)
+        });
         // A worker removed while this record was in the mailbox must not come back.
         if !self.known.get(&worker).is_some_and(|k| k.confirmed) {
             return;
@@ -357,13 +387,17 @@ impl IndexActor {
         let now = self.now();
         let hash_mode = self.cfg.cache_index == CacheIndex::Hash;
         let m = self.model(model);
-        match (key, hash_mode) {
-            (RoutingText::Tokens(t), true) => {
+        match (key, hash_mode, &seen) {
+            (RoutingText::Tokens(t), true, _) => {
                 m.hash.record(t, 0, worker, now);
             }
-            (RoutingText::Tokens(t), false) => m.tokens.insert(t, worker, now),
-            (RoutingText::Text(s), false) => m.text.insert(s.as_bytes(), worker, now),
-            (RoutingText::Text(_), true) | (RoutingText::Empty, _) => return,
+            (RoutingText::Tokens(t), false, Some(o)) => m.tokens.insert_observed(t, worker, now, o),
+            (RoutingText::Tokens(t), false, None) => m.tokens.insert(t, worker, now),
+            (RoutingText::Text(s), false, Some(o)) => {
+                m.text.insert_observed(s.as_bytes(), worker, now, o)
+            }
+            (RoutingText::Text(s), false, None) => m.text.insert(s.as_bytes(), worker, now),
+            (RoutingText::Text(_), true, _) | (RoutingText::Empty, _, _) => return,
         }
         self.dirty = true;
     }
@@ -408,11 +442,12 @@ impl Actor for IndexActor {
 /// Who holds how much of the request's prompt. The facts travel with the message and come
 /// back with the answer, so the prompt is never copied.
 #[derive(Message, Debug)]
-#[rtype(result = "(RequestFacts, PrefixMatches, Vec<(WorkerId, usize)>)")]
+#[rtype(result = "(RequestFacts, PrefixMatches, Vec<(WorkerId, usize)>, Option<u64>)")]
 pub struct MatchPrefix {
     pub model: String,
     pub facts: RequestFacts,
-    /// Count the lookup as traffic (a dispatch); false for a dry run.
+    /// Count the lookup as traffic (a dispatch), and answer a ticket (the fourth part of
+    /// the answer) for the [`RecordPrefix`] of the same key; false for a dry run.
     pub count: bool,
     /// Also answer, per tenant, what of a token prompt it was routed within this long
     /// (the third part of the answer; empty when `None`).
@@ -423,10 +458,10 @@ impl Handler<MatchPrefix> for IndexActor {
     type Result = MessageResult<MatchPrefix>;
 
     fn handle(&mut self, msg: MatchPrefix, _: &mut Context<Self>) -> Self::Result {
-        let (m, recent) = self
+        let (m, recent, ticket) = self
             .guarded(|s| s.lookup(&msg.model, &msg.facts.key, msg.count, msg.recent))
             .unwrap_or_default();
-        MessageResult((msg.facts, m, recent))
+        MessageResult((msg.facts, m, recent, ticket))
     }
 }
 
@@ -437,13 +472,15 @@ pub struct RecordPrefix {
     pub model: String,
     pub key: RoutingText,
     pub worker: WorkerId,
+    /// The ticket of the counted lookup of this very key, when there was one.
+    pub ticket: Option<u64>,
 }
 
 impl Handler<RecordPrefix> for IndexActor {
     type Result = ();
 
     fn handle(&mut self, msg: RecordPrefix, _: &mut Context<Self>) {
-        let _ = self.guarded(|s| s.record(&msg.model, &msg.key, msg.worker));
+        let _ = self.guarded(|s| s.record(&msg.model, &msg.key, msg.worker, msg.ticket));
     }
 }
 

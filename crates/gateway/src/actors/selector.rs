@@ -579,6 +579,7 @@ type Found = (
     PrefixMatches,
     Vec<(WorkerId, usize)>,
     Option<ChainAnswer>,
+    Option<u64>,
 );
 
 /// Asks the index for `ask`'s matches and, for a token request, the events actor for the
@@ -598,12 +599,12 @@ fn lookup(
     };
     let matched = index.send(ask);
     async move {
-        let (facts, m, lately) = matched.await?;
+        let (facts, m, lately, ticket) = matched.await?;
         let c = match chain {
             Some(c) => c.await.ok(),
             None => None,
         };
-        Ok((facts, m, lately, c))
+        Ok((facts, m, lately, c, ticket))
     }
 }
 
@@ -701,10 +702,10 @@ impl Handler<Select> for SelectorActor {
         );
         AtomicResponse::new(Box::pin(ask.into_actor(self).map(move |answer, act, _| {
             let _enter = span.enter();
-            let (facts, matches) = match answer {
-                Ok((facts, mut m, lately, chain)) => {
+            let (facts, matches, ticket) = match answer {
+                Ok((facts, mut m, lately, chain, ticket)) => {
                     act.overlay(&mut m, &lately, chain.as_ref());
-                    (facts, Some(m))
+                    (facts, Some(m), ticket)
                 }
                 // The index is gone (shutdown): the facts went with it.
                 Err(_) => return Err(SelectError::NoHealthy),
@@ -729,6 +730,7 @@ impl Handler<Select> for SelectorActor {
                     model,
                     key: facts.key,
                     worker: d.target,
+                    ticket,
                 });
             }
             Ok(Selected::Go(d))
@@ -758,7 +760,8 @@ impl Handler<Explain> for SelectorActor {
             },
         );
         AtomicResponse::new(Box::pin(ask.into_actor(self).map(move |answer, act, _| {
-            let (facts, mut matches, lately, chain) = answer.map_err(|_| SelectError::NoHealthy)?;
+            let (facts, mut matches, lately, chain, _) =
+                answer.map_err(|_| SelectError::NoHealthy)?;
             act.overlay(&mut matches, &lately, chain.as_ref());
             act.guarded(|s| s.decide(&facts, Some(&matches), &[], seq))
                 .map(|c| c.decision)

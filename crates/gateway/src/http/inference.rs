@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use actix_web::http::ConnectionType;
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 use bytes::Bytes;
 use kvgate_policies::{RequestFacts, WorkerId};
@@ -69,6 +70,15 @@ async fn facts_of(
     Ok(facts)
 }
 
+/// What the route learns of a request as it is proxied.
+struct Seen {
+    /// The request's model once a worker serving it was chosen: the label takes only
+    /// models the fleet serves.
+    served: Option<Arc<str>>,
+    /// The body as the intake reads it, until it is read.
+    claim: Option<intake::BodyClaim>,
+}
+
 /// Any inference route: `endpoint` says which body shape to read and where to forward.
 pub async fn inference(
     endpoint: Endpoint,
@@ -87,14 +97,18 @@ pub async fn inference(
     );
     let arrived = Instant::now();
     let metrics = state.metrics.clone();
-    // The request's model once a worker serving it was chosen: the label takes only
-    // models the fleet serves.
-    let mut served: Option<Arc<str>> = None;
+    // Taken first: a request refused before its body is needed lets the body go.
+    let mut seen = Seen {
+        served: None,
+        claim: intake::claim(&req),
+    };
+    let unread = seen.claim.is_some();
     let answer = tracing::Instrument::instrument(
-        proxy_request(endpoint, req, payload, state, pool, arrived, &mut served),
+        proxy_request(endpoint, req, payload, state, pool, arrived, &mut seen),
         span,
     )
     .await;
+    let Seen { served, claim } = seen;
     let status = match &answer {
         Ok(resp) => resp.status().as_u16(),
         Err(e) => actix_web::ResponseError::status_code(e).as_u16(),
@@ -107,7 +121,17 @@ pub async fn inference(
             .duration
             .observe(arrived.elapsed().as_secs_f64());
     }
-    answer
+    match answer {
+        // Refused with its body still coming (the claim was never used): the connection
+        // closes after the answer, as actix-http closes one whose body was left unread,
+        // rather than reading the rest of the body for nothing.
+        Err(e) if unread && claim.is_some() => {
+            let mut resp = actix_web::ResponseError::error_response(&e);
+            resp.head_mut().set_connection_type(ConnectionType::Close);
+            Ok(resp)
+        }
+        answer => answer,
+    }
 }
 
 async fn proxy_request(
@@ -117,10 +141,8 @@ async fn proxy_request(
     state: web::Data<AppState>,
     pool: web::Data<Pool>,
     arrived: Instant,
-    served: &mut Option<Arc<str>>,
+    seen: &mut Seen,
 ) -> Result<HttpResponse, ApiError> {
-    // Taken first: a request refused before its body is needed lets the body go.
-    let claim = intake::claim(&req);
     state.keys.client(&req)?;
     let peer = req.peer_addr().map(|a| a.ip());
     let mut ticket = Some(
@@ -130,7 +152,7 @@ async fn proxy_request(
             .await?,
     );
     let read = async {
-        match claim {
+        match seen.claim.take() {
             Some(c) => c
                 .body()
                 .await
@@ -186,7 +208,7 @@ async fn proxy_request(
         let (worker, target, url, recorded) =
             (d.worker, d.target, d.url.clone(), d.recorded.clone());
         state.metrics.dispatched(d.decision.path, attempt);
-        served.clone_from(&d.model);
+        seen.served.clone_from(&d.model);
         // The log takes the decision itself; the attempt needs none of it.
         let note = state.decisions.decided(
             &mut d.decision,

@@ -23,7 +23,7 @@ use std::task::{Context, Poll, Waker};
 
 use actix_web::HttpRequest;
 use actix_web::http::header::HeaderName;
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
@@ -39,6 +39,8 @@ const MAX_HEAD: usize = 64 * 1024;
 const MAX_HEADERS: usize = 96;
 /// What each read of a head asks for.
 const HEAD_READ: usize = 16 * 1024;
+/// Read of a body before its handler asks for it (a request waiting for admission).
+const PARKED: usize = 64 * 1024;
 
 #[derive(Debug)]
 enum Entry {
@@ -428,8 +430,14 @@ impl Intake {
     /// The socket ended or failed: a body being read is lost, and what is left goes to
     /// actix-http as it is.
     fn ended(&mut self) {
-        if let Mode::Body { token, .. } = std::mem::replace(&mut self.mode, Mode::Raw) {
-            self.bodies.set(token, Entry::Lost);
+        match std::mem::replace(&mut self.mode, Mode::Raw) {
+            Mode::Body { token, .. } => {
+                self.bodies.set(token, Entry::Lost);
+                // What was read is part of that body, not a head for actix-http.
+                self.input.clear();
+            }
+            Mode::Skip(_) => self.input.clear(),
+            _ => {}
         }
         let rest = self.input.split();
         self.out.unsplit(rest);
@@ -460,8 +468,17 @@ impl AsyncRead for Intake {
             let read = match &mut this.mode {
                 // Nothing to rewrite: straight into actix-http's buffer.
                 Mode::Raw => return io.poll_read(cx, buf),
-                // Not asked for yet: the claim wakes this task when it is.
-                Mode::Body { body, .. } if body.capacity() == 0 => return Poll::Pending,
+                // Not asked for yet: the claim wakes this task when it is. Up to
+                // `PARKED` of it is read meanwhile, so that a client gone while its request
+                // waits for admission is seen, as actix-http would see it.
+                Mode::Body { body, .. } if body.capacity() == 0 => {
+                    let room = PARKED.saturating_sub(this.input.len());
+                    if room == 0 {
+                        return Poll::Pending;
+                    }
+                    this.input.reserve(room.min(HEAD_READ));
+                    tokio_util::io::poll_read_buf(io, cx, &mut (&mut this.input).limit(room))
+                }
                 // Straight into the body's own buffer, never past its end.
                 Mode::Body { body, want, .. } => {
                     let read = tokio_util::io::poll_read_buf(io, cx, body);

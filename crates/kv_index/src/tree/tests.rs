@@ -762,3 +762,117 @@ fn recent_matches_count_only_entries_stamped_since() {
     assert_eq!(t.observe_since(key, 0).recent, vec![(1, 29), (2, 15)]);
     t.check_invariants();
 }
+
+/// One of [`PropOp`] on `tree`, without run_ops's checks.
+fn apply(tree: &mut RadixTree<u8, u64>, op: &PropOp, now: u64) {
+    match op {
+        PropOp::Insert(k, t) => tree.insert(k, *t, now),
+        PropOp::Fused(k, t) => {
+            tree.match_and_insert(k, now, |_| *t);
+        }
+        PropOp::Match(k) => {
+            tree.match_prefix(k, now);
+        }
+        PropOp::Observe(k) => {
+            tree.observe(k);
+        }
+        PropOp::Remove(t) => {
+            tree.remove_tenant(*t);
+        }
+        PropOp::Clear(t) => {
+            tree.clear_tenant(*t);
+        }
+        PropOp::Evict => {
+            tree.evict();
+        }
+    }
+}
+
+/// Everything a tree answers or keeps in order: matches, counts and the recency list.
+type Shape = (
+    Vec<(usize, usize, Vec<(u64, usize)>)>,
+    Vec<(u64, Vec<u8>, u64)>,
+    [usize; 3],
+);
+
+fn shape(t: &RadixTree<u8, u64>, probes: &[Vec<u8>]) -> Shape {
+    let matches = probes
+        .iter()
+        .map(|p| {
+            let m = t.peek_prefix(p);
+            (m.input_len, m.matched_len, m.per_tenant)
+        })
+        .collect();
+    let order = t
+        .lru
+        .iter()
+        .map(|e| {
+            let node = &t.nodes[e.node as usize];
+            (t.slots[e.tslot as usize].id, node.edge.clone(), e.stamp)
+        })
+        .collect();
+    (
+        matches,
+        order,
+        [t.total_units(), t.distinct_units(), t.node_count()],
+    )
+}
+
+#[test]
+fn an_insert_resumes_where_its_match_ended_unless_the_path_changed() {
+    let mut t = RadixTree::<u8, u64>::new(TreeConfig::default());
+    t.insert(b"abcdef", 1, 1);
+    let key = b"abcxyz";
+    let (m, seen) = t.observe_for_insert(key, None);
+    assert_eq!(m.matched_len, 3);
+    let mut path = Vec::new();
+    assert!(t.resume(key, &seen, &mut path).is_some());
+    // A split on its path since: the match is walked again.
+    t.insert(b"abq", 2, 2);
+    assert!(t.resume(key, &seen, &mut path).is_none());
+    t.insert_observed(key, 3, 3, &seen);
+    t.check_invariants();
+    assert_eq!(t.peek_prefix(key).per_tenant, vec![(3, 6), (1, 3), (2, 2)]);
+    // A child grown where a match stopped between nodes: walked again too.
+    let (_, seen) = t.observe_for_insert(b"abcdQQ", None);
+    assert!(t.resume(b"abcdQQ", &seen, &mut path).is_some());
+    t.insert(b"abcdQQ", 4, 4);
+    assert!(t.resume(b"abcdQQ", &seen, &mut path).is_none());
+    // Another tree's, or another key length's, is never used.
+    let other = RadixTree::<u8, u64>::new(TreeConfig::default());
+    assert!(other.resume(b"abcdQQ", &seen, &mut path).is_none());
+    assert!(t.resume(b"abcdQ", &seen, &mut path).is_none());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// An insert resumed from its key's match leaves the tree as a plain insert does,
+    /// whatever happened to the tree in between.
+    #[test]
+    fn an_insert_resumed_from_its_match_is_a_plain_insert(
+        config in config_strategy(),
+        setup in prop::collection::vec(prop_op(), 0..40),
+        key in key(),
+        tenant in 0u64..4,
+        between in prop::collection::vec(prop_op(), 0..4),
+        probes in prop::collection::vec(key(), 0..12),
+    ) {
+        let mut a = run_ops(config.clone(), &setup, |_, _, _| {});
+        let mut b = run_ops(config.clone(), &setup, |_, _, _| {});
+        let mut now = setup.len() as u64;
+        let (ma, seen) = a.observe_for_insert(&key, None);
+        prop_assert_eq!(ma, b.observe(&key));
+        for op in &between {
+            apply(&mut a, op, now);
+            apply(&mut b, op, now);
+            now += 1;
+        }
+        a.insert_observed(&key, tenant, now, &seen);
+        b.insert(&key, tenant, now);
+        a.check_invariants();
+        let mut probes = probes;
+        probes.push(key);
+        prop_assert_eq!(shape(&a, &probes), shape(&b, &probes));
+    }
+}

@@ -5,7 +5,8 @@
 //! `None` and serde decides, with its own error messages. So it must never accept a body
 //! serde refuses, and must read the same facts from one it accepts (a proptest checks both).
 //!
-//! The body is already known to be UTF-8 and at most `MAX_JSON_DEPTH` deep.
+//! The body is already known to be UTF-8. It reads at most `MAX_DEPTH` (32) levels of
+//! nesting; deeper bodies go to serde after the depth check.
 
 use std::borrow::Cow;
 
