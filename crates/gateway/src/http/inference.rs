@@ -103,6 +103,9 @@ pub async fn inference(
         claim: intake::claim(&req),
     };
     let unread = seen.claim.is_some();
+    if let Some(c) = &seen.claim {
+        c.hold().await;
+    }
     let answer = tracing::Instrument::instrument(
         proxy_request(endpoint, req, payload, state, pool, arrived, &mut seen),
         span,

@@ -39,16 +39,29 @@ const MAX_HEAD: usize = 64 * 1024;
 const MAX_HEADERS: usize = 96;
 /// What each read of a head asks for.
 const HEAD_READ: usize = 16 * 1024;
-/// Read of a body before its handler asks for it (a request waiting for admission).
+/// Read of a body whose handler holds it but has not asked for it yet (a request waiting
+/// for admission).
 const PARKED: usize = 64 * 1024;
+
+/// How far a body's handler has got with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Want {
+    /// No handler yet: nothing of the body is read (actix-http is still on its head).
+    Unclaimed,
+    /// Its handler holds it ([`BodyClaim::hold`]) and waits for admission: up to `PARKED`
+    /// of it is read, so that a client that leaves meanwhile is seen.
+    Held,
+    /// Asked for: read whole, straight into a buffer of its size.
+    Wanted,
+}
 
 #[derive(Debug)]
 enum Entry {
-    /// Not whole yet. Nothing of it is read until its handler asks (`wanted`): a request
-    /// waiting for admission holds no more of its body than actix-http would.
+    /// Not whole yet; a request waiting for admission holds no more of its body than
+    /// actix-http would.
     Pending {
         waker: Option<Waker>,
-        wanted: bool,
+        want: Want,
     },
     Ready(Bytes),
     /// The client went away (or failed) before the whole body came.
@@ -76,13 +89,30 @@ impl Bodies {
         self.entries.borrow().iter().any(|(t, _)| *t == token)
     }
 
-    /// Whether `token`'s handler asked for its body; `None` once it let it go.
-    fn wanted(&self, token: u64) -> Option<bool> {
+    /// How far `token`'s handler has got with its body; `None` once it let it go.
+    fn want(&self, token: u64) -> Option<Want> {
         self.entries
             .borrow()
             .iter()
             .find(|(t, _)| *t == token)
-            .map(|(_, e)| matches!(e, Entry::Pending { wanted: true, .. }))
+            .map(|(_, e)| match e {
+                Entry::Pending { want, .. } => *want,
+                Entry::Ready(_) | Entry::Lost => Want::Wanted,
+            })
+    }
+
+    /// Moves `token` on to `to` (never back), waking the connection's task so that the
+    /// intake reads on.
+    fn advance_to(&self, token: u64, to: Want, cx: &mut Context<'_>) {
+        let mut entries = self.entries.borrow_mut();
+        if let Some((_, Entry::Pending { want, .. })) =
+            entries.iter_mut().find(|(t, _)| *t == token)
+            && *want != Want::Wanted
+            && *want != to
+        {
+            *want = to;
+            cx.waker().wake_by_ref();
+        }
     }
 
     fn is_empty(&self) -> bool {
@@ -121,21 +151,27 @@ pub fn claim(req: &HttpRequest) -> Option<BodyClaim> {
 }
 
 impl BodyClaim {
+    /// Says the handler holds the body: until [`body`](Self::body) asks for it, the intake
+    /// reads a little of it, enough to see a client that leaves.
+    pub async fn hold(&self) {
+        poll_fn(|cx| {
+            self.bodies.advance_to(self.token, Want::Held, cx);
+            Poll::Ready(())
+        })
+        .await;
+    }
+
     /// The whole body, once it has come.
     pub async fn body(self) -> Result<Bytes, BodyLost> {
         poll_fn(|cx| {
+            self.bodies.advance_to(self.token, Want::Wanted, cx);
             let mut entries = self.bodies.entries.borrow_mut();
             let Some(i) = entries.iter().position(|(t, _)| *t == self.token) else {
                 return Poll::Ready(Err(BodyLost));
             };
             match &mut entries[i].1 {
-                Entry::Pending { waker, wanted } => {
+                Entry::Pending { waker, .. } => {
                     *waker = Some(cx.waker().clone());
-                    if !*wanted {
-                        *wanted = true;
-                        // The intake waits for this: it reads on when polled again.
-                        cx.waker().wake_by_ref();
-                    }
                     Poll::Pending
                 }
                 Entry::Ready(_) | Entry::Lost => match entries.swap_remove(i).1 {
@@ -366,14 +402,14 @@ impl Intake {
                     }
                 }
                 Mode::Body { token, body, want } => {
-                    match self.bodies.wanted(*token) {
+                    match self.bodies.want(*token) {
                         None => {
                             self.mode = Mode::Skip(*want - body.len());
                             continue;
                         }
-                        Some(false) => return,
-                        Some(true) if body.capacity() == 0 => body.reserve(*want),
-                        Some(true) => {}
+                        Some(Want::Unclaimed | Want::Held) => return,
+                        Some(Want::Wanted) if body.capacity() == 0 => body.reserve(*want),
+                        Some(Want::Wanted) => {}
                     }
                     let n = (*want - body.len()).min(self.input.len());
                     body.extend_from_slice(&self.input[..n]);
@@ -406,7 +442,7 @@ impl Intake {
                                 token,
                                 Entry::Pending {
                                     waker: None,
-                                    wanted: false,
+                                    want: Want::Unclaimed,
                                 },
                             ));
                             self.mode = Mode::Body {
@@ -468,10 +504,13 @@ impl AsyncRead for Intake {
             let read = match &mut this.mode {
                 // Nothing to rewrite: straight into actix-http's buffer.
                 Mode::Raw => return io.poll_read(cx, buf),
-                // Not asked for yet: the claim wakes this task when it is. Up to
-                // `PARKED` of it is read meanwhile, so that a client gone while its request
-                // waits for admission is seen, as actix-http would see it.
-                Mode::Body { body, .. } if body.capacity() == 0 => {
+                // Not asked for yet: the claim wakes this task when it is. While its
+                // handler holds it, up to `PARKED` of it is read, so that a client gone
+                // while its request waits for admission is seen, as actix-http would see it.
+                Mode::Body { token, body, .. } if body.capacity() == 0 => {
+                    if this.bodies.want(*token) != Some(Want::Held) {
+                        return Poll::Pending;
+                    }
                     let room = PARKED.saturating_sub(this.input.len());
                     if room == 0 {
                         return Poll::Pending;

@@ -128,8 +128,8 @@ fn what_is_not_taken_passes_with_its_body_or_ends_the_parsing() {
 /// Marks every body as asked for, as its handler would.
 fn want_all(bodies: &Bodies) {
     for (_, e) in bodies.entries.borrow_mut().iter_mut() {
-        if let Entry::Pending { wanted, .. } = e {
-            *wanted = true;
+        if let Entry::Pending { want, .. } = e {
+            *want = Want::Wanted;
         }
     }
 }
@@ -295,7 +295,7 @@ async fn a_claim_waits_for_its_body_and_one_dropped_unread_lets_it_go() {
         3,
         Entry::Pending {
             waker: None,
-            wanted: false,
+            want: Want::Unclaimed,
         },
     ));
     drop(BodyClaim {
@@ -348,6 +348,13 @@ async fn a_client_gone_while_its_body_waits_to_be_asked_for_is_seen() {
     let mut chunk = vec![0u8; 4096];
     let n = intake.read(&mut chunk).await.unwrap();
     assert!(String::from_utf8_lossy(&chunk[..n]).contains("x-kvgate-body: "));
+    // Its handler holds it (waiting for admission) and has not asked for it.
+    let token = bodies.entries.borrow()[0].0;
+    let claim = BodyClaim {
+        bodies: bodies.clone(),
+        token,
+    };
+    claim.hold().await;
     drop(c);
     // Nobody asked for the body, yet the end of the connection comes through, and none
     // of the body is handed on as if it were a request.
@@ -357,4 +364,5 @@ async fn a_client_gone_while_its_body_waits_to_be_asked_for_is_seen() {
         .unwrap();
     assert_eq!(n, 0);
     assert!(matches!(bodies.entries.borrow()[0].1, Entry::Lost));
+    assert!(claim.body().await.is_err());
 }
