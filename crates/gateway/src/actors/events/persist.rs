@@ -41,6 +41,16 @@ struct Restored {
     next: BTreeMap<u32, u64>,
 }
 
+/// A snapshot in progress: the ranks still to export (each is stamped with its sequence
+/// when its blocks are taken, so the two agree), the stamps of those done, the chunks so far.
+#[derive(Debug)]
+struct SnapJob {
+    generation: u64,
+    left: VecDeque<(WorkerId, u32)>,
+    done: Vec<RankStamp>,
+    chunks: u32,
+}
+
 #[derive(Debug, Default)]
 pub(super) struct Persistence {
     persister: Option<Persister>,
@@ -50,6 +60,8 @@ pub(super) struct Persistence {
     generation: u64,
     /// A snapshot's messages the writer had no room for yet, the commit last.
     pending: VecDeque<Persist>,
+    /// The snapshot being taken, a rank per mailbox turn.
+    job: Option<SnapJob>,
     /// Restored holdings whose worker has not subscribed yet.
     restored: HashMap<WorkerId, Restored>,
     /// The workers of the last fleet: restored ones outside it go once it has settled.
@@ -139,70 +151,112 @@ impl EventsActor {
     pub(super) fn start_snapshots(&mut self, ctx: &mut Context<Self>) {
         if self.persist.persister.is_some() && !self.persist.interval.is_zero() {
             ctx.run_interval(self.persist.interval, |act, ctx| {
-                if act.persist.dirty && act.persist.pending.is_empty() {
-                    act.take_snapshot();
-                    act.hand_over(ctx);
+                if act.persist.dirty && act.persist.job.is_none() && act.persist.pending.is_empty()
+                {
+                    act.start_snapshot();
+                    act.snapshot_step(ctx);
                 }
             });
         }
     }
 
-    /// Every rank's stamp and holdings, subscribed or restored, as the writer's messages.
-    fn take_snapshot(&mut self) {
+    /// Lists every rank, subscribed or restored, for a new snapshot.
+    fn start_snapshot(&mut self) {
         self.persist.dirty = false;
         self.persist.generation += 1;
-        let generation = self.persist.generation;
-        let mut ranks = Vec::new();
-        for (id, w) in &self.workers {
-            for (&rank, &next_seq) in &w.next {
-                ranks.push(RankStamp {
-                    worker: *id,
-                    url: w.url.clone(),
-                    startup_time: w.startup_time,
+        let subscribed = (self.workers.iter()).flat_map(|(id, w)| w.next.keys().map(|r| (*id, *r)));
+        let restored =
+            (self.persist.restored.iter()).flat_map(|(id, r)| r.next.keys().map(|k| (*id, *k)));
+        let mut left: Vec<(WorkerId, u32)> = subscribed.chain(restored).collect();
+        left.sort_unstable();
+        self.persist.job = Some(SnapJob {
+            generation: self.persist.generation,
+            left: left.into(),
+            done: Vec::new(),
+            chunks: 0,
+        });
+    }
+
+    /// One rank of the snapshot in progress to the writer, then the next on a later
+    /// mailbox turn: routing lookups are answered between ranks, not after all of them.
+    fn snapshot_step(&mut self, ctx: &mut Context<Self>) {
+        if !self.persist.pending.is_empty() {
+            // The writer is still taking the last rank's chunks.
+            ctx.run_later(RETRY, |act, ctx| act.snapshot_step(ctx));
+            return;
+        }
+        let more = self.export_next();
+        self.hand_over(ctx);
+        if more {
+            ctx.run_later(Duration::ZERO, |act, ctx| act.snapshot_step(ctx));
+        }
+    }
+
+    /// The stamp of `worker`'s `rank` as it stands, subscribed or restored.
+    fn stamp(&self, worker: WorkerId, rank: u32) -> Option<RankStamp> {
+        let stamp = |url: &str, startup_time, block_size, next_seq| RankStamp {
+            worker,
+            url: url.to_owned(),
+            startup_time,
+            rank,
+            next_seq,
+            block_size,
+        };
+        if let Some(w) = self.workers.get(&worker) {
+            return (w.next.get(&rank))
+                .map(|&n| stamp(&w.url, w.startup_time, w.desc.block_size, n));
+        }
+        let r = self.persist.restored.get(&worker)?;
+        (r.next.get(&rank)).map(|&n| stamp(&r.url, r.startup_time, r.block_size, n))
+    }
+
+    /// Exports the next rank of the snapshot in progress into `pending`, or, when none is
+    /// left, its commit; false once the commit is queued.
+    fn export_next(&mut self) -> bool {
+        let Some(job) = self.persist.job.as_mut() else {
+            return false;
+        };
+        let Some((worker, rank)) = job.left.pop_front() else {
+            let job = self.persist.job.take();
+            if let Some(job) = job {
+                self.persist
+                    .pending
+                    .push_back(Persist::EventsCommit(EventsHeader {
+                        format_version: FORMAT_VERSION,
+                        generation: job.generation,
+                        written_at: unix_now(),
+                        ranks: job.done,
+                        chunks: job.chunks,
+                    }));
+            }
+            return false;
+        };
+        // A rank gone since the snapshot began is left out of it.
+        let Some(stamp) = self.stamp(worker, rank) else {
+            return true;
+        };
+        let mut blocks = self.index.export_rank(worker, rank).into_iter();
+        let Some(job) = self.persist.job.as_mut() else {
+            return false;
+        };
+        loop {
+            let part: Vec<_> = blocks.by_ref().take(CHUNK_BLOCKS).collect();
+            if part.is_empty() {
+                break;
+            }
+            self.persist.pending.push_back(Persist::EventsChunk {
+                generation: job.generation,
+                seq: job.chunks,
+                chunk: Box::new(ChainChunk {
+                    worker,
                     rank,
-                    next_seq,
-                    block_size: w.desc.block_size,
-                });
-            }
+                    blocks: part,
+                }),
+            });
+            job.chunks += 1;
         }
-        for (id, r) in &self.persist.restored {
-            for (&rank, &next_seq) in &r.next {
-                ranks.push(RankStamp {
-                    worker: *id,
-                    url: r.url.clone(),
-                    startup_time: r.startup_time,
-                    rank,
-                    next_seq,
-                    block_size: r.block_size,
-                });
-            }
-        }
-        ranks.sort_by_key(|r| (r.worker, r.rank));
-        let mut seq = 0u32;
-        for r in &ranks {
-            let blocks = self.index.export_rank(r.worker, r.rank);
-            for part in blocks.chunks(CHUNK_BLOCKS) {
-                self.persist.pending.push_back(Persist::EventsChunk {
-                    generation,
-                    seq,
-                    chunk: Box::new(ChainChunk {
-                        worker: r.worker,
-                        rank: r.rank,
-                        blocks: part.to_vec(),
-                    }),
-                });
-                seq += 1;
-            }
-        }
-        self.persist
-            .pending
-            .push_back(Persist::EventsCommit(EventsHeader {
-                format_version: FORMAT_VERSION,
-                generation,
-                written_at: unix_now(),
-                ranks,
-                chunks: seq,
-            }));
+        job.done.push(stamp);
+        true
     }
 
     /// Offers the pending messages to the writer without waiting; what it has no room for
@@ -234,10 +288,11 @@ impl EventsActor {
         let Some(p) = self.persist.persister.clone() else {
             return;
         };
-        if self.persist.dirty {
-            // A snapshot still queued is superseded by this one.
+        if self.persist.dirty || self.persist.job.is_some() {
+            // A snapshot still queued or in progress is superseded by this one.
             self.persist.pending.clear();
-            self.take_snapshot();
+            self.start_snapshot();
+            while self.export_next() {}
         }
         while let Some(msg) = self.persist.pending.pop_front() {
             if !p.send_blocking(msg) {
