@@ -70,6 +70,14 @@ fn exchange(url: &str, sent: &[u8], expect_continue: bool) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// [`exchange`] with the gateway, off the test's own thread.
+async fn send(gw: &Gw, sent: Vec<u8>, expect_continue: bool) -> String {
+    let url = gw.gw.url().to_string();
+    actix_rt::task::spawn_blocking(move || exchange(&url, &sent, expect_continue))
+        .await
+        .expect("client")
+}
+
 #[actix_rt::test]
 async fn pipelined_requests_are_each_answered_and_forwarded_byte_for_byte() {
     let (up, gw) = setup();
@@ -80,10 +88,7 @@ async fn pipelined_requests_are_each_answered_and_forwarded_byte_for_byte() {
     sent.extend_from_slice(&post_head("/v1/chat/completions", b.len(), ""));
     sent.extend_from_slice(&b);
     sent.extend_from_slice(b"GET /health HTTP/1.1\r\nhost: gw\r\nconnection: close\r\n\r\n");
-    let url = gw.gw.url().to_string();
-    let text = actix_rt::task::spawn_blocking(move || exchange(&url, &sent, false))
-        .await
-        .expect("client");
+    let text = send(&gw, sent, false).await;
     assert_eq!(text.matches("HTTP/1.1 200 OK").count(), 3, "{text}");
     let first = text.find(r#"{"id":"x""#).unwrap_or(usize::MAX);
     let health = text.find(r#""status":"ok""#).unwrap_or(0);
@@ -116,10 +121,7 @@ async fn chunked_bodies_and_a_clients_own_token_header_pass_as_sent() {
         "x-kvgate-body: 12345\r\nconnection: close\r\n",
     ));
     sent.extend_from_slice(&c);
-    let url = gw.gw.url().to_string();
-    let text = actix_rt::task::spawn_blocking(move || exchange(&url, &sent, false))
-        .await
-        .expect("client");
+    let text = send(&gw, sent, false).await;
     assert_eq!(text.matches("HTTP/1.1 200 OK").count(), 2, "{text}");
     let seen = up.seen.lock().expect("seen");
     let bodies: Vec<&Vec<u8>> = seen.iter().map(|(_, b)| b).collect();
@@ -136,10 +138,7 @@ async fn expect_continue_is_answered_then_the_body_forwarded() {
         "expect: 100-continue\r\nconnection: close\r\n",
     );
     sent.extend_from_slice(&b);
-    let url = gw.gw.url().to_string();
-    let text = actix_rt::task::spawn_blocking(move || exchange(&url, &sent, true))
-        .await
-        .expect("client");
+    let text = send(&gw, sent, true).await;
     assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
     let seen = up.seen.lock().expect("seen");
     assert_eq!(seen.len(), 1);
@@ -154,10 +153,7 @@ async fn a_request_refused_before_its_body_is_read_closes_its_connection() {
     // closes the connection itself rather than reading the body it will never use.
     let mut sent = post_head("/v1/chat/completions", b.len(), "");
     sent.extend_from_slice(&b);
-    let url = gw.gw.url().to_string();
-    let text = actix_rt::task::spawn_blocking(move || exchange(&url, &sent, false))
-        .await
-        .expect("client");
+    let text = send(&gw, sent, false).await;
     assert!(text.starts_with("HTTP/1.1 401"), "{text}");
     assert!(
         text.to_ascii_lowercase().contains("connection: close"),

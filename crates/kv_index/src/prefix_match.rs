@@ -22,8 +22,8 @@ pub struct PrefixMatch<T> {
     /// All counted lookups, decayed the same way: `traffic_at(n) / traffic_total` is the
     /// share of recent lookups whose key began with the first `n` units of this one.
     pub traffic_total: f32,
-    /// With [`observe_since`](crate::RadixTree::observe_since) or
-    /// [`peek_since`](crate::RadixTree::peek_since): each tenant's units counting only
+    /// With a `since` ([`peek_since`](crate::RadixTree::peek_since),
+    /// [`observe_for_insert`](crate::RadixTree::observe_for_insert)): each tenant's units counting only
     /// entries recorded or touched at or after the time given, deepest first; empty
     /// otherwise. What a tenant was routed lately, whatever else it is known to hold.
     pub recent: Vec<(T, usize)>,

@@ -186,17 +186,6 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
         self.collect(key.len(), &path, d, Some(since))
     }
 
-    /// [`observe`](Self::observe), with [`PrefixMatch::recent`] as in
-    /// [`peek_since`](Self::peek_since).
-    pub fn observe_since(&mut self, key: &[E], since: u64) -> PrefixMatch<T> {
-        let mut path = mem::take(&mut self.path);
-        let d = self.descend(self.truncate(key), &mut path);
-        let m = self.collect(key.len(), &path, d, Some(since));
-        self.count(&path, d);
-        self.path = path;
-        m
-    }
-
     /// Matches `key` like [`peek_prefix`](Self::peek_prefix), then counts it as traffic
     /// through every node it entered (see [`PrefixMatch::traffic`]); recency is not
     /// touched. The match reports the counts from before this lookup.
@@ -209,8 +198,9 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
         m
     }
 
-    /// [`observe`](Self::observe) (with `since`, [`observe_since`](Self::observe_since)),
-    /// and where the match ended, for [`insert_observed`](Self::insert_observed).
+    /// [`observe`](Self::observe), and where the match ended, for
+    /// [`insert_observed`](Self::insert_observed); with `since`, the match also has
+    /// [`PrefixMatch::recent`] as in [`peek_since`](Self::peek_since).
     pub fn observe_for_insert(
         &mut self,
         key: &[E],

@@ -102,7 +102,6 @@ pub async fn inference(
         served: None,
         claim: intake::claim(&req),
     };
-    let unread = seen.claim.is_some();
     if let Some(c) = &seen.claim {
         c.hold().await;
     }
@@ -128,7 +127,7 @@ pub async fn inference(
         // Refused with its body still coming (the claim was never used): the connection
         // closes after the answer, as actix-http closes one whose body was left unread,
         // rather than reading the rest of the body for nothing.
-        Err(e) if unread && claim.is_some() => {
+        Err(e) if claim.is_some() => {
             let mut resp = actix_web::ResponseError::error_response(&e);
             resp.head_mut().set_connection_type(ConnectionType::Close);
             Ok(resp)

@@ -759,7 +759,10 @@ fn recent_matches_count_only_entries_stamped_since() {
     // for tenant 1 now, its own tail is not.
     t.insert(b"system prompt, ", 1, 200);
     assert_eq!(t.peek_since(key, 150).recent, vec![(1, 15)]);
-    assert_eq!(t.observe_since(key, 0).recent, vec![(1, 29), (2, 15)]);
+    assert_eq!(
+        t.observe_for_insert(key, Some(0)).0.recent,
+        vec![(1, 29), (2, 15)]
+    );
     t.check_invariants();
 }
 
