@@ -201,6 +201,16 @@ pub async fn wait_for(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
     panic!("timed out waiting for {what}");
 }
 
+/// Sends `/generate` with `input_ids` through the gateway and answers which simulated
+/// engine served it (from the answer's id).
+pub async fn generate_on(gw: &Gateway, ids: Vec<u32>, max_new_tokens: u32) -> usize {
+    let body = serde_json::json!({"input_ids": ids, "sampling_params": {"max_new_tokens": max_new_tokens}});
+    let r = post_json(&format!("{}/generate", gw.url()), &body).await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    kvgate_engine_sim::engine_of(r.json()["meta_info"]["id"].as_str().unwrap_or(""))
+        .expect("an engine id")
+}
+
 /// The gateway's `GET /workers` list.
 pub async fn workers(gw: &Gateway) -> Vec<Value> {
     get(&format!("{}/workers", gw.url())).await.json()["workers"]

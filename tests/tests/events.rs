@@ -5,7 +5,7 @@
 
 use kvgate_engine_sim::{SimConfig, SimFleet, engine_of};
 use kvgate_gateway::Gateway;
-use kvgate_tests::{get, post_json, test_config, until_workers, workers};
+use kvgate_tests::{generate_on, get, post_json, test_config, until_workers, workers};
 use serde_json::{Value, json};
 
 fn engine() -> SimConfig {
@@ -408,19 +408,11 @@ async fn a_burst_on_a_prefix_the_events_place_spills_past_its_gated_holder() {
             && blocks_of(ws, &urls[0]) >= 256
     })
     .await;
-    let reqs = (0..16u32).map(|i| {
-        let url = format!("{}/generate", gw.url());
-        async move {
-            let mut ids = prefix(7, 256);
-            ids.extend(prefix(300 + i, 8));
-            let r = post_json(
-                &url,
-                &json!({"input_ids": ids, "sampling_params": {"max_new_tokens": 64}}),
-            )
-            .await;
-            assert_eq!(r.status.as_u16(), 200, "{}", r.text());
-            engine_of(r.json()["meta_info"]["id"].as_str().unwrap_or("")).expect("an engine id")
-        }
+    let g = &gw;
+    let reqs = (0..16u32).map(|i| async move {
+        let mut ids = prefix(7, 256);
+        ids.extend(prefix(300 + i, 8));
+        generate_on(g, ids, 64).await
     });
     let served = futures_util::future::join_all(reqs).await;
     let on_holder = served.iter().filter(|&&e| e == 0).count();
@@ -449,21 +441,12 @@ async fn new_prefix_groups_stay_together_before_their_engines_publish_them() {
     })
     .await;
     // Eight groups of three, all at once, interleaved: each group's prefix is new.
-    let reqs = (0..24u32).map(|i| {
-        let url = format!("{}/generate", gw.url());
-        async move {
-            let group = i % 8;
-            let mut ids = prefix(20 + group, 512);
-            ids.extend(prefix(400 + i, 8));
-            let r = post_json(
-                &url,
-                &json!({"input_ids": ids, "sampling_params": {"max_new_tokens": 1}}),
-            )
-            .await;
-            assert_eq!(r.status.as_u16(), 200, "{}", r.text());
-            let e = engine_of(r.json()["meta_info"]["id"].as_str().unwrap_or(""));
-            (group, e.expect("an engine id"))
-        }
+    let g = &gw;
+    let reqs = (0..24u32).map(|i| async move {
+        let group = i % 8;
+        let mut ids = prefix(20 + group, 512);
+        ids.extend(prefix(400 + i, 8));
+        (group, generate_on(g, ids, 1).await)
     });
     let served = futures_util::future::join_all(reqs).await;
     for g in 0..8 {

@@ -3,9 +3,9 @@
 //! an engine that restarted meanwhile are dropped, and an engine restarted between two
 //! health checks is seen in its publisher's sequence starting again from 0.
 
-use kvgate_engine_sim::{SimConfig, SimFleet, engine_of};
+use kvgate_engine_sim::{SimConfig, SimFleet};
 use kvgate_gateway::{Gateway, GatewayConfig};
-use kvgate_tests::{post_json, test_config, until_workers};
+use kvgate_tests::{generate_on, post_json, test_config, until_workers};
 use serde_json::{Value, json};
 
 /// Engines that keep only `buffer` batches per rank for replay.
@@ -62,13 +62,7 @@ fn gateway(dir: &tempfile::TempDir, urls: &[String]) -> Gateway {
 async fn served(gw: &Gateway, k: u32) -> usize {
     let mut ids = prefix(k, 96);
     ids.extend(prefix(500 + k, 8));
-    let r = post_json(
-        &format!("{}/generate", gw.url()),
-        &json!({"input_ids": ids, "sampling_params": {"max_new_tokens": 1}}),
-    )
-    .await;
-    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
-    engine_of(r.json()["meta_info"]["id"].as_str().unwrap_or("")).expect("an engine id")
+    generate_on(gw, ids, 1).await
 }
 
 #[actix_rt::test]

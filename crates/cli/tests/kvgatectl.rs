@@ -410,27 +410,31 @@ fn snapshot_inspect_shows_each_ranks_kv_event_blocks_and_sequence() {
     let url = gw.url();
     actix_rt::System::new().block_on(async {
         let c = awc::Client::default();
-        // Until the events are live, then one prompt of 40 tokens on rank 1.
-        for _ in 0..500 {
-            let mut r = c.get(format!("{url}/workers")).send().await.unwrap();
-            let v: serde_json::Value = r.json().await.unwrap();
-            if v["workers"][0]["events"]["state"] == "live" {
-                break;
+        // `GET /workers` until `ok` holds of it; a test failure after 10 s.
+        let until = |what: &'static str, ok: fn(&serde_json::Value) -> bool| {
+            let (c, url) = (c.clone(), url.clone());
+            async move {
+                for _ in 0..500 {
+                    let mut r = c.get(format!("{url}/workers")).send().await.unwrap();
+                    let v: serde_json::Value = r.json().await.unwrap();
+                    if ok(&v) {
+                        return;
+                    }
+                    actix_rt::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                panic!("timed out waiting for {what}");
             }
-            actix_rt::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
+        };
+        // Until the events are live, then one prompt of 40 tokens on rank 1.
+        until("live events", |v| v["workers"][0]["events"]["state"] == "live").await;
         let ids: Vec<u32> = (100..140).collect();
         let body = serde_json::json!({"input_ids": ids, "routed_dp_rank": 1, "sampling_params": {"max_new_tokens": 1}});
         let r = c.post(format!("{}/generate", fleet.urls()[0])).send_json(&body).await.unwrap();
         assert!(r.status().is_success());
-        for _ in 0..500 {
-            let mut r = c.get(format!("{url}/workers")).send().await.unwrap();
-            let v: serde_json::Value = r.json().await.unwrap();
-            if v["workers"][0]["events"]["blocks"].as_u64() >= Some(40) {
-                break;
-            }
-            actix_rt::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
+        until("the 40 blocks", |v| {
+            v["workers"][0]["events"]["blocks"].as_u64() >= Some(40)
+        })
+        .await;
     });
     gw.stop();
 

@@ -178,7 +178,12 @@ pub async fn replay(
                     if rec.ok && wire.form == PromptForm::Chat {
                         match wire.tokens.answer(&rec.answer) {
                             Ok(ids) => rec.answer_ids = ids,
-                            Err(e) => rec.error = Some(format!("encoding the answer: {e}")),
+                            Err(e) => {
+                                // Not completed: its answer's ids would be missing from
+                                // the ideal.
+                                rec.ok = false;
+                                rec.error = Some(format!("encoding the answer: {e}"));
+                            }
                         }
                     }
                     answers.push(rec.answer.clone());
