@@ -35,7 +35,7 @@ fn json_worker() -> RawUpstream {
 async fn matched(gw: &kvgate_gateway::Gateway, text: &str) -> Option<usize> {
     use kvgate_gateway::testing::Explain;
     let facts = RequestFacts {
-        key: RoutingText::Text(text.to_owned()),
+        key: RoutingText::Text(text.into()),
         ..RequestFacts::default()
     };
     let d = gw

@@ -159,7 +159,7 @@ async fn explain_is_a_dry_run_with_reasons() {
     let h = with_loads(2, PolicyKind::CacheAware).await;
     let text = "<|user|>\nexplain me\n".to_owned();
     let facts = RequestFacts {
-        key: RoutingText::Text(text),
+        key: RoutingText::Text(text.into()),
         ..RequestFacts::default()
     };
     let sel = h.gw.actors().selector.clone();
@@ -279,7 +279,7 @@ async fn shared_prefix_pair(hold: Duration) -> (u64, f64) {
     let body = json!({"messages": [{"role": "system", "content": system}, {"role": "user", "content": "question 2"}]});
     let facts = kvgate_gateway::testing::request_facts(
         kvgate_gateway::testing::Endpoint::Chat,
-        body.to_string().as_bytes(),
+        &bytes::Bytes::from(body.to_string()),
         true,
     )
     .expect("a valid chat body");

@@ -138,7 +138,7 @@ impl Workers {
 fn facts(text: String) -> RequestFacts {
     RequestFacts {
         model: Some(MODEL.into()),
-        key: RoutingText::Text(text),
+        key: RoutingText::Text(text.into()),
         routing_key: None,
         stream: false,
     }
@@ -393,7 +393,7 @@ async fn write_round(
     let group = *serial % k.groups;
     index.do_send(RecordPrefix {
         model: MODEL.into(),
-        key: RoutingText::Text(prompts.prompt(group, *serial)),
+        key: RoutingText::Text(prompts.prompt(group, *serial).into()),
         worker: workers.holder(group, *serial, k),
         ticket: None,
     });
@@ -564,7 +564,7 @@ fn main() -> anyhow::Result<()> {
             let group = i % k.groups;
             index.do_send(RecordPrefix {
                 model: MODEL.into(),
-                key: RoutingText::Text(prompts.prompt(group, i)),
+                key: RoutingText::Text(prompts.prompt(group, i).into()),
                 worker: workers.holder(group, i, &k),
                 ticket: None,
             });

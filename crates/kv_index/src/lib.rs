@@ -60,4 +60,4 @@ pub use error::SnapshotError;
 pub use hash::{HashConfig, HashIndex, HashProbe, HashRecord, HashSnapshot, SweepStats};
 pub use prefix_match::PrefixMatch;
 pub use snapshot::{SNAPSHOT_VERSION, SnapshotCursor, SnapshotRecord, TreeSnapshot};
-pub use tree::{EvictStats, KeyUnit, Observed, RadixTree, TenantId, TreeConfig};
+pub use tree::{EvictStats, KeyRuns, KeyUnit, Observed, RadixTree, TenantId, TreeConfig};

@@ -17,9 +17,12 @@ use crate::small::Small;
 
 mod config;
 mod evict;
+mod key;
 mod traffic;
 
 pub use config::{EvictStats, KeyUnit, TenantId, TreeConfig};
+pub use key::KeyRuns;
+use key::{common_prefix_at, copy_units};
 pub(crate) use traffic::Traffic;
 
 #[cfg(test)]
@@ -148,11 +151,11 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
     }
 
     /// Matches `key` and touches every (node, tenant) it matched, as recently used.
-    pub fn match_prefix(&mut self, key: &[E], now: u64) -> PrefixMatch<T> {
+    pub fn match_prefix<K: KeyRuns<E> + ?Sized>(&mut self, key: &K, now: u64) -> PrefixMatch<T> {
         self.tick(now);
         let mut path = mem::take(&mut self.path);
-        let d = self.descend(self.truncate(key), &mut path);
-        let m = self.collect(key.len(), &path, d, None);
+        let d = self.descend(key, self.truncate(key.units()), &mut path);
+        let m = self.collect(key.units(), &path, d, None);
         let clock = self.clock;
         for n in d
             .partial
@@ -172,27 +175,27 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
     }
 
     /// Matches `key` without touching anything (for explanations and tests).
-    pub fn peek_prefix(&self, key: &[E]) -> PrefixMatch<T> {
+    pub fn peek_prefix<K: KeyRuns<E> + ?Sized>(&self, key: &K) -> PrefixMatch<T> {
         let mut path = Vec::new();
-        let d = self.descend(self.truncate(key), &mut path);
-        self.collect(key.len(), &path, d, None)
+        let d = self.descend(key, self.truncate(key.units()), &mut path);
+        self.collect(key.units(), &path, d, None)
     }
 
     /// [`peek_prefix`](Self::peek_prefix), with [`PrefixMatch::recent`]: each tenant's
     /// match counting only entries stamped at or after `since`.
-    pub fn peek_since(&self, key: &[E], since: u64) -> PrefixMatch<T> {
+    pub fn peek_since<K: KeyRuns<E> + ?Sized>(&self, key: &K, since: u64) -> PrefixMatch<T> {
         let mut path = Vec::new();
-        let d = self.descend(self.truncate(key), &mut path);
-        self.collect(key.len(), &path, d, Some(since))
+        let d = self.descend(key, self.truncate(key.units()), &mut path);
+        self.collect(key.units(), &path, d, Some(since))
     }
 
     /// Matches `key` like [`peek_prefix`](Self::peek_prefix), then counts it as traffic
     /// through every node it entered (see [`PrefixMatch::traffic`]); recency is not
     /// touched. The match reports the counts from before this lookup.
-    pub fn observe(&mut self, key: &[E]) -> PrefixMatch<T> {
+    pub fn observe<K: KeyRuns<E> + ?Sized>(&mut self, key: &K) -> PrefixMatch<T> {
         let mut path = mem::take(&mut self.path);
-        let d = self.descend(self.truncate(key), &mut path);
-        let m = self.collect(key.len(), &path, d, None);
+        let d = self.descend(key, self.truncate(key.units()), &mut path);
+        let m = self.collect(key.units(), &path, d, None);
         self.count(&path, d);
         self.path = path;
         m
@@ -201,15 +204,15 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
     /// [`observe`](Self::observe), and where the match ended, for
     /// [`insert_observed`](Self::insert_observed); with `since`, the match also has
     /// [`PrefixMatch::recent`] as in [`peek_since`](Self::peek_since).
-    pub fn observe_for_insert(
+    pub fn observe_for_insert<K: KeyRuns<E> + ?Sized>(
         &mut self,
-        key: &[E],
+        key: &K,
         since: Option<u64>,
     ) -> (PrefixMatch<T>, Observed) {
-        let key_p = self.truncate(key);
+        let len = self.truncate(key.units());
         let mut path = mem::take(&mut self.path);
-        let d = self.descend(key_p, &mut path);
-        let m = self.collect(key.len(), &path, d, since);
+        let d = self.descend(key, len, &mut path);
+        let m = self.collect(key.units(), &path, d, since);
         self.count(&path, d);
         let node = |n: u32| {
             let node = &self.nodes[n as usize];
@@ -217,7 +220,7 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
         };
         let seen = Observed {
             epoch: self.epoch,
-            key_len: key_p.len(),
+            key_len: len,
             path: path.iter().map(|&n| node(n)).collect(),
             pos: d.pos,
             partial: d.partial.map(|(n, k)| {
@@ -232,21 +235,33 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
     /// [`insert`](Self::insert) of the key `seen` was observed for, resuming where that
     /// match ended when nothing changed along its path since (it is checked); the caller
     /// must pass the same key.
-    pub fn insert_observed(&mut self, key: &[E], tenant: T, now: u64, seen: &Observed) {
+    pub fn insert_observed<K: KeyRuns<E> + ?Sized>(
+        &mut self,
+        key: &K,
+        tenant: T,
+        now: u64,
+        seen: &Observed,
+    ) {
         self.tick(now);
-        let key_p = self.truncate(key);
+        let len = self.truncate(key.units());
         let mut path = mem::take(&mut self.path);
-        let d = match self.resume(key_p, seen, &mut path) {
+        let d = match self.resume(key, len, seen, &mut path) {
             Some(d) => d,
-            None => self.descend(key_p, &mut path),
+            None => self.descend(key, len, &mut path),
         };
-        self.record(key_p, &mut path, d, tenant);
+        self.record(key, len, &mut path, d, tenant);
         self.path = path;
     }
 
     /// The descent `seen` recorded, onto `path`, if it still holds.
-    fn resume(&self, key: &[E], seen: &Observed, path: &mut Vec<u32>) -> Option<Descent> {
-        if seen.epoch != self.epoch || seen.key_len != key.len() {
+    fn resume<K: KeyRuns<E> + ?Sized>(
+        &self,
+        key: &K,
+        len: usize,
+        seen: &Observed,
+        path: &mut Vec<u32>,
+    ) -> Option<Descent> {
+        if seen.epoch != self.epoch || seen.key_len != len {
             return None;
         }
         let same = |n: u32, generation: u32, len: usize, parent: u32| {
@@ -269,9 +284,7 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
                 partial: Some((n, k)),
             }),
             // Where the match stopped between nodes, no child may have grown since.
-            None if seen.pos < key.len() && self.find_child(parent, &key[seen.pos..]).is_some() => {
-                None
-            }
+            None if seen.pos < len && self.find_child_at(parent, key, seen.pos).is_some() => None,
             None => Some(Descent {
                 pos: seen.pos,
                 partial: None,
@@ -295,21 +308,21 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
     /// from it, then records the whole key for that tenant only (nothing for `None`).
     /// Only the chosen tenant's path is touched: it is the engine that sees the request.
     /// Counts as a lookup for [`PrefixMatch::traffic`], as [`observe`](Self::observe) does.
-    pub fn match_and_insert(
+    pub fn match_and_insert<K: KeyRuns<E> + ?Sized>(
         &mut self,
-        key: &[E],
+        key: &K,
         now: u64,
         choose: impl FnOnce(&PrefixMatch<T>) -> Option<T>,
     ) -> (PrefixMatch<T>, Option<T>) {
         self.tick(now);
-        let key_p = self.truncate(key);
+        let len = self.truncate(key.units());
         let mut path = mem::take(&mut self.path);
-        let d = self.descend(key_p, &mut path);
-        let m = self.collect(key.len(), &path, d, None);
+        let d = self.descend(key, len, &mut path);
+        let m = self.collect(key.units(), &path, d, None);
         self.count(&path, d);
         let chosen = choose(&m);
         if let Some(t) = chosen {
-            self.record(key_p, &mut path, d, t);
+            self.record(key, len, &mut path, d, t);
         }
         self.path = path;
         (m, chosen)
@@ -317,12 +330,12 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
 
     /// Records `key` (page-truncated) for `tenant`, then evicts if the config says so.
     /// A key shorter than a page records nothing.
-    pub fn insert(&mut self, key: &[E], tenant: T, now: u64) {
+    pub fn insert<K: KeyRuns<E> + ?Sized>(&mut self, key: &K, tenant: T, now: u64) {
         self.tick(now);
-        let key_p = self.truncate(key);
+        let len = self.truncate(key.units());
         let mut path = mem::take(&mut self.path);
-        let d = self.descend(key_p, &mut path);
-        self.record(key_p, &mut path, d, tenant);
+        let d = self.descend(key, len, &mut path);
+        self.record(key, len, &mut path, d, tenant);
         self.path = path;
     }
 
@@ -386,9 +399,9 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
         self.config.page_size.get()
     }
 
-    pub(crate) fn truncate<'k>(&self, key: &'k [E]) -> &'k [E] {
-        let page = self.page();
-        &key[..key.len() - key.len() % page]
+    /// A key's length in whole pages.
+    pub(crate) fn truncate(&self, units: usize) -> usize {
+        units - units % self.page()
     }
 
     /// The child of `node` whose first page equals the first page of `rest` (non-empty,
@@ -409,6 +422,19 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
         None
     }
 
+    /// [`find_child`](Self::find_child) for the units of `key` from `pos` (whole pages
+    /// follow it).
+    fn find_child_at<K: KeyRuns<E> + ?Sized>(&self, node: u32, key: &K, pos: usize) -> Option<u32> {
+        let page = self.page();
+        let run = key.run(pos);
+        if run.len() >= page {
+            self.find_child(node, run)
+        } else {
+            // A page across two runs: rare, and at most a page copied.
+            self.find_child(node, &copy_units(key, pos, pos + page))
+        }
+    }
+
     /// The child key of an edge or key suffix (at least one page long).
     fn child_key(&self, units: &[E]) -> u32 {
         let page = self.page();
@@ -424,18 +450,18 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
         (h >> 32) as u32
     }
 
-    fn descend(&self, key: &[E], path: &mut Vec<u32>) -> Descent {
+    /// Follows the first `len` units of `key` (whole pages) down the tree.
+    fn descend<K: KeyRuns<E> + ?Sized>(&self, key: &K, len: usize, path: &mut Vec<u32>) -> Descent {
         path.clear();
         let page = self.page();
         let mut node = ROOT;
         let mut pos = 0;
-        while pos < key.len() {
-            let rest = &key[pos..];
-            let Some(child) = self.find_child(node, rest) else {
+        while pos < len {
+            let Some(child) = self.find_child_at(node, key, pos) else {
                 break;
             };
             let edge = &self.nodes[child as usize].edge;
-            let mut k = common_prefix(edge, rest);
+            let mut k = common_prefix_at(edge, key, pos, len);
             k -= k % page;
             if k == edge.len() {
                 path.push(child);
@@ -552,8 +578,15 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
         ts
     }
 
-    fn record(&mut self, key: &[E], path: &mut Vec<u32>, d: Descent, tenant: T) {
-        if key.is_empty() {
+    fn record<K: KeyRuns<E> + ?Sized>(
+        &mut self,
+        key: &K,
+        len: usize,
+        path: &mut Vec<u32>,
+        d: Descent,
+        tenant: T,
+    ) {
+        if len == 0 {
             return;
         }
         let ts = self.tenant_slot(tenant);
@@ -562,8 +595,8 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
             last = self.split(child, k);
             path.push(last);
         }
-        if d.pos < key.len() {
-            let leaf = self.alloc_node(key[d.pos..].to_vec(), last);
+        if d.pos < len {
+            let leaf = self.alloc_node(copy_units(key, d.pos, len), last);
             self.link_child(last, leaf);
             path.push(leaf);
         }
@@ -692,21 +725,4 @@ impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
             self.total_units += node.edge.len();
         }
     }
-}
-
-/// Length of the common prefix: 4 KiB-unit blocks first (slice equality is one SIMD
-/// `memcmp` for the primitive unit types, so a long shared prompt is compared at memory
-/// speed), then 64, then 16 units at a time, then unit by unit.
-fn common_prefix<E: PartialEq>(a: &[E], b: &[E]) -> usize {
-    let n = a.len().min(b.len());
-    let mut i = 0;
-    for block in [4096, 64, 16] {
-        while i + block <= n && a[i..i + block] == b[i..i + block] {
-            i += block;
-        }
-    }
-    while i < n && a[i] == b[i] {
-        i += 1;
-    }
-    i
 }

@@ -72,6 +72,7 @@ mod prefix_hash;
 mod ring;
 pub mod serde_secs;
 mod snapshot;
+mod text;
 mod wait;
 
 #[cfg(test)]
@@ -91,6 +92,7 @@ pub use snapshot::{
     Credit, MatchSource, PrefixMatches, PrefixTraffic, RECENT_HALF_LIFE, RankLoad, RequestFacts,
     RoutingText, SelectInput, WorkerId, WorkerLoad, WorkerView,
 };
+pub use text::PromptText;
 
 /// Picks a worker for one request under the configured policy.
 pub fn select(cfg: &PolicyConfig, input: &SelectInput<'_>, rng: &mut dyn RngCore) -> Decision {

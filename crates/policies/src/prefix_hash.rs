@@ -103,11 +103,7 @@ pub(crate) fn head_positions(cfg: &PolicyConfig, req: &RequestFacts) -> Vec<u64>
         }
         RoutingText::Text(s) if !s.is_empty() => {
             let want = (cfg.prefix_token_count as f64 * cfg.bytes_per_token).max(1.0) as usize;
-            let mut end = want.min(s.len());
-            while !s.is_char_boundary(end) {
-                end -= 1;
-            }
-            vec![HashRing::position(&s.as_bytes()[..end])]
+            vec![HashRing::position(s.head(want).as_bytes())]
         }
         _ => Vec::new(),
     }

@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::ring::HashRing;
+use crate::text::PromptText;
 
 /// A worker's identity: a hash of its normalised URL, so it is stable across restarts.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -70,7 +71,7 @@ pub struct RequestFacts {
 pub enum RoutingText {
     #[default]
     Empty,
-    Text(String),
+    Text(PromptText),
     Tokens(Vec<u32>),
 }
 

@@ -95,7 +95,7 @@ pub fn waiting(reqs: u64) -> WorkerLoad {
 
 pub fn text(s: &str) -> RequestFacts {
     RequestFacts {
-        key: RoutingText::Text(s.to_owned()),
+        key: RoutingText::Text(s.into()),
         ..RequestFacts::default()
     }
 }

@@ -77,7 +77,7 @@ fn worker() -> impl Strategy<Value = WorkerView> {
 fn request() -> impl Strategy<Value = RequestFacts> {
     let key = prop_oneof![
         Just(RoutingText::Empty),
-        ".{0,60}".prop_map(RoutingText::Text),
+        ".{0,60}".prop_map(|s: String| RoutingText::Text(s.into())),
         proptest::collection::vec(any::<u32>(), 0..300).prop_map(RoutingText::Tokens),
     ];
     (key, proptest::option::of(".{0,140}")).prop_map(|(key, routing_key)| RequestFacts {

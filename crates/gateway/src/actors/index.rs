@@ -8,10 +8,12 @@ use std::num::NonZeroUsize;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use kvgate_kv_index::{HashConfig, HashIndex, Observed, PrefixMatch, RadixTree, TreeConfig};
+use kvgate_kv_index::{
+    HashConfig, HashIndex, KeyRuns, Observed, PrefixMatch, RadixTree, TreeConfig,
+};
 use kvgate_policies::{
-    CacheIndex, MatchSource, PolicyConfig, PrefixMatches, PrefixTraffic, RequestFacts, RoutingText,
-    WorkerId,
+    CacheIndex, MatchSource, PolicyConfig, PrefixMatches, PrefixTraffic, PromptText, RequestFacts,
+    RoutingText, WorkerId,
 };
 use kvgate_store::Persister;
 use tracing::{debug, info};
@@ -233,7 +235,7 @@ impl IndexActor {
         let dropped = match (&msg.key, hash_mode) {
             (RoutingText::Tokens(t), true) => m.hash.forget(t, 0, msg.worker, msg.keep),
             (RoutingText::Tokens(t), false) => m.tokens.forget(t, msg.worker, msg.keep),
-            (RoutingText::Text(s), false) => m.text.forget(s.as_bytes(), msg.worker, msg.keep),
+            (RoutingText::Text(s), false) => m.text.forget(&Runs(s), msg.worker, msg.keep),
             (RoutingText::Text(_), true) | (RoutingText::Empty, _) => 0,
         };
         if dropped > 0 {
@@ -347,11 +349,11 @@ impl IndexActor {
             }
             (RoutingText::Text(s), false) => {
                 let pm = if count {
-                    let (pm, o) = m.text.observe_for_insert(s.as_bytes(), None);
+                    let (pm, o) = m.text.observe_for_insert(&Runs(s), None);
                     seen = Some(o);
                     pm
                 } else {
-                    m.text.peek_prefix(s.as_bytes())
+                    m.text.peek_prefix(&Runs(s))
                 };
                 PrefixMatches {
                     input_len: pm.input_len,
@@ -394,9 +396,9 @@ impl IndexActor {
             (RoutingText::Tokens(t), false, Some(o)) => m.tokens.insert_observed(t, worker, now, o),
             (RoutingText::Tokens(t), false, None) => m.tokens.insert(t, worker, now),
             (RoutingText::Text(s), false, Some(o)) => {
-                m.text.insert_observed(s.as_bytes(), worker, now, o)
+                m.text.insert_observed(&Runs(s), worker, now, o)
             }
-            (RoutingText::Text(s), false, None) => m.text.insert(s.as_bytes(), worker, now),
+            (RoutingText::Text(s), false, None) => m.text.insert(&Runs(s), worker, now),
             (RoutingText::Text(_), true, _) | (RoutingText::Empty, _, _) => return,
         }
         self.dirty = true;
@@ -615,5 +617,18 @@ impl Handler<InjectPanic> for IndexActor {
 
     fn handle(&mut self, _: InjectPanic, _: &mut Context<Self>) {
         self.panic_next = true;
+    }
+}
+
+/// A prompt's text as the tree reads it: run by run, the long ones borrowed from the body.
+struct Runs<'a>(&'a PromptText);
+
+impl KeyRuns<u8> for Runs<'_> {
+    fn units(&self) -> usize {
+        self.0.len()
+    }
+
+    fn run(&self, pos: usize) -> &[u8] {
+        self.0.run(pos)
     }
 }

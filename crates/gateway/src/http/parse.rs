@@ -2,9 +2,9 @@
 //! as text or token ids. The body itself is forwarded unchanged.
 
 use std::borrow::Cow;
-use std::fmt::Write as _;
 
-use kvgate_policies::{RequestFacts, RoutingText};
+use bytes::Bytes;
+use kvgate_policies::{PromptText, RequestFacts, RoutingText};
 use serde::Deserialize;
 
 use crate::http::error::ApiError;
@@ -98,14 +98,28 @@ enum Prompt<'a> {
 }
 
 impl Prompt<'_> {
-    fn into_routing(self, keep: bool) -> RoutingText {
+    /// The prompt as routing text, its long strings borrowed from `body`.
+    fn into_routing(self, keep: bool, body: &Bytes) -> RoutingText {
         if !keep {
             return RoutingText::Empty;
         }
         match self {
-            Prompt::Text(t) => RoutingText::Text(t.into_owned()),
+            Prompt::Text(t) => {
+                let mut text = PromptText::over(body.clone());
+                text.push_body_str(&t);
+                RoutingText::Text(text)
+            }
             // A batch goes to one worker; its prompts are recorded as one sequence.
-            Prompt::Texts(ts) => RoutingText::Text(ts.join("\n")),
+            Prompt::Texts(ts) => {
+                let mut text = PromptText::over(body.clone());
+                for (i, t) in ts.iter().enumerate() {
+                    if i > 0 {
+                        text.push_str("\n");
+                    }
+                    text.push_body_str(t);
+                }
+                RoutingText::Text(text)
+            }
             Prompt::Tokens(t) => RoutingText::Tokens(t),
             Prompt::TokenLists(ls) => RoutingText::Tokens(ls.concat()),
         }
@@ -174,12 +188,14 @@ fn too_deep(body: &[u8]) -> bool {
 
 /// Extracts the routing facts of a request body for `endpoint`. Without `prompt` the body
 /// is checked as fully but the prompt is left out (`RoutingText::Empty`): the policy
-/// does not read it, and a long prompt is not copied for nothing.
+/// does not read it. The routing text borrows its long strings from `bytes` (see
+/// [`PromptText`]), so a long prompt is not copied.
 pub fn request_facts(
     endpoint: Endpoint,
-    body: &[u8],
+    bytes: &Bytes,
     prompt: bool,
 ) -> Result<RequestFacts, ApiError> {
+    let body: &[u8] = bytes;
     // serde_json skips unread strings without checking them: check the whole body once,
     // then parse it as a `str`, which serde does not check again.
     // The SIMD check is several times std's on a long prompt; std's says where it failed.
@@ -209,7 +225,7 @@ pub fn request_facts(
         None if too_deep(body.as_bytes()) => return Err(too_deep_error()),
         None => serde_body(endpoint, body)?,
     };
-    facts_of(parsed, prompt)
+    facts_of(parsed, prompt, bytes)
 }
 
 fn too_deep_error() -> ApiError {
@@ -233,22 +249,22 @@ fn serde_body(endpoint: Endpoint, body: &str) -> Result<Body<'_>, ApiError> {
     })
 }
 
-fn facts_of(body: Body<'_>, prompt: bool) -> Result<RequestFacts, ApiError> {
+fn facts_of(body: Body<'_>, prompt: bool, bytes: &Bytes) -> Result<RequestFacts, ApiError> {
     let (model, stream, key) = match body {
         Body::Chat(b) => {
             let key = if prompt {
-                RoutingText::Text(render_chat(&b.messages))
+                RoutingText::Text(render_chat(&b.messages, bytes))
             } else {
                 RoutingText::Empty
             };
             (b.model, b.stream, key)
         }
-        Body::Completion(b) => (b.model, b.stream, b.prompt.into_routing(prompt)),
+        Body::Completion(b) => (b.model, b.stream, b.prompt.into_routing(prompt, bytes)),
         Body::Generate(b) => {
             let key = match (b.text, b.input_ids) {
-                (Some(t), _) => t.into_routing(prompt),
+                (Some(t), _) => t.into_routing(prompt, bytes),
                 (None, Some(ids @ (Prompt::Tokens(_) | Prompt::TokenLists(_)))) => {
-                    ids.into_routing(prompt)
+                    ids.into_routing(prompt, bytes)
                 }
                 (None, Some(_)) => {
                     return Err(ApiError::BadRequest(
@@ -274,37 +290,22 @@ fn facts_of(body: Body<'_>, prompt: bool) -> Result<RequestFacts, ApiError> {
 
 /// Chat as routing text: each message's role and content, in order, so conversations that
 /// differ only in roles do not look identical.
-fn render_chat(messages: &[Message<'_>]) -> String {
-    // Sized up front: a long prompt is copied once, not regrown.
-    let len: usize = messages
-        .iter()
-        .map(|m| {
-            let content = match &m.content {
-                Some(Content::Text(t)) => t.len(),
-                Some(Content::Parts(parts)) => parts
-                    .iter()
-                    .map(|p| p.text.as_ref().map_or(0, |t| t.len()))
-                    .sum(),
-                None => 0,
-            };
-            m.role.len() + content + 6
-        })
-        .sum();
-    let mut out = String::with_capacity(len);
+fn render_chat(messages: &[Message<'_>], body: &Bytes) -> PromptText {
+    let mut out = PromptText::over(body.clone());
     for m in messages {
-        let _ = writeln!(out, "<|{}|>", m.role);
+        out.push_str("<|");
+        out.push_str(&m.role);
+        out.push_str("|>\n");
         match &m.content {
-            Some(Content::Text(t)) => out.push_str(t),
+            Some(Content::Text(t)) => out.push_body_str(t),
             Some(Content::Parts(parts)) => {
-                for p in parts {
-                    if let Some(t) = &p.text {
-                        out.push_str(t);
-                    }
+                for t in parts.iter().filter_map(|p| p.text.as_deref()) {
+                    out.push_body_str(t);
                 }
             }
             None => {}
         }
-        out.push('\n');
+        out.push_str("\n");
     }
     out
 }

@@ -6,7 +6,7 @@
 
 use actix_web::web;
 use bytes::Bytes;
-use kvgate_policies::{RequestFacts, RoutingText};
+use kvgate_policies::{PromptText, RequestFacts, RoutingText};
 use serde::Serialize;
 
 use crate::actors::tokenizers::{Slot, Tokenizers};
@@ -69,10 +69,10 @@ pub async fn tokenize(
     };
     let run = {
         let (tok, body) = (tok.clone(), body.clone());
-        move |text: String| {
+        move |text: PromptText| {
             let ids = match endpoint {
                 Endpoint::Chat => tok.chat_ids(&body),
-                _ => tok.encode(&text, true),
+                _ => tok.encode(&text.to_cow(), true),
             };
             (ids, text)
         }

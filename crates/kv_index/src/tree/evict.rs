@@ -3,20 +3,20 @@
 
 use std::mem;
 
-use super::{EvictStats, KeyUnit, NIL, ROOT, RadixTree, Small, TenantId};
+use super::{EvictStats, KeyRuns, KeyUnit, NIL, ROOT, RadixTree, Small, TenantId};
 
 impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
     /// Undoes a record of `key` for `tenant` back to its first `keep` units (what the tenant
     /// held of it before): the tenant's entries on the key's path that begin at or past
     /// `keep` are dropped, deepest first, stopping at a node where the tenant still holds
     /// a child (another key of its own passes there). Returns the units dropped.
-    pub fn forget(&mut self, key: &[E], tenant: T, keep: usize) -> usize {
+    pub fn forget<K: KeyRuns<E> + ?Sized>(&mut self, key: &K, tenant: T, keep: usize) -> usize {
         if !self.index.contains_key(&tenant) {
             return 0;
         }
-        let key_p = self.truncate(key);
+        let len = self.truncate(key.units());
         let mut path = mem::take(&mut self.path);
-        self.descend(key_p, &mut path);
+        self.descend(key, len, &mut path);
         let holds = |tree: &Self, n: u32| {
             let tenants = &tree.nodes[n as usize].tenants;
             tenants

@@ -738,10 +738,10 @@ proptest! {
             b[cut] ^= 1;
         }
         b.truncate(len.saturating_sub(tail));
-        prop_assert_eq!(super::common_prefix(&a, &b), lcp(&a, &b));
+        prop_assert_eq!(super::key::common_prefix(&a, &b), lcp(&a, &b));
         let ta: Vec<u32> = a.iter().map(|&x| u32::from(x)).collect();
         let tb: Vec<u32> = b.iter().map(|&x| u32::from(x)).collect();
-        prop_assert_eq!(super::common_prefix(&ta, &tb), lcp(&a, &b));
+        prop_assert_eq!(super::key::common_prefix(&ta, &tb), lcp(&a, &b));
     }
 }
 
@@ -829,22 +829,35 @@ fn an_insert_resumes_where_its_match_ended_unless_the_path_changed() {
     let (m, seen) = t.observe_for_insert(key, None);
     assert_eq!(m.matched_len, 3);
     let mut path = Vec::new();
-    assert!(t.resume(key, &seen, &mut path).is_some());
+    assert!(t.resume(key, key.len(), &seen, &mut path).is_some());
     // A split on its path since: the match is walked again.
     t.insert(b"abq", 2, 2);
-    assert!(t.resume(key, &seen, &mut path).is_none());
+    assert!(t.resume(key, key.len(), &seen, &mut path).is_none());
     t.insert_observed(key, 3, 3, &seen);
     t.check_invariants();
     assert_eq!(t.peek_prefix(key).per_tenant, vec![(3, 6), (1, 3), (2, 2)]);
     // A child grown where a match stopped between nodes: walked again too.
     let (_, seen) = t.observe_for_insert(b"abcdQQ", None);
-    assert!(t.resume(b"abcdQQ", &seen, &mut path).is_some());
+    assert!(
+        t.resume(b"abcdQQ", b"abcdQQ".len(), &seen, &mut path)
+            .is_some()
+    );
     t.insert(b"abcdQQ", 4, 4);
-    assert!(t.resume(b"abcdQQ", &seen, &mut path).is_none());
+    assert!(
+        t.resume(b"abcdQQ", b"abcdQQ".len(), &seen, &mut path)
+            .is_none()
+    );
     // Another tree's, or another key length's, is never used.
     let other = RadixTree::<u8, u64>::new(TreeConfig::default());
-    assert!(other.resume(b"abcdQQ", &seen, &mut path).is_none());
-    assert!(t.resume(b"abcdQ", &seen, &mut path).is_none());
+    assert!(
+        other
+            .resume(b"abcdQQ", b"abcdQQ".len(), &seen, &mut path)
+            .is_none()
+    );
+    assert!(
+        t.resume(b"abcdQ", b"abcdQ".len(), &seen, &mut path)
+            .is_none()
+    );
 }
 
 proptest! {
@@ -876,6 +889,114 @@ proptest! {
         a.check_invariants();
         let mut probes = probes;
         probes.push(key);
+        prop_assert_eq!(shape(&a, &probes), shape(&b, &probes));
+    }
+}
+
+/// A key given as runs cut at `cuts` (the positions where a new run starts).
+struct Runs<'a> {
+    units: &'a [u8],
+    cuts: Vec<usize>,
+}
+
+impl KeyRuns<u8> for Runs<'_> {
+    fn units(&self) -> usize {
+        self.units.len()
+    }
+
+    fn run(&self, pos: usize) -> &[u8] {
+        let end = self
+            .cuts
+            .iter()
+            .copied()
+            .find(|&c| c > pos)
+            .unwrap_or(self.units.len());
+        &self.units[pos..end.min(self.units.len())]
+    }
+}
+
+fn runs<'a>(units: &'a [u8], cuts: &[usize]) -> Runs<'a> {
+    let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (units.len() + 1)).collect();
+    cuts.sort_unstable();
+    Runs { units, cuts }
+}
+
+#[test]
+fn a_key_in_runs_matches_and_inserts_as_its_one_slice() {
+    let mut t: RadixTree<u32, u64> = RadixTree::new(TreeConfig {
+        page_size: page(4),
+        ..TreeConfig::default()
+    });
+    let flat: Vec<u32> = (0..16).collect();
+    t.insert(&flat, 1, 1);
+    // Runs of 3: every page but the first straddles two of them.
+    struct Threes<'a>(&'a [u32]);
+    impl KeyRuns<u32> for Threes<'_> {
+        fn units(&self) -> usize {
+            self.0.len()
+        }
+        fn run(&self, pos: usize) -> &[u32] {
+            &self.0[pos..(pos / 3 * 3 + 3).min(self.0.len())]
+        }
+    }
+    let mut other = flat.clone();
+    other[13] = 99;
+    other.extend([20, 21, 22, 23, 24]);
+    assert_eq!(t.peek_prefix(&Threes(&other)).matched_by(1), 12);
+    t.insert(&Threes(&other), 2, 2);
+    t.check_invariants();
+    assert_eq!(t.peek_prefix(&other[..]).per_tenant, vec![(2, 20), (1, 12)]);
+    assert_eq!(t.forget(&Threes(&other), 2, 12), 8);
+    assert_eq!(t.peek_prefix(&other[..]).per_tenant, vec![(1, 12), (2, 12)]);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Every keyed operation answers and leaves the tree the same whether its key comes as
+    /// one slice or cut into runs anywhere.
+    #[test]
+    fn a_key_in_runs_is_its_one_slice(
+        config in config_strategy(),
+        setup in prop::collection::vec(prop_op(), 0..30),
+        steps in prop::collection::vec(
+            (key(), prop::collection::vec(0usize..15, 0..5), 0u64..4, 0u8..5),
+            1..12,
+        ),
+        probes in prop::collection::vec(key(), 0..8),
+    ) {
+        let mut a = run_ops(config.clone(), &setup, |_, _, _| {});
+        let mut b = run_ops(config.clone(), &setup, |_, _, _| {});
+        let mut probes = probes;
+        for (now, (key, cuts, tenant, op)) in (setup.len() as u64..).zip(&steps) {
+            let cut = runs(key, cuts);
+            match op {
+                0 => {
+                    a.insert(&cut, *tenant, now);
+                    b.insert(&key[..], *tenant, now);
+                }
+                1 => prop_assert_eq!(a.match_prefix(&cut, now), b.match_prefix(&key[..], now)),
+                2 => {
+                    let (ma, seen) = a.observe_for_insert(&cut, Some(0));
+                    let (mb, _) = b.observe_for_insert(&key[..], Some(0));
+                    prop_assert_eq!(ma, mb);
+                    a.insert_observed(&cut, *tenant, now, &seen);
+                    b.insert(&key[..], *tenant, now);
+                }
+                3 => {
+                    let keep = cuts.first().copied().unwrap_or(0) % (key.len() + 1);
+                    prop_assert_eq!(a.forget(&cut, *tenant, keep), b.forget(&key[..], *tenant, keep));
+                }
+                _ => {
+                    let (ma, ca) = a.match_and_insert(&cut, now, |_| Some(*tenant));
+                    let (mb, cb) = b.match_and_insert(&key[..], now, |_| Some(*tenant));
+                    prop_assert_eq!((ma, ca), (mb, cb));
+                }
+            }
+            prop_assert_eq!(a.peek_since(&cut, 0), b.peek_since(&key[..], 0));
+            a.check_invariants();
+            probes.push(key.clone());
+        }
         prop_assert_eq!(shape(&a, &probes), shape(&b, &probes));
     }
 }

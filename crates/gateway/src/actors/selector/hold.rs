@@ -54,7 +54,7 @@ fn shares_at_least(a: &RoutingText, b: &RoutingText, n: usize) -> bool {
         a.len() >= n && b.len() >= n && a[..n] == b[..n]
     }
     match (a, b) {
-        (RoutingText::Text(a), RoutingText::Text(b)) => head(a.as_bytes(), b.as_bytes(), n),
+        (RoutingText::Text(a), RoutingText::Text(b)) => a.shares_head(b, n),
         (RoutingText::Tokens(a), RoutingText::Tokens(b)) => head(a, b, n),
         _ => false,
     }

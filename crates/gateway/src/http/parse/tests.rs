@@ -3,15 +3,24 @@ use proptest::prelude::*;
 
 use super::*;
 
+/// [`request_facts`] of a copy of `body`.
+fn facts(
+    endpoint: Endpoint,
+    body: impl AsRef<[u8]>,
+    prompt: bool,
+) -> Result<RequestFacts, ApiError> {
+    request_facts(endpoint, &Bytes::copy_from_slice(body.as_ref()), prompt)
+}
+
 fn check(endpoint: Endpoint, body: &str, key: RoutingText, model: Option<&str>, stream: bool) {
-    let facts = request_facts(endpoint, body.as_bytes(), true).unwrap();
+    let facts = facts(endpoint, body.as_bytes(), true).unwrap();
     assert_eq!(facts.key, key, "body: {body}");
     assert_eq!(facts.model.as_deref(), model);
     assert_eq!(facts.stream, stream);
 }
 
 fn text(s: &str) -> RoutingText {
-    RoutingText::Text(s.to_owned())
+    RoutingText::Text(s.into())
 }
 
 #[test]
@@ -84,24 +93,24 @@ fn extracts_routing_facts() {
 #[test]
 fn without_the_prompt_the_rest_is_read_and_the_key_is_empty() {
     let body = br#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
-    let f = request_facts(Endpoint::Chat, body, false).unwrap();
+    let f = facts(Endpoint::Chat, body, false).unwrap();
     assert_eq!(f.key, RoutingText::Empty);
     assert_eq!(f.model.as_deref(), Some("m"));
     assert!(f.stream);
-    let f = request_facts(Endpoint::Generate, br#"{"input_ids":[1,2]}"#, false).unwrap();
+    let f = facts(Endpoint::Generate, br#"{"input_ids":[1,2]}"#, false).unwrap();
     assert_eq!(f.key, RoutingText::Empty);
-    assert!(request_facts(Endpoint::Generate, br#"{"input_ids":"x"}"#, false).is_err());
+    assert!(facts(Endpoint::Generate, br#"{"input_ids":"x"}"#, false).is_err());
 }
 
 #[test]
 fn roles_are_part_of_the_key() {
-    let a = request_facts(
+    let a = facts(
         Endpoint::Chat,
         br#"{"messages":[{"role":"user","content":"x"}]}"#,
         true,
     )
     .unwrap();
-    let b = request_facts(
+    let b = facts(
         Endpoint::Chat,
         br#"{"messages":[{"role":"assistant","content":"x"}]}"#,
         true,
@@ -113,15 +122,11 @@ fn roles_are_part_of_the_key() {
 fn check_err(endpoint: Endpoint, body: &[u8], want_json_error: bool) {
     // A policy that does not read the prompt gets the same checks.
     assert_eq!(
-        request_facts(endpoint, body, false)
-            .err()
-            .map(|e| e.to_string()),
-        request_facts(endpoint, body, true)
-            .err()
-            .map(|e| e.to_string()),
+        facts(endpoint, body, false).err().map(|e| e.to_string()),
+        facts(endpoint, body, true).err().map(|e| e.to_string()),
     );
     let shown: String = String::from_utf8_lossy(body).chars().take(120).collect();
-    match request_facts(endpoint, body, true) {
+    match facts(endpoint, body, true) {
         Err(ApiError::InvalidJson(_)) => assert!(want_json_error, "{shown:?}"),
         Err(ApiError::BadRequest(_)) => assert!(!want_json_error, "{shown:?}"),
         other => panic!("expected a 400 for {shown:?}, got {other:?}"),
@@ -165,7 +170,7 @@ fn rejects_bad_bodies_cleanly() {
         (Endpoint::Chat, deep_obj.as_bytes()),
         (Endpoint::Generate, deep_list.as_bytes()),
     ] {
-        match request_facts(e, b, true) {
+        match facts(e, b, true) {
             Err(ApiError::InvalidJson(m)) => assert_eq!(m, "nesting deeper than 128 levels"),
             other => panic!("{other:?}"),
         }
@@ -176,10 +181,10 @@ fn rejects_bad_bodies_cleanly() {
         "[".repeat(100),
         "]".repeat(100)
     );
-    assert!(request_facts(Endpoint::Completions, nested.as_bytes(), true).is_ok());
+    assert!(facts(Endpoint::Completions, nested.as_bytes(), true).is_ok());
     // Brackets inside strings are not nesting.
     let in_string = format!("{{\"prompt\":\"{}\"}}", "[".repeat(1000));
-    assert!(request_facts(Endpoint::Completions, in_string.as_bytes(), true).is_ok());
+    assert!(facts(Endpoint::Completions, in_string.as_bytes(), true).is_ok());
 }
 
 /// The depth scan byte by byte, as the model the skipping scan must agree with.
@@ -227,14 +232,14 @@ proptest! {
     #[test]
     fn arbitrary_bytes_never_panic(body in proptest::collection::vec(any::<u8>(), 0..512)) {
         for e in [Endpoint::Chat, Endpoint::Completions, Endpoint::Generate] {
-            let _ = request_facts(e, &body, true);
+            let _ = facts(e, &body, true);
         }
     }
 
     #[test]
     fn arbitrary_json_never_panics(s in "\\{(\"(model|messages|prompt|text|input_ids|stream|role|content)\"|[\\[\\]{}:,0-9]|\"[a-z]{0,3}\"|true|null){0,40}") {
         for e in [Endpoint::Chat, Endpoint::Completions, Endpoint::Generate] {
-            let _ = request_facts(e, s.as_bytes(), true);
+            let _ = facts(e, s.as_bytes(), true);
         }
     }
 }
@@ -281,7 +286,7 @@ proptest! {
             body["model"] = serde_json::json!(m);
         }
         let bytes = serde_json::to_vec(&body).map_err(|e| TestCaseError::fail(e.to_string()))?;
-        let facts = request_facts(Endpoint::Chat, &bytes, true).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let got = facts(Endpoint::Chat, &bytes, true).map_err(|e| TestCaseError::fail(e.to_string()))?;
         let mut want = String::new();
         for (r, c) in &msgs {
             want.push_str(&format!("<|{r}|>\n"));
@@ -298,12 +303,12 @@ proptest! {
             }
             want.push('\n');
         }
-        prop_assert_eq!(facts.key, RoutingText::Text(want));
-        prop_assert_eq!(facts.stream, stream.unwrap_or(false));
-        prop_assert_eq!(facts.model, model);
+        prop_assert_eq!(got.key, RoutingText::Text(want.into()));
+        prop_assert_eq!(got.stream, stream.unwrap_or(false));
+        prop_assert_eq!(got.model, model);
         let at = cut.index(bytes.len());
         if at > 0 && at < bytes.len() {
-            prop_assert!(request_facts(Endpoint::Chat, &bytes[..at], true).is_err());
+            prop_assert!(facts(Endpoint::Chat, &bytes[..at], true).is_err());
         }
     }
 
@@ -312,11 +317,11 @@ proptest! {
     fn token_prompts_route_on_their_tokens(lists in prop::collection::vec(prop::collection::vec(any::<u32>(), 1..8), 1..4)) {
         let flat: Vec<u32> = lists.concat();
         let one = serde_json::to_vec(&serde_json::json!({"prompt": flat})).unwrap_or_default();
-        prop_assert_eq!(request_facts(Endpoint::Completions, &one, true).map(|f| f.key).ok(), Some(RoutingText::Tokens(flat.clone())));
+        prop_assert_eq!(facts(Endpoint::Completions, &one, true).map(|f| f.key).ok(), Some(RoutingText::Tokens(flat.clone())));
         let many = serde_json::to_vec(&serde_json::json!({"prompt": lists})).unwrap_or_default();
-        prop_assert_eq!(request_facts(Endpoint::Completions, &many, true).map(|f| f.key).ok(), Some(RoutingText::Tokens(flat.clone())));
+        prop_assert_eq!(facts(Endpoint::Completions, &many, true).map(|f| f.key).ok(), Some(RoutingText::Tokens(flat.clone())));
         let ids = serde_json::to_vec(&serde_json::json!({"input_ids": flat})).unwrap_or_default();
-        prop_assert_eq!(request_facts(Endpoint::Generate, &ids, true).map(|f| f.key).ok(), Some(RoutingText::Tokens(flat)));
+        prop_assert_eq!(facts(Endpoint::Generate, &ids, true).map(|f| f.key).ok(), Some(RoutingText::Tokens(flat)));
     }
 }
 
@@ -457,9 +462,9 @@ proptest! {
                         serde_body(endpoint, &body).is_ok(),
                         "fast accepted what serde refuses: {}", body
                     );
-                    let f = facts_of(b, prompt).map_err(|e| e.to_string());
+                    let f = facts_of(b, prompt, &Bytes::new()).map_err(|e| e.to_string());
                     let s = serde_body(endpoint, &body)
-                        .and_then(|b| facts_of(b, prompt))
+                        .and_then(|b| facts_of(b, prompt, &Bytes::new()))
                         .map_err(|e| e.to_string());
                     prop_assert_eq!(f, s, "{}", body);
                 }
@@ -470,7 +475,9 @@ proptest! {
 
 #[test]
 fn the_fast_path_reads_the_common_shapes() {
-    let read = |endpoint, body: &str| fast::scan(body, endpoint).map(|b| facts_of(b, true).ok());
+    let read = |endpoint, body: &str| {
+        fast::scan(body, endpoint).map(|b| facts_of(b, true, &Bytes::new()).ok())
+    };
     let chat = r#"{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"q\n"}]}],"max_tokens":8,"stream":true}"#;
     let f = read(Endpoint::Chat, chat)
         .flatten()
@@ -492,4 +499,38 @@ fn the_fast_path_reads_the_common_shapes() {
     assert!(read(Endpoint::Completions, r#"{"prompt":"\ud800"}"#).is_none());
     assert!(read(Endpoint::Completions, r#"{"prompt":[]}"#).is_none());
     assert!(read(Endpoint::Chat, r#"{"model":"m"}"#).is_none());
+}
+
+#[test]
+fn long_strings_of_the_routing_text_are_read_in_place_from_the_body() {
+    let long = "a long system prompt, ".repeat(40);
+    let body = serde_json::to_vec(&serde_json::json!({
+        "messages": [
+            {"role": "system", "content": long},
+            {"role": "user", "content": "a \"quoted\" question\n"},
+            {"role": "user", "content": [{"type": "text", "text": long}]},
+        ]
+    }))
+    .unwrap();
+    let body = Bytes::from(body);
+    let want = format!("<|system|>\n{long}\n<|user|>\na \"quoted\" question\n\n<|user|>\n{long}\n");
+    for (endpoint, body, want) in [
+        (Endpoint::Chat, body.clone(), want.as_str()),
+        (
+            Endpoint::Completions,
+            Bytes::from(format!(r#"{{"prompt":["{long}","{long}"]}}"#)),
+            &*format!("{long}\n{long}"),
+        ),
+    ] {
+        let RoutingText::Text(text) = request_facts(endpoint, &body, true).unwrap().key else {
+            panic!("a text key");
+        };
+        assert_eq!(text, want);
+        // Each long string is a run that points into the body: it was not copied.
+        let in_body = text
+            .runs()
+            .filter(|r| body.as_ptr_range().contains(&r.as_ptr()))
+            .count();
+        assert_eq!(in_body, 2, "{endpoint:?}");
+    }
 }
