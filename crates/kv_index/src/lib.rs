@@ -3,7 +3,8 @@
 //! It owns three structures, one instance per (model, key kind), driven from a single
 //! thread by the gateway's index actor. [`RadixTree`] is one multi-tenant radix tree, generic
 //! over the key unit (`u8` text bytes, `char`, or `u32` token ids, with whole-page storage
-//! for tokens); it reports for every tenant how much of a key it holds, records routing
+//! for tokens, and keys given as slices or read a run at a time through [`KeyRuns`]); it
+//! reports for every tenant how much of a key it holds, records routing
 //! decisions in the same descent, evicts least recently used leaves first under a global
 //! and a per-tenant budget, counts how much recent traffic entered each node (lookups
 //! through [`RadixTree::observe`] or [`RadixTree::match_and_insert`], decayed; not

@@ -8,7 +8,8 @@
 //! whether the index should record the request for it. This crate never reads a clock,
 //! spawns a task, takes a lock or does I/O, and does not know the prefix index's data
 //! structures: [`PrefixMatches`] is the boundary. Randomness comes in as an argument so
-//! tests pin a seed.
+//! tests pin a seed. A text prompt is a [`PromptText`]: runs that can borrow the long
+//! strings of the request body instead of copying them.
 //!
 //! ```
 //! use kvgate_policies::{select, PolicyConfig, RequestFacts, SelectInput, WorkerId, WorkerView};
