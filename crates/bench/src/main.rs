@@ -200,9 +200,13 @@ struct WorkloadArgs {
 
 #[derive(Debug, Args)]
 struct ProxyArgs {
-    /// Seconds of saturation load per target.
+    /// Seconds of saturation load per target, in all.
     #[arg(long, default_value_t = 10)]
     duration_secs: u64,
+    /// The saturation load in this many turns per target, the order of the targets
+    /// reversed every turn (one turn each made an A/B one sample of the machine's drift).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    rounds: u64,
     /// Connections of the saturation load.
     #[arg(long, default_value_t = 64)]
     connections: usize,
@@ -521,6 +525,7 @@ fn proxy(a: ProxyArgs) -> anyhow::Result<()> {
     // The ranges above keep the sizes well inside usize.
     let settings = |kib: Option<u64>| run::proxy::ProxySettings {
         duration: Duration::from_secs(a.duration_secs),
+        rounds: a.rounds as usize,
         connections: a.connections,
         latency_requests: a.latency_requests,
         warmup: a.warmup,

@@ -165,3 +165,25 @@ pub fn rss_kib(pid: u32) -> Option<u64> {
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
 }
+
+/// CPU time (ns) the threads of a process and of its direct children (nginx's workers)
+/// have run, from `/proc/PID/task/*/schedstat`.
+pub fn cpu_ns(pid: u32) -> Option<u64> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut total = 0;
+    for t in tasks.flatten() {
+        let p = t.path();
+        total += std::fs::read_to_string(p.join("schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+            .unwrap_or(0);
+        for child in std::fs::read_to_string(p.join("children"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .filter_map(|c| c.parse::<u32>().ok())
+        {
+            total += cpu_ns(child).unwrap_or(0);
+        }
+    }
+    Some(total)
+}

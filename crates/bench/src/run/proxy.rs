@@ -2,6 +2,7 @@
 //! measured for every target in one run so ratios share the machine's noise.
 
 use std::fmt::Write as _;
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
@@ -14,7 +15,7 @@ use kvgate_engine_sim::{SimConfig, SimFleet};
 use kvgate_policies::PolicyKind;
 use serde::Serialize;
 
-use super::child::{rss_kib, which};
+use super::child::{cpu_ns, rss_kib, which};
 
 mod body;
 pub mod curve;
@@ -27,7 +28,11 @@ const PATH: &str = "/v1/chat/completions";
 
 #[derive(Debug, Clone)]
 pub struct ProxySettings {
+    /// Saturation load per target, in all.
     pub duration: Duration,
+    /// The saturation load comes in this many turns per target, the targets' order reversed
+    /// every turn, so a slow stretch of the machine falls on all of them alike.
+    pub rounds: usize,
     pub connections: usize,
     pub latency_requests: usize,
     pub warmup: usize,
@@ -58,6 +63,10 @@ pub struct ProxyRow {
     pub load_p50_ms: Option<f64>,
     pub load_p99_ms: Option<f64>,
     pub load_errors: u64,
+    /// CPU time the target (with its child processes) ran per request of its saturation
+    /// load, in microseconds: steadier than req/s on a machine with more busy threads
+    /// than cores. Child processes only.
+    pub cpu_us_per_req: Option<f64>,
     pub one_conn: Summary,
     /// One-connection p50/p99 minus the direct upstream's.
     pub added_p50_ms: Option<f64>,
@@ -156,21 +165,23 @@ pub fn run(s: &ProxySettings) -> anyhow::Result<Vec<ProxyRow>> {
     }
 
     let one_conn = interleaved_latency(&ups, s.warmup, s.latency_requests, &s.body)?;
+    let loads = saturate_in_rounds(&ups, s, wrk.as_deref(), &script)?;
     let mut rows = Vec::new();
-    for (up, one_conn) in ups.iter().zip(one_conn) {
-        eprintln!("proxy: saturating {} at {}", up.name, up.url);
-        let rss_before_kib = up.pid.and_then(rss_kib);
-        let (load_tool, load) = saturate(up, s, wrk.as_deref(), &script)?;
+    for ((up, one_conn), load) in ups.iter().zip(one_conn).zip(loads) {
         rows.push(ProxyRow {
-            rss_before_kib,
+            rss_before_kib: load.rss_before_kib,
             rss_after_kib: up.pid.and_then(rss_kib),
             target: up.name.clone(),
             how: up.how.clone(),
-            load_tool,
-            req_per_sec: load.requests_per_sec,
-            load_p50_ms: load.latency_p50_ms,
-            load_p99_ms: load.latency_p99_ms,
-            load_errors: load.non_2xx + load.socket_errors,
+            load_tool: load.tool,
+            req_per_sec: load.requests as f64 / load.secs.max(f64::MIN_POSITIVE),
+            load_p50_ms: median(load.p50s),
+            load_p99_ms: median(load.p99s),
+            load_errors: load.errors,
+            cpu_us_per_req: load
+                .cpu_ns
+                .filter(|_| load.requests > 0)
+                .map(|ns| ns as f64 / 1e3 / load.requests as f64),
             one_conn,
             added_p50_ms: None,
             added_p99_ms: None,
@@ -293,9 +304,92 @@ fn call(c: &mut RawClient, up: &Up, body: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// One target's saturation load, summed over its rounds.
+#[derive(Default)]
+struct Load {
+    tool: String,
+    requests: u64,
+    secs: f64,
+    errors: u64,
+    p50s: Vec<f64>,
+    p99s: Vec<f64>,
+    cpu_ns: Option<u64>,
+    rss_before_kib: Option<u64>,
+}
+
+/// Saturates every target for `s.duration` in all, in `s.rounds` turns: forward, then
+/// backward, and so on. One 10-second turn each, in a fixed order, made a comparison of
+/// two targets one sample of the machine's drift (+-5 % and more between two copies of one
+/// binary on 2 shared cores).
+fn saturate_in_rounds(
+    ups: &[Up],
+    s: &ProxySettings,
+    wrk: Option<&Path>,
+    script: &Path,
+) -> anyhow::Result<Vec<Load>> {
+    let rounds = s.rounds.max(1);
+    for up in ups {
+        let _ = std::fs::remove_file(s.out.join(format!("wrk-{}.txt", up.name)));
+    }
+    let turn = Duration::from_secs((s.duration.as_secs() / rounds as u64).max(1));
+    let mut loads: Vec<Load> = ups
+        .iter()
+        .map(|up| Load {
+            rss_before_kib: up.pid.and_then(rss_kib),
+            cpu_ns: up.pid.map(|_| 0),
+            ..Load::default()
+        })
+        .collect();
+    for round in 0..rounds {
+        let mut order: Vec<usize> = (0..ups.len()).collect();
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        for i in order {
+            let up = &ups[i];
+            eprintln!(
+                "proxy: saturating {} at {} ({}/{rounds})",
+                up.name,
+                up.url,
+                round + 1
+            );
+            let cpu_before = up.pid.and_then(cpu_ns);
+            let (tool, report) = saturate(up, s, turn, wrk, script)?;
+            let cpu_after = up.pid.and_then(cpu_ns);
+            let l = &mut loads[i];
+            l.tool = tool;
+            l.requests += report.requests;
+            if report.requests_per_sec > 0.0 {
+                l.secs += report.requests as f64 / report.requests_per_sec;
+            }
+            l.errors += report.non_2xx + report.socket_errors;
+            l.p50s.extend(report.latency_p50_ms);
+            l.p99s.extend(report.latency_p99_ms);
+            l.cpu_ns = match (l.cpu_ns, cpu_before, cpu_after) {
+                (Some(sum), Some(a), Some(b)) => Some(sum + b.saturating_sub(a)),
+                _ => None,
+            };
+        }
+    }
+    Ok(loads)
+}
+
+/// The median of the rounds' figures (a percentile of a whole load is not the sum of its
+/// parts').
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
+}
+
 fn saturate(
     up: &Up,
     s: &ProxySettings,
+    d: Duration,
     wrk: Option<&Path>,
     script: &Path,
 ) -> anyhow::Result<(String, WrkReport)> {
@@ -305,7 +399,7 @@ fn saturate(
                 .args([
                     "-t1",
                     &format!("-c{}", s.connections),
-                    &format!("-d{}s", s.duration.as_secs().max(1)),
+                    &format!("-d{}s", d.as_secs().max(1)),
                 ])
                 .args(["--latency", "-s"])
                 .arg(script)
@@ -313,21 +407,27 @@ fn saturate(
                 .output()
                 .context("running wrk")?;
             let text = String::from_utf8_lossy(&out.stdout).into_owned();
-            std::fs::write(s.out.join(format!("wrk-{}.txt", up.name)), &text)?;
+            // Every round's output, one after another.
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(s.out.join(format!("wrk-{}.txt", up.name)))?
+                .write_all(text.as_bytes())?;
             let report =
                 parse_wrk(&text).with_context(|| format!("{}: wrk said: {text}", up.name))?;
             Ok((
                 format!(
-                    "wrk -t1 -c{} -d{}s --latency",
+                    "wrk -t1 -c{} -d{}s --latency, {} rounds",
                     s.connections,
-                    s.duration.as_secs()
+                    d.as_secs(),
+                    s.rounds.max(1)
                 ),
                 report,
             ))
         }
         None => Ok((
-            "built-in closed loop".to_owned(),
-            closed_loop(&up.url, s.connections, s.duration, &s.body)?,
+            format!("built-in closed loop, {} rounds", s.rounds.max(1)),
+            closed_loop(&up.url, s.connections, d, &s.body)?,
         )),
     }
 }
@@ -412,9 +512,10 @@ pub fn table(rows: &[ProxyRow]) -> String {
         .max(8);
     let _ = writeln!(
         s,
-        "{:<w$} {:>10} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10}  how",
+        "{:<w$} {:>10} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10}  how",
         "target",
         "req/s",
+        "cpu us/r",
         "load p50",
         "load p99",
         "1conn p50",
@@ -426,9 +527,11 @@ pub fn table(rows: &[ProxyRow]) -> String {
     for r in rows {
         let _ = writeln!(
             s,
-            "{:<w$} {:>10.0} {:>9} {:>9} {:>10.3} {:>10.3} {:>10} {:>10}  {}{}",
+            "{:<w$} {:>10.0} {:>9} {:>9} {:>9} {:>10.3} {:>10.3} {:>10} {:>10}  {}{}",
             r.target,
             r.req_per_sec,
+            r.cpu_us_per_req
+                .map_or("-".to_owned(), |v| format!("{v:.2}")),
             opt(r.load_p50_ms),
             opt(r.load_p99_ms),
             r.one_conn.p50,
@@ -460,6 +563,7 @@ mod tests {
             load_p50_ms: Some(1.0),
             load_p99_ms: None,
             load_errors: 0,
+            cpu_us_per_req: None,
             one_conn: Summary::default(),
             added_p50_ms: Some(0.1),
             added_p99_ms: None,

@@ -263,6 +263,7 @@ mod tests {
             load_p50_ms: None,
             load_p99_ms: None,
             load_errors: 0,
+            cpu_us_per_req: None,
             one_conn: Summary::default(),
             added_p50_ms: Some(added),
             added_p99_ms: None,
