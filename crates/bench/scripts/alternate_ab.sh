@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Requests per second of two kvgate builds, both running, loaded in turn: A B, B A, A B ...
-# (alternating the order cancels the machine's drift between the two of a pair).
+# Requests per second and CPU time per request (all threads, from /proc/PID/task/*/schedstat)
+# of two kvgate builds, both running, loaded in turn: A B, B A, A B ... (alternating the order
+# cancels the machine's drift between the two of a pair).
 # Loopback only; needs wrk. Used in docs/benchmarks.md ("Instructions per request").
 #
 #   crates/bench/scripts/alternate_ab.sh BIN_A BIN_B SIM [PAIRS] [SECONDS]
@@ -8,7 +9,8 @@
 # BIN_A, BIN_B: kvgate binaries (e.g. a build with crates/bench/scripts/inspection_off.patch
 # applied as B); SIM: kvgate-sim, started with --fixed-response. Each gateway routes
 # round robin to the one engine; each run is `wrk -t1 -c16` with a 91-byte chat completion.
-# Prints each pair and the two means.
+# Prints each pair and the two means. CPU per request resolves a 1-2 % difference that req/s,
+# moved by the scheduler on a 2-core machine, does not.
 set -euo pipefail
 a=$1 b=$2 sim=$3 pairs=${4:-10} secs=${5:-4}
 dir=$(mktemp -d)
@@ -29,13 +31,25 @@ for p in "$pa" "$pb"; do
   for _ in $(seq 100); do curl -sf "http://127.0.0.1:$p/readiness" >/dev/null && break; sleep 0.1; done
   wrk -t1 -c16 -d2s -s "$dir/post.lua" "http://127.0.0.1:$p/v1/chat/completions" >/dev/null
 done
-run() { wrk -t1 -c16 -d"${secs}s" -s "$dir/post.lua" "http://127.0.0.1:$1/v1/chat/completions" | awk '/Requests\/sec/ {print $2}'; }
-sum_a=0 sum_b=0
+cpu_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{s += $1} END {print s}'; }
+# "req/s cpu_us_per_request" of one wrk run against port $1, gateway pid $2.
+run() {
+  local c0 c1 out
+  c0=$(cpu_ns "$2")
+  out=$(wrk -t1 -c16 -d"${secs}s" -s "$dir/post.lua" "http://127.0.0.1:$1/v1/chat/completions")
+  c1=$(cpu_ns "$2")
+  awk -v c0="$c0" -v c1="$c1" '/requests in/ {n = $1} /Requests\/sec/ {r = $2}
+    END {printf "%s %.2f\n", r, (c1 - c0) / n / 1000}' <<<"$out"
+}
+ida=${pids[1]} idb=${pids[2]}
+sum=(0 0 0 0)
 for i in $(seq "$pairs"); do
-  if (( i % 2 )); then ra=$(run "$pa"); rb=$(run "$pb"); else rb=$(run "$pb"); ra=$(run "$pa"); fi
-  echo "pair $i: A $ra  B $rb"
-  sum_a=$(awk -v s="$sum_a" -v r="$ra" 'BEGIN {print s + r}')
-  sum_b=$(awk -v s="$sum_b" -v r="$rb" 'BEGIN {print s + r}')
+  if (( i % 2 )); then ra=$(run "$pa" "$ida"); rb=$(run "$pb" "$idb"); else rb=$(run "$pb" "$idb"); ra=$(run "$pa" "$ida"); fi
+  echo "pair $i: A ${ra% *} req/s ${ra#* } us/req  B ${rb% *} req/s ${rb#* } us/req"
+  read -r -a sum <<<"$(awk -v a="$ra" -v b="$rb" -v s="${sum[*]}" 'BEGIN {
+    split(a, x, " "); split(b, y, " "); split(s, t, " ");
+    print t[1] + x[1], t[2] + x[2], t[3] + y[1], t[4] + y[2] }')"
 done
-awk -v a="$sum_a" -v b="$sum_b" -v n="$pairs" \
-  'BEGIN {printf "mean A %.0f  B %.0f  A/B %.3f\n", a / n, b / n, a / b}'
+awk -v s="${sum[*]}" -v n="$pairs" 'BEGIN { split(s, t, " ");
+  printf "mean A %.0f req/s %.2f us/req  B %.0f req/s %.2f us/req  A/B req/s %.3f\n",
+    t[1] / n, t[2] / n, t[3] / n, t[4] / n, t[1] / t[3] }'
