@@ -99,6 +99,15 @@ impl PromptText {
         self.len += s.len();
     }
 
+    /// Lets go of the body when no run borrows from it, so that a text of short strings
+    /// does not keep a large request (an image's base64, say) alive while it is routed.
+    pub fn seal(mut self) -> Self {
+        if !self.runs.iter().any(|r| r.body) {
+            self.body = Bytes::new();
+        }
+        self
+    }
+
     /// The bytes from `pos` to the end of the run holding it; empty at or past the end.
     pub fn run(&self, pos: usize) -> &[u8] {
         if self.runs.is_empty() {
@@ -299,6 +308,25 @@ mod tests {
         assert_eq!(t.head(usize::MAX), want);
         assert_eq!(t.to_string(), want);
         assert_eq!(format!("{t:?}"), format!("{want:?}"));
+    }
+
+    #[test]
+    fn a_sealed_text_keeps_the_body_only_while_a_run_borrows_from_it() {
+        let body = Bytes::from(format!("{{\"a\":\"short\",\"b\":\"{}\"}}", "y".repeat(300)));
+        let mut short = PromptText::over(body.clone());
+        short.push_body_str(body_str(&body, 6, 11));
+        let short = short.seal();
+        let mut long = PromptText::over(body.clone());
+        long.push_body_str(body_str(&body, 18, 318));
+        let long = long.seal();
+        assert_eq!(short, "short");
+        assert_eq!(long.len(), 300);
+        drop(long);
+        assert!(body.is_unique(), "neither text holds the body now");
+        let mut long = PromptText::over(body.clone());
+        long.push_body_str(body_str(&body, 18, 318));
+        let _long = long.seal();
+        assert!(!body.is_unique(), "a borrowing text keeps it");
     }
 
     #[test]

@@ -107,7 +107,7 @@ impl Prompt<'_> {
             Prompt::Text(t) => {
                 let mut text = PromptText::over(body.clone());
                 text.push_body_str(&t);
-                RoutingText::Text(text)
+                RoutingText::Text(text.seal())
             }
             // A batch goes to one worker; its prompts are recorded as one sequence.
             Prompt::Texts(ts) => {
@@ -118,7 +118,7 @@ impl Prompt<'_> {
                     }
                     text.push_body_str(t);
                 }
-                RoutingText::Text(text)
+                RoutingText::Text(text.seal())
             }
             Prompt::Tokens(t) => RoutingText::Tokens(t),
             Prompt::TokenLists(ls) => RoutingText::Tokens(ls.concat()),
@@ -307,7 +307,7 @@ fn render_chat(messages: &[Message<'_>], body: &Bytes) -> PromptText {
         }
         out.push_str("\n");
     }
-    out
+    out.seal()
 }
 
 #[cfg(test)]
