@@ -534,3 +534,22 @@ fn long_strings_of_the_routing_text_are_read_in_place_from_the_body() {
         assert_eq!(in_body, 2, "{endpoint:?}");
     }
 }
+
+#[test]
+fn a_raw_control_character_anywhere_in_a_long_string_is_refused() {
+    let long = "x".repeat(1000);
+    for (at, c) in [(0, '\u{0}'), (500, '\u{1f}'), (999, '\n')] {
+        let mut text = long.clone();
+        text.replace_range(at..at + 1, &c.to_string());
+        let body = format!(r#"{{"messages":[{{"role":"user","content":"{text}"}}]}}"#);
+        assert!(fast::scan(&body, Endpoint::Chat).is_none(), "at {at}");
+        let e = facts(Endpoint::Chat, body.as_bytes(), true).unwrap_err();
+        assert!(e.to_string().contains("control character"), "{e}");
+    }
+    // DEL and everything above 0x1f are plain characters.
+    let body = format!(
+        r#"{{"messages":[{{"role":"user","content":"{long}{} "}}]}}"#,
+        '\u{7f}'
+    );
+    assert!(fast::scan(&body, Endpoint::Chat).is_some());
+}
