@@ -11,7 +11,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 const BORROW_MIN: usize = 256;
 
 /// Text in runs, each either a slice of the request body it came in or a part of its own
-/// (roles, separators, unescaped or short strings). Every run is whole UTF-8, so the text
+/// (roles, separators, short strings, strings unescaped). Every run is whole UTF-8, so the text
 /// is too. Built with [`push_str`](Self::push_str) and [`push_body_str`](Self::push_body_str);
 /// read with [`run`](Self::run) or as one string with [`to_cow`](Self::to_cow).
 #[derive(Clone, Default)]
