@@ -187,3 +187,20 @@ pub fn cpu_ns(pid: u32) -> Option<u64> {
     }
     Some(total)
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn cpu_time_of_a_process_grows_as_it_runs() {
+        let me = std::process::id();
+        let before = super::cpu_ns(me).expect("this process's schedstat");
+        let start = std::time::Instant::now();
+        let mut x = 0u64;
+        while start.elapsed() < std::time::Duration::from_millis(20) {
+            x = std::hint::black_box(x.wrapping_add(1));
+        }
+        let after = super::cpu_ns(me).expect("this process's schedstat");
+        assert!(after > before, "{before} -> {after}");
+        assert_eq!(super::cpu_ns(u32::MAX), None, "no such process");
+    }
+}

@@ -341,11 +341,7 @@ fn saturate_in_rounds(
         })
         .collect();
     for round in 0..rounds {
-        let mut order: Vec<usize> = (0..ups.len()).collect();
-        if round % 2 == 1 {
-            order.reverse();
-        }
-        for i in order {
+        for i in turn_order(ups.len(), round) {
             let up = &ups[i];
             eprintln!(
                 "proxy: saturating {} at {} ({}/{rounds})",
@@ -372,6 +368,15 @@ fn saturate_in_rounds(
         }
     }
     Ok(loads)
+}
+
+/// The targets' order in turn `round`: forward, then backward, and so on.
+fn turn_order(targets: usize, round: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..targets).collect();
+    if round % 2 == 1 {
+        order.reverse();
+    }
+    order
 }
 
 /// The median of the rounds' figures (a percentile of a whole load is not the sum of its
@@ -551,7 +556,7 @@ pub fn table(rows: &[ProxyRow]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{ProxyRow, table};
+    use super::{ProxyRow, median, table, turn_order};
     use kvgate_bench::Summary;
 
     fn row(target: &str) -> ProxyRow {
@@ -588,5 +593,15 @@ mod tests {
             .and_then(|l| l.find("req/s"))
             .map(|i| i + 5);
         assert_eq!(header_end, Some(ends[0]), "{text}");
+    }
+
+    #[test]
+    fn turns_alternate_the_targets_order_and_figures_take_the_median() {
+        assert_eq!(turn_order(3, 0), vec![0, 1, 2]);
+        assert_eq!(turn_order(3, 1), vec![2, 1, 0]);
+        assert_eq!(turn_order(3, 4), vec![0, 1, 2]);
+        assert_eq!(median(vec![]), None);
+        assert_eq!(median(vec![5.0, 1.0, 3.0]), Some(3.0));
+        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), Some(2.5));
     }
 }

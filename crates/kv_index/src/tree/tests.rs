@@ -507,7 +507,6 @@ pub(crate) fn run_ops(
     for (now, op) in ops.iter().enumerate() {
         let now = now as u64;
         match op {
-            PropOp::Insert(k, t) => tree.insert(k, *t, now),
             PropOp::Fused(k, t) => {
                 let before = tree.peek_prefix(k);
                 let (m, chosen) = tree.match_and_insert(k, now, |_| *t);
@@ -543,14 +542,9 @@ pub(crate) fn run_ops(
                         .all(|&c| c <= m.traffic_total * (1.0 + 1e-4) + 1e-4)
                 );
             }
-            PropOp::Remove(t) => {
-                tree.remove_tenant(*t);
-            }
-            PropOp::Clear(t) => {
-                tree.clear_tenant(*t);
-            }
+            PropOp::Insert(..) | PropOp::Remove(_) | PropOp::Clear(_) => apply(&mut tree, op, now),
             PropOp::Evict => {
-                tree.evict();
+                apply(&mut tree, op, now);
                 within_budget(&tree, &config);
             }
         }
