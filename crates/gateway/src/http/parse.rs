@@ -10,6 +10,7 @@ use serde::Deserialize;
 use crate::http::error::ApiError;
 
 mod fast;
+mod plain;
 
 /// The inference routes kvgate proxies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -195,7 +196,17 @@ pub fn request_facts(
     bytes: &Bytes,
     prompt: bool,
 ) -> Result<RequestFacts, ApiError> {
-    let body: &[u8] = bytes;
+    // The fast path checks UTF-8 as it reads (see `fast`); what it leaves goes to serde,
+    // with the checks and error messages it needs first.
+    let parsed = match fast::scan(bytes, endpoint) {
+        Some(b) => b,
+        None => serde_checked(endpoint, bytes)?,
+    };
+    facts_of(parsed, prompt, bytes)
+}
+
+/// `body` read by serde, after the checks serde would not make or would report vaguely.
+fn serde_checked(endpoint: Endpoint, body: &[u8]) -> Result<Body<'_>, ApiError> {
     // serde_json skips unread strings without checking them: check the whole body once,
     // then parse it as a `str`, which serde does not check again.
     // The SIMD check is several times std's on a long prompt; std's says where it failed.
@@ -220,12 +231,10 @@ pub fn request_facts(
     }
     // The fast path reads at most 32 levels, so only what it leaves to serde can be too
     // deep: the depth scan, a pass over the whole body, runs only then.
-    let parsed = match fast::scan(body, endpoint) {
-        Some(b) => b,
-        None if too_deep(body.as_bytes()) => return Err(too_deep_error()),
-        None => serde_body(endpoint, body)?,
-    };
-    facts_of(parsed, prompt, bytes)
+    if too_deep(body.as_bytes()) {
+        return Err(too_deep_error());
+    }
+    serde_body(endpoint, body)
 }
 
 fn too_deep_error() -> ApiError {

@@ -1,12 +1,15 @@
 //! A fast path for the common body shapes: one pass that validates the JSON and reads the
-//! routing fields, with `memchr` over strings (where a long prompt's bytes are) instead of
-//! serde's byte-wise string scan. It answers only when it is sure: anything unusual (an
-//! error, a duplicate field, a struct written as an array, an empty prompt list) returns
-//! `None` and serde decides, with its own error messages. So it must never accept a body
-//! serde refuses, and must read the same facts from one it accepts (a proptest checks both).
+//! routing fields, with strings (where a long prompt's bytes are) read a vector at a time
+//! ([`plain`](super::plain)) instead of serde's byte-wise string scan. It answers only
+//! when it is sure: anything unusual (an error, a duplicate field, a struct written as an
+//! array, an empty prompt list) returns `None` and serde decides, with its own error
+//! messages. So it must never accept a body serde refuses, and must read the same facts
+//! from one it accepts (a proptest checks both).
 //!
-//! The body is already known to be UTF-8. It reads at most `MAX_DEPTH` (32) levels of
-//! nesting; deeper bodies go to serde after the depth check.
+//! It also checks the body's UTF-8 on the way: outside strings it accepts only JSON's ASCII
+//! grammar, and each string's runs are checked, so a body it accepts is UTF-8 throughout.
+//! It reads at most `MAX_DEPTH` (32) levels of nesting; deeper bodies go to serde after the
+//! depth check.
 
 use std::borrow::Cow;
 
@@ -31,7 +34,6 @@ struct Fields<'a> {
 }
 
 struct Scan<'a> {
-    s: &'a str,
     b: &'a [u8],
     i: usize,
     /// Objects and arrays open; deep bodies are left to serde and its recursion limit.
@@ -65,15 +67,14 @@ impl<'a> Scan<'a> {
     /// A string, the opening quote next; borrowed when it has no escape.
     fn string(&mut self) -> R<Cow<'a, str>> {
         self.eat(b'"')?;
-        let start = self.i;
-        let end = self.plain_run()?;
+        let (run, end) = self.plain_run()?;
         if self.b[end] == b'"' {
             self.i = end + 1;
-            return Ok(Cow::Borrowed(&self.s[start..end]));
+            return Ok(Cow::Borrowed(run));
         }
         // Escapes: unescape the rest into an owned string.
-        let mut out = String::with_capacity(end - start + 16);
-        out.push_str(&self.s[start..end]);
+        let mut out = String::with_capacity(run.len() + 16);
+        out.push_str(run);
         self.i = end;
         loop {
             // At a backslash.
@@ -110,9 +111,8 @@ impl<'a> Scan<'a> {
                 }
                 _ => return Err(Unsure),
             }
-            let start = self.i;
-            let end = self.plain_run()?;
-            out.push_str(&self.s[start..end]);
+            let (run, end) = self.plain_run()?;
+            out.push_str(run);
             self.i = end;
             if self.b[end] == b'"' {
                 self.i = end + 1;
@@ -121,18 +121,12 @@ impl<'a> Scan<'a> {
         }
     }
 
-    /// From `self.i`, the index of the next quote or backslash; the bytes before it must
-    /// hold no control character (JSON forbids them raw in strings).
-    fn plain_run(&self) -> R<usize> {
-        let rest = &self.b[self.i..];
-        let k = memchr::memchr2(b'"', b'\\', rest).ok_or(Unsure)?;
-        // The least byte: a reduction that vectorises to one `pminub` per 16 bytes (half the
-        // instructions of or-ing a test of each byte), so a long prompt is checked at memory
-        // speed.
-        if rest[..k].iter().copied().min().is_some_and(|m| m < 0x20) {
-            return Err(Unsure);
-        }
-        Ok(self.i + k)
+    /// From `self.i`, the text up to the next quote or backslash and that quote's or
+    /// backslash's index (see [`plain`](super::plain)).
+    fn plain_run(&self) -> R<(&'a str, usize)> {
+        let b: &'a [u8] = self.b;
+        let (run, k) = super::plain::plain_run(&b[self.i..]).ok_or(Unsure)?;
+        Ok((run, self.i + k))
     }
 
     fn hex4(&mut self) -> R<u32> {
@@ -181,7 +175,8 @@ impl<'a> Scan<'a> {
                 return Err(Unsure);
             }
         }
-        Ok(&self.s[start..self.i])
+        // Digits, signs, a point and an exponent: ASCII.
+        std::str::from_utf8(&self.b[start..self.i]).map_err(|_| Unsure)
     }
 
     fn literal(&mut self, word: &[u8]) -> R<()> {
@@ -384,11 +379,10 @@ impl<'a> Scan<'a> {
 }
 
 /// `body` read as `endpoint`'s body, or `None` when serde should decide.
-pub(super) fn scan(body: &str, endpoint: Endpoint) -> Option<Body<'_>> {
+pub(super) fn scan(body: &[u8], endpoint: Endpoint) -> Option<Body<'_>> {
     use Endpoint::{Chat, Completions, Generate};
     let mut s = Scan {
-        s: body,
-        b: body.as_bytes(),
+        b: body,
         i: 0,
         depth: 0,
     };

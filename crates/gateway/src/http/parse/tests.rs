@@ -441,6 +441,7 @@ proptest! {
         cut in any::<prop::sample::Index>(),
         do_cut in any::<bool>(),
         dup in any::<bool>(),
+        bad_byte in prop::option::of((any::<prop::sample::Index>(), 0x80u8..=0xff)),
     ) {
         let mut body = body;
         if dup && body.starts_with('{') && body.len() > 2 {
@@ -455,18 +456,24 @@ proptest! {
             }
             body.truncate(at);
         }
+        let mut body = body.into_bytes();
+        // A byte that may break the UTF-8, anywhere: in a string, a key or the grammar.
+        if let Some((at, b)) = bad_byte.filter(|_| !body.is_empty()) {
+            let at = at.index(body.len());
+            body[at] = b;
+        }
         for endpoint in [Endpoint::Chat, Endpoint::Completions, Endpoint::Generate] {
             for prompt in [true, false] {
                 if let Some(b) = fast::scan(&body, endpoint) {
                     prop_assert!(
-                        serde_body(endpoint, &body).is_ok(),
-                        "fast accepted what serde refuses: {}", body
+                        serde_checked(endpoint, &body).is_ok(),
+                        "fast accepted what serde refuses: {}", String::from_utf8_lossy(&body)
                     );
                     let f = facts_of(b, prompt, &Bytes::new()).map_err(|e| e.to_string());
-                    let s = serde_body(endpoint, &body)
+                    let s = serde_checked(endpoint, &body)
                         .and_then(|b| facts_of(b, prompt, &Bytes::new()))
                         .map_err(|e| e.to_string());
-                    prop_assert_eq!(f, s, "{}", body);
+                    prop_assert_eq!(f, s, "{}", String::from_utf8_lossy(&body));
                 }
             }
         }
@@ -476,7 +483,7 @@ proptest! {
 #[test]
 fn the_fast_path_reads_the_common_shapes() {
     let read = |endpoint, body: &str| {
-        fast::scan(body, endpoint).map(|b| facts_of(b, true, &Bytes::new()).ok())
+        fast::scan(body.as_bytes(), endpoint).map(|b| facts_of(b, true, &Bytes::new()).ok())
     };
     let chat = r#"{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"q\n"}]}],"max_tokens":8,"stream":true}"#;
     let f = read(Endpoint::Chat, chat)
@@ -542,7 +549,10 @@ fn a_raw_control_character_anywhere_in_a_long_string_is_refused() {
         let mut text = long.clone();
         text.replace_range(at..at + 1, &c.to_string());
         let body = format!(r#"{{"messages":[{{"role":"user","content":"{text}"}}]}}"#);
-        assert!(fast::scan(&body, Endpoint::Chat).is_none(), "at {at}");
+        assert!(
+            fast::scan(body.as_bytes(), Endpoint::Chat).is_none(),
+            "at {at}"
+        );
         let e = facts(Endpoint::Chat, body.as_bytes(), true).unwrap_err();
         assert!(e.to_string().contains("control character"), "{e}");
     }
@@ -551,5 +561,40 @@ fn a_raw_control_character_anywhere_in_a_long_string_is_refused() {
         r#"{{"messages":[{{"role":"user","content":"{long}{} "}}]}}"#,
         '\u{7f}'
     );
-    assert!(fast::scan(&body, Endpoint::Chat).is_some());
+    assert!(fast::scan(body.as_bytes(), Endpoint::Chat).is_some());
+}
+
+#[test]
+fn invalid_utf8_in_a_long_string_is_refused_wherever_it_sits() {
+    let long = "x".repeat(1000);
+    for at in [0, 127, 128, 500, 999] {
+        for (field, shape) in [
+            (
+                "content",
+                r#"{"messages":[{"role":"user","content":"TEXT"}]}"#,
+            ),
+            (
+                "an unread field",
+                r#"{"messages":[{"role":"user","content":"q"}],"user":"TEXT"}"#,
+            ),
+        ] {
+            let mut body = shape.replace("TEXT", &long).into_bytes();
+            let start = body
+                .windows(3)
+                .position(|w| w == b"xxx")
+                .expect("the long string");
+            body[start + at] = 0xff;
+            assert!(
+                fast::scan(&body, Endpoint::Chat).is_none(),
+                "{field} at {at}"
+            );
+            let e = facts(Endpoint::Chat, &body, true).unwrap_err();
+            assert!(e.to_string().contains("not UTF-8"), "{field} at {at}: {e}");
+        }
+    }
+    // Two- to four-byte characters in a long string are text.
+    let content = format!("{long}é中😀{long}");
+    let body = format!(r#"{{"messages":[{{"role":"user","content":"{content}"}}]}}"#);
+    let f = facts(Endpoint::Chat, body.as_bytes(), true).unwrap();
+    assert_eq!(f.key, text(&format!("<|user|>\n{content}\n")));
 }
