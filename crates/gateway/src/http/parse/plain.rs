@@ -23,7 +23,9 @@ pub(super) fn plain_run(b: &[u8]) -> Option<(&str, usize)> {
         }
         let run = &b[..end];
         if or < 0x80 {
-            return Some((ascii_str(run), end));
+            // SAFETY: the bytes of `run` or together to below 0x80.
+            #[allow(unsafe_code)]
+            return Some((unsafe { ascii_str(run) }, end));
         }
         return Some((simdutf8::basic::from_utf8(run).ok()?, end));
     }
@@ -43,11 +45,13 @@ fn narrow(b: &[u8]) -> Option<(&str, usize)> {
 
 /// Text of a run the wide loop found to be ASCII; reading it again to prove that would be
 /// the pass the loop saves.
+///
+/// # Safety
+/// Every byte of `run` is below 0x80.
 #[allow(unsafe_code)]
-fn ascii_str(run: &[u8]) -> &str {
+unsafe fn ascii_str(run: &[u8]) -> &str {
     debug_assert!(run.is_ascii());
-    // SAFETY: only called on a run whose bytes or together to below 0x80, so each byte is
-    // ASCII, and ASCII is UTF-8.
+    // SAFETY: ASCII is UTF-8, and the caller vouches that `run` is ASCII.
     unsafe { std::str::from_utf8_unchecked(run) }
 }
 
