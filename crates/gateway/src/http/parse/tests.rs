@@ -383,6 +383,13 @@ fn json_string() -> impl Strategy<Value = String> {
         1 => Just("\"\\ud83d\"".to_string()),
         1 => Just("\"\\x\"".to_string()),
         1 => Just("\"tab\there\"".to_string()),
+        // Longer than the vector loop's blocks, with escapes and non-ASCII text among them.
+        1 => prop::collection::vec(prop_oneof![
+            "[a-z ]{1,150}",
+            Just("\\n".to_string()),
+            Just("\\\"".to_string()),
+            Just("\u{e9}\u{4e2d}".to_string()),
+        ], 1..12).prop_map(|v| format!("\"{}\"", v.concat())),
     ]
 }
 
