@@ -42,6 +42,11 @@ const HEAD_READ: usize = 16 * 1024;
 /// Read of a body whose handler holds it but has not asked for it yet (a request waiting
 /// for admission).
 const PARKED: usize = 64 * 1024;
+/// Room past a body's end in its buffer. The body's last read asks for more than is left
+/// of it, so a client that sent nothing more gives a short read, which tells the runtime
+/// the socket is drained: the next head's read waits for the socket instead of failing
+/// with `EAGAIN`. What a pipelining client sent past the body moves on to `input`.
+const BODY_SLACK: usize = 1024;
 
 /// How far a body's handler has got with it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -335,6 +340,9 @@ pub struct Intake {
     next_token: u64,
     /// The socket has ended: once `out` is given, actix-http reads the end.
     eof: bool,
+    /// Reads of a body that went past its end.
+    #[cfg(test)]
+    past_the_end: usize,
 }
 
 impl Intake {
@@ -350,6 +358,8 @@ impl Intake {
             // Tokens of one connection say nothing of another's.
             next_token: rand::random::<u64>() >> 1,
             eof: false,
+            #[cfg(test)]
+            past_the_end: 0,
         }
     }
 
@@ -408,7 +418,9 @@ impl Intake {
                             continue;
                         }
                         Some(Want::Unclaimed | Want::Held) => return,
-                        Some(Want::Wanted) if body.capacity() == 0 => body.reserve(*want),
+                        Some(Want::Wanted) if body.capacity() == 0 => {
+                            body.reserve(*want + BODY_SLACK);
+                        }
                         Some(Want::Wanted) => {}
                     }
                     let n = (*want - body.len()).min(self.input.len());
@@ -518,12 +530,16 @@ impl AsyncRead for Intake {
                     this.input.reserve(room.min(HEAD_READ));
                     tokio_util::io::poll_read_buf(io, cx, &mut (&mut this.input).limit(room))
                 }
-                // Straight into the body's own buffer, never past its end.
+                // Straight into the body's own buffer; anything past its end moves on.
                 Mode::Body { body, want, .. } => {
                     let read = tokio_util::io::poll_read_buf(io, cx, body);
                     if body.len() > *want {
                         let over = body.split_off(*want);
                         this.input.unsplit(over);
+                        #[cfg(test)]
+                        {
+                            this.past_the_end += 1;
+                        }
                     }
                     read
                 }

@@ -5,8 +5,9 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::future::poll_fn;
 use std::io::{self, Write as _};
+use std::pin::Pin;
 use std::rc::Rc;
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -83,6 +84,8 @@ impl Pool {
         prune(list, self.0.keep_alive);
         while let Some(Idle { conn, .. }) = list.pop() {
             // A closed peer has made the socket readable (EOF); a live idle one has not.
+            // `try_read` reads only a socket the runtime saw readable since its last short
+            // read, so a live connection is usually checked without a system call.
             match conn.try_read(&mut [0u8; 1]) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Some(conn),
                 _ => continue,
@@ -315,12 +318,7 @@ pub(super) fn poll_read_more(
     if buf.capacity() - buf.len() < 4096 {
         buf.reserve(16 * 1024);
     }
-    loop {
-        ready!(conn.poll_read_ready(cx)).map_err(UpstreamError::Read)?;
-        match conn.try_read_buf(buf) {
-            Ok(n) => return Poll::Ready(Ok(n)),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-            Err(e) => return Poll::Ready(Err(UpstreamError::Read(e))),
-        }
-    }
+    // Through `poll_read`, which takes a short read as the socket drained: the checkout's
+    // liveness test then costs no system call unless the socket has been readable since.
+    tokio_util::io::poll_read_buf(Pin::new(conn), cx, buf).map_err(UpstreamError::Read)
 }

@@ -199,6 +199,44 @@ async fn a_taken_body_comes_whole_and_what_follows_it_passes_as_sent() {
     assert_eq!(&out[out.len() - after.len()..], &after[..]);
 }
 
+/// Pipelined requests already whole in the socket: the body's last read also takes the
+/// start of what follows (`BODY_SLACK`), which must reach actix-http as sent.
+#[tokio::test]
+async fn what_a_bodys_last_read_takes_past_its_end_passes_as_sent() {
+    let first: Vec<u8> = (0..40_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+    let mut sent = chat(&first, "");
+    // Not taken while the first body is unclaimed: it passes whole.
+    let mut rest = chat(&[b'q'; 700], "");
+    rest.extend_from_slice(b"GET /health HTTP/1.1\r\nhost: gw\r\n\r\n");
+    sent.extend_from_slice(&rest);
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut c = tokio::net::TcpStream::connect(l.local_addr().unwrap())
+        .await
+        .unwrap();
+    let (io, _) = l.accept().await.unwrap();
+    // All of it is in the socket before the first read.
+    c.write_all(&sent).await.unwrap();
+    c.shutdown().await.unwrap();
+    let mut intake = Intake::new(io, LIMIT);
+    let bodies = intake.bodies();
+    let mut out = Vec::new();
+    let mut chunk = vec![0u8; 4096];
+    loop {
+        want_all(&bodies);
+        let n = intake.read(&mut chunk).await.unwrap();
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&chunk[..n]);
+    }
+    let got = taken(&bodies);
+    assert_eq!(got.len(), 1);
+    assert!(got[0].1.as_deref() == Some(&first[..]), "the body differs");
+    assert_eq!(intake.past_the_end, 1, "no read went past the body's end");
+    assert!(out.ends_with(&rest), "what followed the body changed");
+    assert_eq!(out.len(), head_len(&out) + rest.len());
+}
+
 #[tokio::test]
 async fn bodies_that_are_not_taken_pass_byte_for_byte() {
     let mut sent = b"POST /workers HTTP/1.1\r\ncontent-length: 5000\r\n\r\n".to_vec();
