@@ -198,7 +198,7 @@ pub fn request_facts(
 ) -> Result<RequestFacts, ApiError> {
     // The fast path checks UTF-8 as it reads (see `fast`); what it leaves goes to serde,
     // with the checks and error messages it needs first.
-    let parsed = match fast::scan(bytes, endpoint) {
+    let parsed = match fast::scan(bytes, endpoint, prompt) {
         Some(b) => b,
         None => serde_checked(endpoint, bytes)?,
     };

@@ -38,6 +38,9 @@ struct Scan<'a> {
     i: usize,
     /// Objects and arrays open; deep bodies are left to serde and its recursion limit.
     depth: usize,
+    /// The prompt's text is kept; otherwise its strings are only checked (a policy that
+    /// reads no prompt), which spares unescaping them.
+    keep: bool,
 }
 
 /// Deepest nesting the fast path reads.
@@ -90,25 +93,7 @@ impl<'a> Scan<'a> {
                 b'n' => out.push('\n'),
                 b'r' => out.push('\r'),
                 b't' => out.push('\t'),
-                b'u' => {
-                    let hi = self.hex4()?;
-                    let ch = if (0xD800..0xDC00).contains(&hi) {
-                        if self.b.get(self.i..self.i + 2) != Some(b"\\u") {
-                            return Err(Unsure);
-                        }
-                        self.i += 2;
-                        let lo = self.hex4()?;
-                        if !(0xDC00..0xE000).contains(&lo) {
-                            return Err(Unsure);
-                        }
-                        0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00)
-                    } else if (0xDC00..0xE000).contains(&hi) {
-                        return Err(Unsure);
-                    } else {
-                        hi
-                    };
-                    out.push(char::from_u32(ch).ok_or(Unsure)?);
-                }
+                b'u' => out.push(self.code_point()?),
                 _ => return Err(Unsure),
             }
             let (run, end) = self.plain_run()?;
@@ -119,6 +104,58 @@ impl<'a> Scan<'a> {
                 return Ok(Cow::Owned(out));
             }
         }
+    }
+
+    /// A string checked as [`string`](Self::string) checks it, its text not kept.
+    fn skip_string(&mut self) -> R<()> {
+        self.eat(b'"')?;
+        loop {
+            let (_, end) = self.plain_run()?;
+            self.i = end + 1;
+            if self.b[end] == b'"' {
+                return Ok(());
+            }
+            // After a backslash.
+            match *self.b.get(self.i).ok_or(Unsure)? {
+                b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => self.i += 1,
+                b'u' => {
+                    self.i += 1;
+                    self.code_point()?;
+                }
+                _ => return Err(Unsure),
+            }
+        }
+    }
+
+    /// A string of the prompt: read when kept, else only checked (and empty).
+    fn text(&mut self) -> R<Cow<'a, str>> {
+        if self.keep {
+            self.string()
+        } else {
+            self.skip_string().map(|()| Cow::Borrowed(""))
+        }
+    }
+
+    /// The character of a `\u` escape whose hex digits are next, with the low half of a
+    /// surrogate pair.
+    fn code_point(&mut self) -> R<char> {
+        let hi = self.hex4()?;
+        let ch = if (0xD800..0xDC00).contains(&hi) {
+            if self.b.get(self.i..self.i + 2) != Some(b"\\u") {
+                return Err(Unsure);
+            }
+            self.i += 2;
+            let lo = self.hex4()?;
+            if !(0xDC00..0xE000).contains(&lo) {
+                return Err(Unsure);
+            }
+            0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00)
+        } else if (0xDC00..0xE000).contains(&hi) {
+            return Err(Unsure);
+        } else {
+            hi
+        };
+        char::from_u32(ch).ok_or(Unsure)
     }
 
     /// From `self.i`, the text up to the next quote or backslash and that quote's or
@@ -191,7 +228,7 @@ impl<'a> Scan<'a> {
     /// Any value, checked and skipped.
     fn skip(&mut self) -> R<()> {
         match self.peek()? {
-            b'"' => self.string().map(drop),
+            b'"' => self.skip_string(),
             b'{' => self.object(|s, _| s.skip()),
             b'[' => self.array(|s| s.skip()),
             b't' => self.literal(b"true"),
@@ -292,7 +329,7 @@ impl<'a> Scan<'a> {
     /// A prompt in one of its four shapes; an empty or mixed list is left to serde.
     fn prompt(&mut self) -> R<Prompt<'a>> {
         match self.peek()? {
-            b'"' => return self.string().map(Prompt::Text),
+            b'"' => return self.text().map(Prompt::Text),
             b'[' => {}
             _ => return Err(Unsure),
         }
@@ -304,7 +341,7 @@ impl<'a> Scan<'a> {
             b'"' => {
                 let mut v = Vec::new();
                 self.array(|s| {
-                    v.push(s.string()?);
+                    v.push(s.text()?);
                     Ok(())
                 })?;
                 Prompt::Texts(v)
@@ -330,14 +367,14 @@ impl<'a> Scan<'a> {
         let (mut role, mut content, mut seen_content) = (None, None, false);
         self.object(|s, key| match key {
             "role" if role.is_none() => {
-                role = Some(s.string()?);
+                role = Some(s.text()?);
                 Ok(())
             }
             "content" if !seen_content => {
                 seen_content = true;
                 content = match s.peek()? {
                     b'n' => s.literal(b"null").map(|()| None)?,
-                    b'"' => Some(Content::Text(s.string()?)),
+                    b'"' => Some(Content::Text(s.text()?)),
                     b'[' => {
                         let mut parts = Vec::new();
                         s.array(|s| {
@@ -368,7 +405,7 @@ impl<'a> Scan<'a> {
         self.object(|s, key| match key {
             "text" if !seen_text => {
                 seen_text = true;
-                text = s.opt_string()?;
+                text = if s.null()? { None } else { Some(s.text()?) };
                 Ok(())
             }
             "text" => Err(Unsure),
@@ -378,13 +415,15 @@ impl<'a> Scan<'a> {
     }
 }
 
-/// `body` read as `endpoint`'s body, or `None` when serde should decide.
-pub(super) fn scan(body: &[u8], endpoint: Endpoint) -> Option<Body<'_>> {
+/// `body` read as `endpoint`'s body, or `None` when serde should decide. Without `keep`
+/// the prompt's strings (roles, contents, prompts) are checked but read as empty.
+pub(super) fn scan(body: &[u8], endpoint: Endpoint, keep: bool) -> Option<Body<'_>> {
     use Endpoint::{Chat, Completions, Generate};
     let mut s = Scan {
         b: body,
         i: 0,
         depth: 0,
+        keep,
     };
     let mut f = Fields::default();
     let (mut seen_model, mut seen_stream) = (false, false);

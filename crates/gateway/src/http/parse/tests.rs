@@ -471,7 +471,7 @@ proptest! {
         }
         for endpoint in [Endpoint::Chat, Endpoint::Completions, Endpoint::Generate] {
             for prompt in [true, false] {
-                if let Some(b) = fast::scan(&body, endpoint) {
+                if let Some(b) = fast::scan(&body, endpoint, prompt) {
                     prop_assert!(
                         serde_checked(endpoint, &body).is_ok(),
                         "fast accepted what serde refuses: {}", String::from_utf8_lossy(&body)
@@ -490,7 +490,7 @@ proptest! {
 #[test]
 fn the_fast_path_reads_the_common_shapes() {
     let read = |endpoint, body: &str| {
-        fast::scan(body.as_bytes(), endpoint).map(|b| facts_of(b, true, &Bytes::new()).ok())
+        fast::scan(body.as_bytes(), endpoint, true).map(|b| facts_of(b, true, &Bytes::new()).ok())
     };
     let chat = r#"{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"q\n"}]}],"max_tokens":8,"stream":true}"#;
     let f = read(Endpoint::Chat, chat)
@@ -556,19 +556,21 @@ fn a_raw_control_character_anywhere_in_a_long_string_is_refused() {
         let mut text = long.clone();
         text.replace_range(at..at + 1, &c.to_string());
         let body = format!(r#"{{"messages":[{{"role":"user","content":"{text}"}}]}}"#);
-        assert!(
-            fast::scan(body.as_bytes(), Endpoint::Chat).is_none(),
-            "at {at}"
-        );
-        let e = facts(Endpoint::Chat, body.as_bytes(), true).unwrap_err();
-        assert!(e.to_string().contains("control character"), "{e}");
+        for keep in [true, false] {
+            assert!(
+                fast::scan(body.as_bytes(), Endpoint::Chat, keep).is_none(),
+                "at {at}"
+            );
+            let e = facts(Endpoint::Chat, body.as_bytes(), keep).unwrap_err();
+            assert!(e.to_string().contains("control character"), "{e}");
+        }
     }
     // DEL and everything above 0x1f are plain characters.
     let body = format!(
         r#"{{"messages":[{{"role":"user","content":"{long}{} "}}]}}"#,
         '\u{7f}'
     );
-    assert!(fast::scan(body.as_bytes(), Endpoint::Chat).is_some());
+    assert!(fast::scan(body.as_bytes(), Endpoint::Chat, true).is_some());
 }
 
 #[test]
@@ -591,12 +593,14 @@ fn invalid_utf8_in_a_long_string_is_refused_wherever_it_sits() {
                 .position(|w| w == b"xxx")
                 .expect("the long string");
             body[start + at] = 0xff;
-            assert!(
-                fast::scan(&body, Endpoint::Chat).is_none(),
-                "{field} at {at}"
-            );
-            let e = facts(Endpoint::Chat, &body, true).unwrap_err();
-            assert!(e.to_string().contains("not UTF-8"), "{field} at {at}: {e}");
+            for keep in [true, false] {
+                assert!(
+                    fast::scan(&body, Endpoint::Chat, keep).is_none(),
+                    "{field} at {at}"
+                );
+                let e = facts(Endpoint::Chat, &body, keep).unwrap_err();
+                assert!(e.to_string().contains("not UTF-8"), "{field} at {at}: {e}");
+            }
         }
     }
     // Two- to four-byte characters in a long string are text.
@@ -604,4 +608,44 @@ fn invalid_utf8_in_a_long_string_is_refused_wherever_it_sits() {
     let body = format!(r#"{{"messages":[{{"role":"user","content":"{content}"}}]}}"#);
     let f = facts(Endpoint::Chat, body.as_bytes(), true).unwrap();
     assert_eq!(f.key, text(&format!("<|user|>\n{content}\n")));
+}
+
+#[test]
+fn a_prompt_only_checked_is_refused_where_a_prompt_read_is() {
+    // Escapes valid and not, in a message's content, a part's text and an unread field.
+    let strings = [
+        r#"plain"#,
+        r#"a\"b\\c\/d\be\ff\ng\rh\ti"#,
+        r#"\u00e9\u4e2d\ud83d\ude00"#,
+        r#"bad \x escape"#,
+        r#"lone \ud83d high half"#,
+        r#"lone \ude00 low half"#,
+        r#"short \u12"#,
+        r#"not hex \u12g4"#,
+        r#"ends in a backslash \"#,
+    ];
+    for s in strings {
+        for shape in [
+            r#"{"messages":[{"role":"user","content":"S"}]}"#,
+            r#"{"messages":[{"role":"user","content":[{"type":"text","text":"S"}]}]}"#,
+            r#"{"messages":[{"role":"user","content":"q"}],"user":"S"}"#,
+        ] {
+            let body = shape.replace('S', s);
+            let read = fast::scan(body.as_bytes(), Endpoint::Chat, true).is_some();
+            let checked = fast::scan(body.as_bytes(), Endpoint::Chat, false).is_some();
+            assert_eq!(read, checked, "{body}");
+            let serde = serde_checked(Endpoint::Chat, body.as_bytes()).is_ok();
+            assert!(
+                !checked || serde,
+                "fast accepted what serde refuses: {body}"
+            );
+        }
+    }
+    // The valid ones are read by the fast path in both modes.
+    let body = r#"{"messages":[{"role":"user","content":"a\"b\\c\n\u00e9\ud83d\ude00"}]}"#;
+    assert!(fast::scan(body.as_bytes(), Endpoint::Chat, false).is_some());
+    assert_eq!(
+        facts(Endpoint::Chat, body.as_bytes(), false).unwrap().key,
+        RoutingText::Empty
+    );
 }
