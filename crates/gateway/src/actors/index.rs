@@ -5,6 +5,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::num::NonZeroUsize;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
@@ -229,7 +230,7 @@ impl IndexActor {
 
     fn forget(&mut self, msg: ForgetPrefix) {
         let hash_mode = self.cfg.cache_index == CacheIndex::Hash;
-        let Some(m) = self.models.get_mut(&msg.model) else {
+        let Some(m) = self.models.get_mut(&*msg.model) else {
             return;
         };
         let dropped = match (&msg.key, hash_mode) {
@@ -446,7 +447,7 @@ impl Actor for IndexActor {
 #[derive(Message, Debug)]
 #[rtype(result = "(RequestFacts, PrefixMatches, Vec<(WorkerId, usize)>, Option<u64>)")]
 pub struct MatchPrefix {
-    pub model: String,
+    pub model: Arc<str>,
     pub facts: RequestFacts,
     /// Count the lookup as traffic (a dispatch), and answer a ticket (the fourth part of
     /// the answer) for the [`RecordPrefix`] of the same key; false for a dry run.
@@ -471,7 +472,7 @@ impl Handler<MatchPrefix> for IndexActor {
 #[derive(Message, Debug)]
 #[rtype(result = "()")]
 pub struct RecordPrefix {
-    pub model: String,
+    pub model: Arc<str>,
     pub key: RoutingText,
     pub worker: WorkerId,
     /// The ticket of the counted lookup of this very key, when there was one.
@@ -491,7 +492,7 @@ impl Handler<RecordPrefix> for IndexActor {
 #[derive(Message, Debug)]
 #[rtype(result = "()")]
 pub struct ForgetPrefix {
-    pub model: String,
+    pub model: Arc<str>,
     pub key: RoutingText,
     pub worker: WorkerId,
     pub keep: usize,

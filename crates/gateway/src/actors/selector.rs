@@ -400,17 +400,18 @@ impl SelectorActor {
         }
     }
 
-    /// The index namespace of a request: its model, or the fleet's only model.
-    fn model_key(&self, facts: &RequestFacts) -> String {
-        match &facts.model {
-            Some(m) => m.clone(),
-            None if self.by_model.len() == 1 => self
-                .by_model
-                .keys()
-                .next()
-                .map(|m| m.to_string())
-                .unwrap_or_default(),
-            None => String::new(),
+    /// The index namespace of a request: its model, or the fleet's only model; the
+    /// fleet's shared name where it has one, so a dispatch copies no name.
+    fn model_key(&self, facts: &RequestFacts) -> Arc<str> {
+        let shared = match &facts.model {
+            Some(m) => self.by_model.get_key_value(m.as_str()).map(|(k, _)| k),
+            None if self.by_model.len() == 1 => self.by_model.keys().next(),
+            None => None,
+        };
+        match (shared, &facts.model) {
+            (Some(k), _) => k.clone(),
+            (None, Some(m)) => Arc::from(m.as_str()),
+            (None, None) => Arc::from(""),
         }
     }
 
@@ -557,11 +558,11 @@ impl SelectorActor {
         }))
     }
 
-    fn index_for(&self, facts: &RequestFacts) -> Option<Addr<IndexActor>> {
+    fn index_for(&self, facts: &RequestFacts) -> Option<&Addr<IndexActor>> {
         if !self.policy.kind.needs_prefix_matches() || matches!(facts.key, RoutingText::Empty) {
             return None;
         }
-        self.index.clone()
+        self.index.as_ref()
     }
 }
 
@@ -691,7 +692,7 @@ impl Handler<Select> for SelectorActor {
         let may_hold = msg.may_hold;
         let attempt = msg.attempt;
         let ask = lookup(
-            &index,
+            index,
             self.events.as_ref().filter(|_| self.events_live),
             MatchPrefix {
                 model: model.clone(),
@@ -724,7 +725,9 @@ impl Handler<Select> for SelectorActor {
                     }));
                 }
             };
-            if d.decision.record_prefix {
+            if d.decision.record_prefix
+                && let Some(index) = &act.index
+            {
                 // do_send keeps order with the next lookup, which this actor sends later.
                 index.do_send(RecordPrefix {
                     model,
@@ -750,7 +753,7 @@ impl Handler<Explain> for SelectorActor {
             return AtomicResponse::new(Box::pin(fut::ready(r)));
         };
         let ask = lookup(
-            &index,
+            index,
             self.events.as_ref().filter(|_| self.events_live),
             MatchPrefix {
                 model: self.model_key(&msg.facts),

@@ -51,7 +51,7 @@ pub struct Dispatch {
     pub worker_key: Option<Secret>,
     /// Where the index recorded the prompt for this worker, so a failed attempt can be
     /// taken back out: the index namespace and the units the worker held before.
-    pub recorded: Option<(String, usize)>,
+    pub recorded: Option<(Arc<str>, usize)>,
     /// The request's model as the fleet names it, shared rather than copied (the
     /// decision log and the metrics' label); `None` when the request named none.
     pub model: Option<Arc<str>>,
