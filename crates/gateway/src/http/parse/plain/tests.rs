@@ -14,6 +14,22 @@ fn reference(b: &[u8]) -> Option<(&str, usize)> {
     Some((std::str::from_utf8(&b[..end]).ok()?, end))
 }
 
+#[test]
+fn the_stop_bytes_are_the_quote_the_backslash_and_the_controls() {
+    for x in 0..=u8::MAX {
+        let stop = x == b'"' || x == b'\\' || x < 0x20;
+        assert_eq!(special(x), stop, "byte {x:#04x}");
+        assert_eq!(special_folded(x), stop, "byte {x:#04x}");
+        for k in 0..8 {
+            let mut w = [b'a'; 8];
+            w[k] = x;
+            let s = stops(u64::from_le_bytes(w));
+            let first = (s != 0).then(|| s.trailing_zeros() as usize / 8);
+            assert_eq!(first, stop.then_some(k), "byte {x:#04x} at {k} of a word");
+        }
+    }
+}
+
 /// Every path this CPU can take, by name.
 #[cfg_attr(
     target_arch = "x86_64",
