@@ -41,7 +41,7 @@ use crate::decision::{CandidateScore, Decision, DecisionNote, DecisionPath};
 use crate::estimate;
 use crate::gate::{Gate, kv_pressure};
 use crate::snapshot::{MatchSource, PrefixMatches, RoutingText, SelectInput};
-use crate::wait::{Fleet, Pick};
+use crate::wait::{Few, Fleet, Pick};
 
 /// Everything one cache_aware decision reads, computed once.
 #[derive(Debug)]
@@ -51,7 +51,7 @@ pub(crate) struct Ctx<'a> {
     pub fleet: Fleet<'a>,
     pub gate: Gate,
     /// Matched units per worker index (0 for non-holders and ineligible workers).
-    pub matched: Vec<usize>,
+    pub matched: Few<usize>,
 }
 
 impl<'a> Ctx<'a> {
@@ -78,7 +78,7 @@ impl<'a> Ctx<'a> {
     }
 
     /// The eligible workers holding any part of the prompt.
-    pub(crate) fn holders(&self) -> Vec<usize> {
+    pub(crate) fn holders(&self) -> Few<usize> {
         self.fleet
             .eligible
             .iter()
@@ -87,7 +87,7 @@ impl<'a> Ctx<'a> {
             .collect()
     }
 
-    pub(crate) fn ungated_eligible(&self) -> Vec<usize> {
+    pub(crate) fn ungated_eligible(&self) -> Few<usize> {
         self.gate.ungated(&self.fleet, &self.fleet.eligible)
     }
 
@@ -173,7 +173,7 @@ pub(crate) fn select(
         return Decision::none();
     }
     let gate = Gate::new(&fleet, cfg);
-    let mut matched = vec![0; input.workers.len()];
+    let mut matched = Few::from_elem(0, input.workers.len());
     if let Some(m) = input.matches {
         for &i in &fleet.eligible {
             matched[i] = m.matched(input.workers[i].id);
@@ -237,7 +237,7 @@ fn threshold(ctx: &Ctx<'_>, rng: &mut dyn RngCore) -> Decision {
                     .filter(|&i| ctx.matched[i] == best)
                     .collect()
             } else {
-                Vec::new()
+                Few::new()
             };
             (holders, DecisionPath::Hit)
         }
@@ -245,7 +245,7 @@ fn threshold(ctx: &Ctx<'_>, rng: &mut dyn RngCore) -> Decision {
     if holders.is_empty() {
         return ctx.by_wait(&ctx.ungated_eligible(), DecisionPath::Miss, true, rng);
     }
-    let safe: Vec<usize> = holders
+    let safe: Few<usize> = holders
         .iter()
         .copied()
         .filter(|&i| !ctx.gate.gated(ctx.fleet.in_flight(i)))

@@ -100,7 +100,7 @@ use crate::cache_aware::Ctx;
 use crate::decision::{CostRule, Decision, DecisionNote, DecisionPath, PrefillRate, RateSource};
 use crate::estimate;
 use crate::snapshot::MatchSource;
-use crate::wait::{Pick, argmin_uniform, mean_positive};
+use crate::wait::{Few, Pick, argmin_uniform, mean_positive};
 
 /// Pseudo-requests per candidate added to the traffic total before a share is taken: a
 /// prefix must have drawn more than this many recent requests before it can read as more
@@ -118,17 +118,17 @@ pub(crate) fn select(ctx: &Ctx<'_>, rng: &mut dyn RngCore) -> Decision {
     let set = ctx.ungated_eligible();
     let rates = prefill_rates(ctx, &set);
     let costs = ttft(ctx, &set, &rates);
-    let totals: Vec<f64> = costs.iter().map(|c| c.0).collect();
+    let totals: Few<f64> = costs.iter().map(|c| c.0).collect();
     let Some(cheapest) = argmin_uniform(&totals, rng) else {
         return Decision::none();
     };
-    let useful: Vec<usize> = set
+    let useful: Few<usize> = set
         .iter()
         .map(|&w| useful_match(ctx, ctx.matched[w]))
         .collect();
     let holds = |i: usize| useful[i] > 0;
     // Engines' worth of recent traffic through the prefix each candidate holds.
-    let worth: Vec<Option<f64>> = (0..set.len())
+    let worth: Few<Option<f64>> = (0..set.len())
         .map(|i| {
             let t = ctx.matches()?.traffic.as_ref()?;
             let n = set.len() as f64;
@@ -146,7 +146,7 @@ pub(crate) fn select(ctx: &Ctx<'_>, rng: &mut dyn RngCore) -> Decision {
     // on an engine model, so they cannot tell these apart.
     let bound = totals[cheapest] * (1.0 + ctx.cfg.affinity_margin.max(0.0));
     let cheapest_of = |keep: &dyn Fn(usize) -> bool, bound: f64, rng: &mut dyn RngCore| {
-        let masked: Vec<f64> = (0..set.len())
+        let masked: Few<f64> = (0..set.len())
             .map(|i| {
                 if keep(i) && totals[i] <= bound {
                     totals[i]
@@ -235,7 +235,7 @@ pub(crate) fn select(ctx: &Ctx<'_>, rng: &mut dyn RngCore) -> Decision {
 
 /// The prefill rate each member of `set` is priced at: its own counters' rate, else the
 /// mean of the candidates that report one, else the configured default.
-fn prefill_rates(ctx: &Ctx<'_>, set: &[usize]) -> Vec<PrefillRate> {
+fn prefill_rates(ctx: &Ctx<'_>, set: &[usize]) -> Few<PrefillRate> {
     let fleet = &ctx.fleet;
     let mean = mean_positive(
         set.iter()
@@ -260,7 +260,7 @@ fn prefill_rates(ctx: &Ctx<'_>, set: &[usize]) -> Vec<PrefillRate> {
 }
 
 /// (cost, weighted prefill part) for each member of `set`, priced at `rates`.
-fn ttft(ctx: &Ctx<'_>, set: &[usize], rates: &[PrefillRate]) -> Vec<(f64, f64)> {
+fn ttft(ctx: &Ctx<'_>, set: &[usize], rates: &[PrefillRate]) -> Few<(f64, f64)> {
     let fleet = &ctx.fleet;
     let p = &fleet.params;
     let nominal = mean_positive(
@@ -273,7 +273,7 @@ fn ttft(ctx: &Ctx<'_>, set: &[usize], rates: &[PrefillRate]) -> Vec<(f64, f64)> 
             .position(|&j| j == i)
             .map_or(nominal, |k| rates[k].tokens_per_sec)
     };
-    let mut waits: Vec<Option<f64>> = set
+    let mut waits: Few<Option<f64>> = set
         .iter()
         .map(|&i| {
             fleet.load(i).map(|l| {

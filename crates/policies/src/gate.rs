@@ -22,7 +22,7 @@
 //! the in-flight gate could otherwise push traffic onto a KV-saturated engine.
 
 use crate::config::PolicyConfig;
-use crate::wait::Fleet;
+use crate::wait::{Few, Fleet};
 
 /// The gate for one decision.
 #[derive(Debug, Clone, Copy)]
@@ -53,13 +53,17 @@ impl Gate {
     }
 
     /// The members of `set` that are not gated, or `set` itself if that leaves none.
-    pub(crate) fn ungated(&self, fleet: &Fleet<'_>, set: &[usize]) -> Vec<usize> {
-        let open: Vec<usize> = set
+    pub(crate) fn ungated(&self, fleet: &Fleet<'_>, set: &[usize]) -> Few<usize> {
+        let open: Few<usize> = set
             .iter()
             .copied()
             .filter(|&i| !self.gated(fleet.in_flight(i)))
             .collect();
-        if open.is_empty() { set.to_vec() } else { open }
+        if open.is_empty() {
+            Few::from_slice(set)
+        } else {
+            open
+        }
     }
 }
 

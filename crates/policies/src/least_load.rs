@@ -17,7 +17,7 @@ use crate::config::PolicyConfig;
 use crate::decision::{CandidateScore, Decision, DecisionPath};
 use crate::estimate;
 use crate::snapshot::SelectInput;
-use crate::wait::Fleet;
+use crate::wait::{Few, Fleet};
 
 pub(crate) fn select(
     cfg: &PolicyConfig,
@@ -28,10 +28,10 @@ pub(crate) fn select(
     if fleet.eligible.is_empty() {
         return Decision::none();
     }
-    let set: Vec<usize> = match cfg.least_load_max_waiting_requests {
+    let set: Few<usize> = match cfg.least_load_max_waiting_requests {
         None => fleet.eligible.clone(),
         Some(cap) => {
-            let open: Vec<usize> = fleet
+            let open: Few<usize> = fleet
                 .eligible
                 .iter()
                 .copied()

@@ -15,7 +15,7 @@ use crate::config::{LoadMetric, PolicyConfig};
 use crate::decision::{Decision, DecisionPath};
 use crate::estimate;
 use crate::snapshot::SelectInput;
-use crate::wait::Fleet;
+use crate::wait::{Few, Fleet};
 
 pub(crate) fn select(
     cfg: &PolicyConfig,
@@ -29,7 +29,7 @@ pub(crate) fn select(
         return Decision::none();
     }
     let set = if n == 1 {
-        vec![e[0]]
+        Few::from_slice(&e[..1])
     } else {
         match cfg.power_of_two_load_metric {
             LoadMetric::LeastRequests => fewest_in_flight(&fleet, e),
@@ -40,7 +40,7 @@ pub(crate) fn select(
                 if metric == LoadMetric::Requests {
                     fewest_in_flight(&fleet, &drawn)
                 } else {
-                    drawn.to_vec()
+                    Few::from_slice(&drawn)
                 }
             }
         }
@@ -53,7 +53,7 @@ pub(crate) fn select(
         })
 }
 
-fn fewest_in_flight(fleet: &Fleet<'_>, set: &[usize]) -> Vec<usize> {
+fn fewest_in_flight(fleet: &Fleet<'_>, set: &[usize]) -> Few<usize> {
     let min = set.iter().map(|&i| fleet.in_flight(i)).min().unwrap_or(0);
     set.iter()
         .copied()

@@ -42,6 +42,10 @@ use crate::config::PolicyConfig;
 use crate::decision::{CandidateScore, Decision, DecisionPath};
 use crate::snapshot::{RankLoad, WorkerLoad, WorkerView};
 
+/// A decision's per-worker list: on the stack for fleets of up to 16 targets, so a
+/// decision allocates only what it returns.
+pub(crate) type Few<T> = smallvec::SmallVec<[T; 16]>;
+
 /// Scores closer than this (seconds) are ties.
 pub(crate) const TIE_EPSILON: f64 = 1e-6;
 
@@ -167,16 +171,16 @@ fn rank_prefill_rate(r: &RankLoad) -> Option<f64> {
 pub(crate) struct Fleet<'a> {
     pub workers: &'a [WorkerView],
     /// Indices into `workers` of the eligible ones, in snapshot order.
-    pub eligible: Vec<usize>,
+    pub eligible: Few<usize>,
     /// Per worker index; `None` for no (usable) report or not eligible.
-    loads: Vec<Option<Load>>,
+    loads: Few<Option<Load>>,
     pub params: Params,
 }
 
 impl<'a> Fleet<'a> {
     pub(crate) fn new(workers: &'a [WorkerView], cfg: &PolicyConfig) -> Fleet<'a> {
         let params = Params::from_config(cfg);
-        let eligible: Vec<usize> = (0..workers.len())
+        let eligible: Few<usize> = (0..workers.len())
             .filter(|&i| workers[i].eligible)
             .collect();
         let loads = workers
@@ -205,7 +209,7 @@ impl<'a> Fleet<'a> {
     }
 
     /// The reference expected wait of each worker of `set` (indices into `workers`).
-    pub(crate) fn expected_waits(&self, set: &[usize]) -> Vec<f64> {
+    pub(crate) fn expected_waits(&self, set: &[usize]) -> Few<f64> {
         let p = &self.params;
         // Per rank, so a worker with no live rate is priced by its own rank count: an idle
         // one-rank worker beside a busy two-rank peer is as fast as one of its ranks.
@@ -220,7 +224,7 @@ impl<'a> Fleet<'a> {
                 .filter_map(|&i| self.load(i).map(|l| l.live_rate)),
         )
         .unwrap_or(p.default_rate);
-        let mut scores: Vec<Option<f64>> = set
+        let mut scores: Few<Option<f64>> = set
             .iter()
             .map(|&i| {
                 self.load(i).map(|l| {
@@ -262,7 +266,7 @@ impl<'a> Fleet<'a> {
 #[derive(Debug, Clone)]
 pub(crate) struct Pick {
     pub worker: usize,
-    pub scored: Vec<(usize, f64)>,
+    pub scored: Few<(usize, f64)>,
 }
 
 impl Pick {

@@ -12,7 +12,7 @@ fn least_load() -> PolicyConfig {
 fn scores(workers: &[WorkerView]) -> Vec<f64> {
     let cfg = least_load();
     let fleet = Fleet::new(workers, &cfg);
-    fleet.expected_waits(&fleet.eligible)
+    fleet.expected_waits(&fleet.eligible).to_vec()
 }
 
 /// With no credit applied, the winner is always worker `expect` (over several seeds).
