@@ -4,6 +4,8 @@
 //! are tokenized on actix's blocking pool, not on the HTTP thread; the tokenizer caches by
 //! segment, so a conversation's later turns encode only what is new.
 
+use std::borrow::Cow;
+
 use actix_web::web;
 use bytes::Bytes;
 use kvgate_policies::{PromptText, RequestFacts, RoutingText};
@@ -24,13 +26,13 @@ pub enum TokenSource {
     /// Encoded with the model's tokenizer, loaded from `tokenizer`.
     Tokenizer { tokenizer: String },
     /// Matched as text on the approximate index, for this reason.
-    Text { reason: String },
+    Text { reason: Cow<'static, str> },
     /// The policy does not read the prompt.
     None,
 }
 
 impl TokenSource {
-    fn text(reason: impl Into<String>) -> TokenSource {
+    fn text(reason: impl Into<Cow<'static, str>>) -> TokenSource {
         TokenSource::Text {
             reason: reason.into(),
         }
@@ -54,7 +56,7 @@ pub async fn tokenize(
         None => return TokenSource::text("no worker serving this model publishes KV events"),
         Some(Slot::Loading(_)) => return TokenSource::text("the model's tokenizer is loading"),
         Some(Slot::Failed(e)) => return TokenSource::text(format!("tokenizer not loaded: {e}")),
-        Some(Slot::Missing(reason)) => return TokenSource::text(reason),
+        Some(Slot::Missing(reason)) => return TokenSource::text(reason.clone()),
         Some(Slot::Ready(t)) => t,
     };
     if endpoint == Endpoint::Chat && !tok.has_chat_template() {
