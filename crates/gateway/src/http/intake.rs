@@ -8,6 +8,8 @@
 //! itself, straight into one buffer of that size, once the handler asks for it (after
 //! admission), and gives actix-http the head with `content-length: 0` and an
 //! `x-kvgate-body` token instead; the handler takes the body by that token ([`claim`]).
+//! A body that came whole with its head's read (a small request) is kept at once, so the
+//! handler's first ask finds it.
 //! Everything else (other routes, chunked bodies, `Expect`,
 //! bodies over the limit, anything it cannot parse) passes through untouched, so actix-http
 //! answers it as before.
@@ -51,7 +53,8 @@ const BODY_SLACK: usize = 1024;
 /// How far a body's handler has got with it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Want {
-    /// No handler yet: nothing of the body is read (actix-http is still on its head).
+    /// No handler yet: nothing of the body is read past what came with its head
+    /// (actix-http is still on the head).
     Unclaimed,
     /// Its handler holds it ([`BodyClaim::hold`]) and waits for admission: up to `PARKED`
     /// of it is read, so that a client that leaves meanwhile is seen.
@@ -412,11 +415,16 @@ impl Intake {
                     }
                 }
                 Mode::Body { token, body, want } => {
+                    let whole = body.capacity() == 0 && self.input.len() >= *want;
                     match self.bodies.want(*token) {
                         None => {
                             self.mode = Mode::Skip(*want - body.len());
                             continue;
                         }
+                        // Read with its head: kept whole it holds no more memory than in
+                        // `input`, and its handler finds it ready when it asks, where
+                        // waiting for the ask cost the connection's task another poll.
+                        Some(Want::Unclaimed | Want::Held) if whole => body.reserve(*want),
                         Some(Want::Unclaimed | Want::Held) => return,
                         Some(Want::Wanted) if body.capacity() == 0 => {
                             body.reserve(*want + BODY_SLACK);

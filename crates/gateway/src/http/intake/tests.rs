@@ -275,6 +275,43 @@ async fn connected() -> (tokio::net::TcpStream, Intake) {
     (c, Intake::new(io, LIMIT))
 }
 
+/// A body that came with its head is kept whole at once: its handler's first ask finds it,
+/// with no other poll of the connection in between (a small request's usual case).
+#[tokio::test]
+async fn a_body_read_with_its_head_is_ready_at_the_first_ask() {
+    let body = br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+    let mut sent = chat(body, "");
+    let next = b"GET /health HTTP/1.1\r\n\r\n";
+    sent.extend_from_slice(next);
+    let (mut c, mut intake) = connected().await;
+    let bodies = intake.bodies();
+    // All of it is in the socket before the first read.
+    c.write_all(&sent).await.unwrap();
+    let mut head = vec![0; 4096];
+    let n = intake.read(&mut head).await.unwrap();
+    assert!(String::from_utf8_lossy(&head[..n]).contains("x-kvgate-body: "));
+    // The body is taken out of the stream: the next request follows its head.
+    assert!(
+        head[..n].ends_with(next),
+        "{:?}",
+        String::from_utf8_lossy(&head[..n])
+    );
+    let token = bodies.entries.borrow()[0].0;
+    let claim = BodyClaim {
+        bodies: bodies.clone(),
+        token,
+    };
+    claim.hold().await;
+    let mut ask = std::pin::pin!(claim.body());
+    let first = ask.as_mut().poll(&mut Context::from_waker(Waker::noop()));
+    assert!(
+        matches!(&first, Poll::Ready(Ok(b)) if b == &body[..]),
+        "the first ask got {first:?}"
+    );
+    assert!(bodies.is_empty());
+    drop(c);
+}
+
 #[tokio::test]
 async fn a_claim_waits_for_its_body_and_one_dropped_unread_lets_it_go() {
     let body = vec![b'q'; 200_000];
