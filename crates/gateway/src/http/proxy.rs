@@ -207,26 +207,32 @@ pub async fn forward(
     let deadline = tokio::time::Instant::from_std(up.deadline);
     let member = rank.and_then(|r| rank_member(&body, r));
     let insert = member.as_ref().map(|(at, m)| (*at, m.as_slice()));
-    let sent = up.pool.post_with(&worker, up.path, &headers, body, insert);
-    let resp = tokio::select! {
-        r = tokio::time::timeout_at(deadline, sent) => match r {
-            Err(_) => {
-                booking.set_outcome(Outcome::Failure);
-                return Err(Failure { retry: false, ..Failure::retry(timed_out()) });
-            }
-            Ok(Ok(r)) => r,
-            Ok(Err(e)) => {
-                if let UpstreamError::Connect(io) = &e
-                    && io.kind() == std::io::ErrorKind::ConnectionRefused
-                {
-                    booking.refused(format!("{worker} refused the connection"));
-                } else {
+    // Pinned where it is made: moved into the timeout and the select, the exchange's state
+    // was copied twice per request.
+    let resp = {
+        let sent = std::pin::pin!(up.pool.post_with(&worker, up.path, &headers, body, insert));
+        tokio::select! {
+            // The answer before the cancellation when both are ready (and no RNG per request).
+            biased;
+            r = tokio::time::timeout_at(deadline, sent) => match r {
+                Err(_) => {
                     booking.set_outcome(Outcome::Failure);
+                    return Err(Failure { retry: false, ..Failure::retry(timed_out()) });
                 }
-                return Err(Failure::retry(upstream_error(&worker, e)));
-            }
-        },
-        () = taken_out(&mut down) => return Err(Failure::retry(taken_out_error(&worker))),
+                Ok(Ok(r)) => r,
+                Ok(Err(e)) => {
+                    if let UpstreamError::Connect(io) = &e
+                        && io.kind() == std::io::ErrorKind::ConnectionRefused
+                    {
+                        booking.refused(format!("{worker} refused the connection"));
+                    } else {
+                        booking.set_outcome(Outcome::Failure);
+                    }
+                    return Err(Failure::retry(upstream_error(&worker, e)));
+                }
+            },
+            () = taken_out(&mut down) => return Err(Failure::retry(taken_out_error(&worker))),
+        }
     };
     let status = resp.status;
     note.status(status.as_u16());
@@ -245,6 +251,7 @@ pub async fn forward(
         let by = deadline.min(tokio::time::Instant::now() + ERROR_BODY_WAIT);
         let read = tokio::time::timeout_at(by, resp.body.collect(64 * 1024));
         let text = tokio::select! {
+            biased;
             r = read => match r {
                 Ok(Ok(b)) => b,
                 _ => Bytes::new(),
@@ -273,6 +280,7 @@ pub async fn forward(
         // still be tried elsewhere.
         let first_by = deadline.min(tokio::time::Instant::now() + up.first_token_timeout);
         let first = tokio::select! {
+            biased;
             r = tokio::time::timeout_at(first_by, body.next()) => r,
             () = taken_out(&mut down) => return Err(Failure::retry(taken_out_error(&worker))),
         };
@@ -331,8 +339,9 @@ pub async fn forward(
         }
         return Ok(builder.streaming(relay));
     }
-    let read = body.collect(up.max_response);
+    let read = std::pin::pin!(body.collect(up.max_response));
     let body = tokio::select! {
+        biased;
         r = tokio::time::timeout_at(deadline, read) => match r {
             Err(_) => {
                 booking.set_outcome(Outcome::Failure);
