@@ -138,7 +138,7 @@ struct Known {
 #[derive(Debug)]
 pub struct IndexActor {
     cfg: IndexConfig,
-    models: HashMap<String, ModelIndex>,
+    models: HashMap<String, ModelIndex, foldhash::fast::RandomState>,
     known: HashMap<WorkerId, Known>,
     epoch: Instant,
     persist: Option<Persister>,
@@ -168,7 +168,7 @@ impl IndexActor {
     pub fn new(cfg: IndexConfig, epoch: Instant, persist: Option<Persister>) -> IndexActor {
         IndexActor {
             cfg,
-            models: HashMap::new(),
+            models: HashMap::default(),
             known: HashMap::new(),
             epoch,
             persist,

@@ -63,7 +63,7 @@ pub struct SelectorActor {
     panic_next: bool,
     /// Which views serve each model, rebuilt on every fleet change. The names are handed
     /// out with each dispatch: the decision log and the metrics share them, uncopied.
-    by_model: HashMap<Arc<str>, Vec<usize>>,
+    by_model: HashMap<Arc<str>, Vec<usize>, foldhash::fast::RandomState>,
     /// Work dispatched since each worker's load sample.
     ledger: CreditLedger,
     /// Rebuilt only when the set of workers changes.
@@ -157,7 +157,7 @@ impl SelectorActor {
             fleet: None,
             #[cfg(feature = "fault-injection")]
             panic_next: false,
-            by_model: HashMap::new(),
+            by_model: HashMap::default(),
             ledger: CreditLedger::new(),
             ring: None,
             rng: seed.map_or_else(SmallRng::from_entropy, SmallRng::seed_from_u64),

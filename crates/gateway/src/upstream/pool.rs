@@ -31,7 +31,7 @@ struct Idle {
 }
 
 struct Inner {
-    idle: RefCell<HashMap<String, Vec<Idle>>>,
+    idle: RefCell<HashMap<String, Vec<Idle>, foldhash::fast::RandomState>>,
     connect_timeout: Duration,
     keep_alive: Duration,
 }
@@ -55,7 +55,7 @@ impl Pool {
     /// so the pool drops a connection before the worker closes it under a request.
     pub fn new(connect_timeout: Duration, keep_alive: Duration) -> Pool {
         Pool(Rc::new(Inner {
-            idle: RefCell::new(HashMap::new()),
+            idle: RefCell::new(HashMap::default()),
             connect_timeout,
             keep_alive,
         }))
