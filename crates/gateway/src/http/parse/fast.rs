@@ -106,7 +106,9 @@ impl<'a> Scan<'a> {
         }
     }
 
-    /// A string checked as [`string`](Self::string) checks it, its text not kept.
+    /// A string checked as [`string`](Self::string) checks it, its text not kept. The
+    /// escape letters are listed again rather than shared: an escape function returning the
+    /// character cost `string` 7 % on source code (parse bench), even inlined.
     fn skip_string(&mut self) -> R<()> {
         self.eat(b'"')?;
         loop {
