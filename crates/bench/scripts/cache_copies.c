@@ -2,7 +2,7 @@
 // profile under load (docs/benchmarks.md, "Where the bytes go"): `memcmp` of a prompt
 // with a tree edge after other memory went through the cache (as the kernel's copies and
 // the other processes' work do between two requests), with and without a thread copying
-// 8 MiB in a loop on the other core, and the kernel's `rep movsb` copy at unaligned
+// 8 MiB in a loop, and the kernel's `rep movsb` copy at unaligned
 // sources and destinations.
 //
 //   cc -O2 -pthread -o /tmp/cache_copies crates/bench/scripts/cache_copies.c && /tmp/cache_copies
