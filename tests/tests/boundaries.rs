@@ -87,6 +87,12 @@ fn assert_links_none(g: &HashMap<String, Vec<String>>, root: &str, banned: &[&st
 fn each_crate_links_only_what_its_role_allows() {
     let (g, meta) = graph();
     let runtime = ["tokio", "actix", "actix-rt", "actix-web", "awc", "sled"];
+    // The vocabulary: nothing async, no other kvgate crate (every crate may use it).
+    assert_links_none(&g, "kvgate-core", &runtime);
+    let kvgate_deps: Vec<&String> = (g.get("kvgate-core").into_iter().flatten())
+        .filter(|d| d.starts_with("kvgate"))
+        .collect();
+    assert!(kvgate_deps.is_empty(), "kvgate-core uses {kvgate_deps:?}");
     // The pure crates: nothing async, no I/O.
     assert_links_none(&g, "kvgate-kv-index", &runtime);
     assert_links_none(&g, "kvgate-policies", &runtime);
@@ -119,7 +125,14 @@ fn each_crate_links_only_what_its_role_allows() {
     assert_links_none(
         &g,
         "kvgate-store",
-        &["kvgate-gateway", "actix", "actix-web", "tokio", "awc"],
+        &[
+            "kvgate-gateway",
+            "kvgate-policies",
+            "actix",
+            "actix-web",
+            "tokio",
+            "awc",
+        ],
     );
     // The inspection tool talks HTTP and reads a stopped store: no gateway, no server.
     assert_links_none(&g, "kvgate-cli", &["kvgate-gateway", "actix-web"]);

@@ -94,7 +94,7 @@ fn inspect_text(s: &kvgate_store::StoreSummary) -> String {
     );
     match (s.written_at, s.generation) {
         (Some(at), Some(g)) => {
-            let age = kvgate_store::unix_now() - at;
+            let age = kvgate_core::clock::unix_now() - at;
             out.push_str(&format!(
                 "written:         {at:.0} (unix), {age:.0}s ago, generation {g}\n"
             ));
@@ -124,7 +124,7 @@ fn inspect_text(s: &kvgate_store::StoreSummary) -> String {
         ));
     }
     if let Some(e) = &s.events {
-        let age = kvgate_store::unix_now() - e.written_at;
+        let age = kvgate_core::clock::unix_now() - e.written_at;
         out.push_str(&format!(
             "\nKV-event index: written {:.0} (unix), {age:.0}s ago, generation {}\n",
             e.written_at, e.generation

@@ -278,7 +278,7 @@ impl Reply {
             api,
             rid,
             model,
-            created: crate::engine::unix_now() as u64,
+            created: kvgate_core::clock::unix_now() as u64,
             include_usage,
             cache_report: false,
             started: Instant::now(),

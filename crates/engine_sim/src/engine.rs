@@ -3,8 +3,8 @@
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
-use std::time::{SystemTime, UNIX_EPOCH};
 
+use kvgate_core::clock::unix_now;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ApiError;
@@ -269,10 +269,4 @@ impl Engine {
         }
         stats
     }
-}
-
-pub(crate) fn unix_now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
 }

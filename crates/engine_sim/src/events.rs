@@ -19,7 +19,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
 use crate::SimConfig;
-use crate::engine::unix_now;
+use kvgate_core::clock::unix_now;
 
 /// What a rank's scheduler hands its publisher.
 #[derive(Debug)]

@@ -4,12 +4,13 @@
 //! the same figures.
 
 use std::fmt::Write;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
+use kvgate_core::clock::unix_now;
 use kvgate_kv_events::LoadStat;
 use serde::Serialize;
 
-use crate::engine::{Engine, unix_now};
+use crate::engine::Engine;
 use crate::scheduler::Snapshot;
 use crate::{Flavor, SimConfig};
 
@@ -58,7 +59,7 @@ pub(crate) fn loads(engine: &Engine, dp_rank: Option<usize>) -> LoadsBody {
         .map(|(rank, s)| rank_load(&engine.cfg, rank, s, now))
         .collect();
     LoadsBody {
-        timestamp: iso8601(SystemTime::now()),
+        timestamp: iso8601(SystemTime::UNIX_EPOCH + Duration::from_secs_f64(now)),
         version: SGLANG_VERSION,
         accelerator: None,
         num_accelerators: 0,

@@ -24,13 +24,13 @@ use std::time::{Duration, Instant};
 
 use actix::Addr;
 use anyhow::{Context as _, bail};
+use kvgate_core::WorkerUrl;
 use kvgate_engine_sim::{SimConfig, SimFleet};
 use kvgate_gateway::testing::{
     GetIndexStats, GetViews, IndexActor, IndexConfig, MatchPrefix, RecordPrefix,
 };
 use kvgate_gateway::{Gateway, GatewayConfig};
 use kvgate_policies::{PolicyConfig, PolicyKind, RequestFacts, RoutingText, WorkerId};
-use kvgate_poller::WorkerUrl;
 use kvgate_store::{Chunk, Store};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};

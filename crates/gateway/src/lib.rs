@@ -37,8 +37,9 @@ mod server;
 mod upstream;
 
 pub use alloc::keep_freed_memory;
-pub use config::{ConfigError, GatewayConfig, Overrides, Secret};
+pub use config::{ConfigError, GatewayConfig, Overrides};
 pub use http::error::ApiError;
+pub use kvgate_core::Secret;
 pub use server::{Gateway, StartError};
 
 /// The actors and request parsing, for the workspace's own end-to-end tests and
@@ -50,8 +51,9 @@ pub mod testing {
     };
     pub use crate::actors::registry::{Fleet, FleetChanged, WorkerRecord, WorkerStatus};
     pub use crate::actors::selector::{Explain, GetViews, SelectorActor};
-    pub use crate::http::parse::{Endpoint, request_facts};
+    pub use crate::http::parse::request_facts;
     pub use crate::server::Actors;
+    pub use kvgate_core::Endpoint;
 
     /// Messages that make a routing actor's next step panic (feature `fault-injection`).
     #[cfg(feature = "fault-injection")]

@@ -19,7 +19,7 @@ use prometheus_client::registry::Registry;
 
 use kvgate_policies::DecisionPath;
 
-use crate::http::parse::Endpoint;
+use kvgate_core::Endpoint;
 
 /// Seconds, for LLM latencies: 5 ms to 10 min.
 const LATENCY_BUCKETS: [f64; 16] = [
@@ -617,7 +617,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::{Fleet, Metrics, PATHS, path_slot};
-    use crate::http::parse::Endpoint;
+    use kvgate_core::Endpoint;
 
     #[test]
     fn each_dispatched_path_counts_under_its_own_name() {

@@ -19,8 +19,9 @@ use thiserror::Error;
 use tokio::net::TcpStream;
 use tracing::{error, info, warn};
 
+use kvgate_core::WorkerUrl;
 use kvgate_policies::CacheIndex;
-use kvgate_poller::{LoadPoller, WorkerUrl};
+use kvgate_poller::LoadPoller;
 use kvgate_store::{EventsImage, Image, Persister, RegistryImage};
 
 use crate::actors::events::{EventsActor, SelectorLink, SnapshotSettings};

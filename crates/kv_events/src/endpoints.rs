@@ -102,15 +102,9 @@ fn bracket(h: &str) -> String {
     }
 }
 
-/// The host of `scheme://[user@]host[:port][/path]`, IPv6 literals kept in brackets.
+/// The host of a worker URL, IPv6 literals kept in brackets.
 fn url_host(url: &str) -> Option<String> {
-    let rest = url.trim().split_once("://").map_or(url.trim(), |(_, r)| r);
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
-    let authority = authority.rsplit_once('@').map_or(authority, |(_, a)| a);
-    let host = if authority.starts_with('[') {
-        authority.find(']').map(|end| &authority[..=end])?
-    } else {
-        authority.split(':').next().unwrap_or_default()
-    };
-    (!host.is_empty() && host != "[]").then(|| host.to_ascii_lowercase())
+    let host = kvgate_core::split_url(url.trim()).host;
+    let unclosed = host.starts_with('[') && !host.ends_with(']');
+    (!host.is_empty() && host != "[]" && !unclosed).then(|| host.to_ascii_lowercase())
 }

@@ -3,7 +3,7 @@
 use rand::RngCore;
 
 use crate::decision::{Decision, DecisionPath};
-use crate::snapshot::SelectInput;
+use crate::input::SelectInput;
 
 /// The eligible worker at position `seq mod n` among the eligible ones.
 pub fn round_robin(input: &SelectInput<'_>) -> Decision {

@@ -192,7 +192,7 @@ pub struct PolicyConfig {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub overload_token_usage_threshold: Option<f64>,
     /// Prefix-index eviction period (the index actor's timer). `None`: never.
-    #[serde(rename = "eviction_interval_secs", with = "crate::serde_secs::or_off")]
+    #[serde(rename = "eviction_interval_secs", with = "kvgate_core::secs::or_off")]
     pub eviction_interval: Option<Duration>,
     /// Prefix-tree budget per model, in units (text bytes or tokens) summed over tenants.
     pub max_tree_size: usize,
@@ -201,7 +201,7 @@ pub struct PolicyConfig {
     /// Which index cache_aware consults.
     pub cache_index: CacheIndex,
     /// Hash mode: how long a recorded holder stays live.
-    #[serde(rename = "cache_ttl_secs", with = "crate::serde_secs")]
+    #[serde(rename = "cache_ttl_secs", with = "kvgate_core::secs")]
     pub cache_ttl: Duration,
     /// Hash mode and prefix_hash: strictly ascending token positions to hash the head at.
     pub cache_boundaries: Vec<usize>,

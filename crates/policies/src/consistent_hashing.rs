@@ -14,7 +14,9 @@ use rand::{Rng, RngCore};
 
 use crate::decision::{Decision, DecisionPath};
 use crate::ring::HashRing;
-use crate::snapshot::{SelectInput, WorkerId};
+use kvgate_core::WorkerId;
+
+use crate::input::SelectInput;
 
 /// Headers a routing key is read from, in order of preference.
 pub const ROUTING_KEY_HEADERS: [&str; 2] = ["x-kvgate-routing-key", "x-smg-routing-key"];

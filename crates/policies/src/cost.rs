@@ -96,7 +96,7 @@
 
 use rand::RngCore;
 
-use crate::cache_aware::Ctx;
+use crate::affinity::Ctx;
 use crate::decision::{CostRule, Decision, DecisionNote, DecisionPath, PrefillRate, RateSource};
 use crate::estimate;
 use crate::snapshot::MatchSource;

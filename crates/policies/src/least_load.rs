@@ -16,7 +16,7 @@ use rand::RngCore;
 use crate::config::PolicyConfig;
 use crate::decision::{CandidateScore, Decision, DecisionPath};
 use crate::estimate;
-use crate::snapshot::SelectInput;
+use crate::input::SelectInput;
 use crate::wait::{Few, Fleet};
 
 pub(crate) fn select(

@@ -14,7 +14,9 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use crate::decision::Decision;
-use crate::snapshot::{Credit, WorkerId};
+use kvgate_core::WorkerId;
+
+use crate::snapshot::Credit;
 
 /// Per-worker dispatches since the last sample.
 #[derive(Debug, Clone, Default)]

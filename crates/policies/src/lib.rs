@@ -57,6 +57,7 @@
 //! - Treats `worker: None` as no eligible worker (path `no_worker`), or, with path
 //!   `saturated`, as every worker at the least_load waiting cap.
 
+mod affinity;
 mod basic;
 mod cache_aware;
 mod config;
@@ -66,12 +67,12 @@ mod decision;
 mod error;
 mod estimate;
 mod gate;
+mod input;
 mod least_load;
 mod ledger;
 mod power_of_two;
 mod prefix_hash;
 mod ring;
-pub mod serde_secs;
 mod snapshot;
 mod text;
 mod wait;
@@ -87,11 +88,14 @@ pub use decision::{
     CandidateScore, CostRule, Decision, DecisionNote, DecisionPath, PrefillRate, RateSource,
 };
 pub use error::ConfigError;
+pub use input::SelectInput;
+/// A worker's identity (from `kvgate-core`): the views and decisions name workers by it.
+pub use kvgate_core::WorkerId;
 pub use ledger::CreditLedger;
 pub use ring::HashRing;
 pub use snapshot::{
     Credit, MatchSource, PrefixMatches, PrefixTraffic, RECENT_HALF_LIFE, RankLoad, RequestFacts,
-    RoutingText, SelectInput, WorkerId, WorkerLoad, WorkerView,
+    RoutingText, WorkerLoad, WorkerView,
 };
 pub use text::PromptText;
 

@@ -14,7 +14,7 @@ use rand::{Rng, RngCore};
 use crate::config::{LoadMetric, PolicyConfig};
 use crate::decision::{Decision, DecisionPath};
 use crate::estimate;
-use crate::snapshot::SelectInput;
+use crate::input::SelectInput;
 use crate::wait::{Few, Fleet};
 
 pub(crate) fn select(

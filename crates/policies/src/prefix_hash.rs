@@ -21,8 +21,9 @@ use rand::{Rng, RngCore};
 use crate::config::PolicyConfig;
 use crate::consistent_hashing::valid_routing_key;
 use crate::decision::{CandidateScore, Decision, DecisionPath};
+use crate::input::SelectInput;
 use crate::ring::HashRing;
-use crate::snapshot::{RequestFacts, RoutingText, SelectInput, WorkerView};
+use crate::snapshot::{RequestFacts, RoutingText, WorkerView};
 
 pub(crate) fn select(
     cfg: &PolicyConfig,

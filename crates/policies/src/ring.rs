@@ -10,7 +10,9 @@
 
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::snapshot::{WorkerId, WorkerView};
+use kvgate_core::WorkerId;
+
+use crate::snapshot::WorkerView;
 
 /// Points on the ring, sorted by position.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

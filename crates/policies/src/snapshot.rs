@@ -1,56 +1,12 @@
 //! What a policy sees: the request's routing facts and a view of each candidate worker.
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kvgate_core::WorkerId;
 use serde::{Deserialize, Serialize};
 
-use crate::ring::HashRing;
 use crate::text::PromptText;
-
-/// A worker's identity: a hash of its normalised URL, so it is stable across restarts.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct WorkerId(pub u64);
-
-impl WorkerId {
-    /// The id of the worker at `url` (already normalised by the caller).
-    pub fn from_url(url: &str) -> WorkerId {
-        WorkerId(xxhash_rust::xxh3::xxh3_64(url.as_bytes()))
-    }
-
-    /// The id of this worker's data-parallel rank `rank` as a routing target of its own:
-    /// rank 0 is the worker itself, so a worker with one rank keeps its id, and every id
-    /// is stable across restarts (the index's tenants outlive the gateway).
-    pub fn rank(self, rank: u32) -> WorkerId {
-        if rank == 0 {
-            return self;
-        }
-        let mut b = [0u8; 12];
-        b[..8].copy_from_slice(&self.0.to_le_bytes());
-        b[8..].copy_from_slice(&rank.to_le_bytes());
-        WorkerId(xxhash_rust::xxh3::xxh3_64(&b))
-    }
-}
-
-impl fmt::Display for WorkerId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:016x}", self.0)
-    }
-}
-
-impl fmt::Debug for WorkerId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "WorkerId({self})")
-    }
-}
-
-impl std::str::FromStr for WorkerId {
-    type Err = std::num::ParseIntError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        u64::from_str_radix(s, 16).map(WorkerId)
-    }
-}
 
 /// The part of a request that routing looks at. Built by the gateway from the body,
 /// never the body itself.
@@ -230,40 +186,5 @@ impl PrefixMatches {
             .iter()
             .find(|(id, _)| *id == w)
             .map_or(0, |(_, n)| *n)
-    }
-}
-
-/// Everything one decision reads. Time and the dispatch sequence come in here so that
-/// policies never read a clock or keep a counter of their own.
-///
-/// Build it with [`SelectInput::new`] and struct update syntax
-/// (`SelectInput { seq, ..SelectInput::new(&workers, &request) }`), so that fields added
-/// later do not break callers.
-#[derive(Debug, Clone, Copy)]
-pub struct SelectInput<'a> {
-    pub workers: &'a [WorkerView],
-    pub request: &'a RequestFacts,
-    /// What the prefix index reported for this request (cache_aware only).
-    pub matches: Option<&'a PrefixMatches>,
-    /// Dispatch sequence number, used by round_robin.
-    pub seq: u64,
-    /// Now, on the selector's monotonic clock.
-    pub now: Duration,
-    /// The fleet's hash ring (consistent_hashing, prefix_hash), rebuilt by the selector
-    /// only when the set of workers changes.
-    pub ring: Option<&'a HashRing>,
-}
-
-impl<'a> SelectInput<'a> {
-    /// An input with no prefix matches, no ring, sequence 0 and time 0.
-    pub fn new(workers: &'a [WorkerView], request: &'a RequestFacts) -> SelectInput<'a> {
-        SelectInput {
-            workers,
-            request,
-            matches: None,
-            seq: 0,
-            now: Duration::ZERO,
-            ring: None,
-        }
     }
 }

@@ -7,10 +7,10 @@ use rand::SeedableRng;
 use rand::rngs::SmallRng;
 
 use crate::snapshot::{
-    Credit, PrefixMatches, RankLoad, RequestFacts, RoutingText, SelectInput, WorkerId, WorkerLoad,
-    WorkerView,
+    Credit, PrefixMatches, RankLoad, RequestFacts, RoutingText, WorkerLoad, WorkerView,
 };
 use crate::{CreditLedger, Decision, PolicyConfig, select};
+use crate::{SelectInput, WorkerId};
 
 /// Worker `i`: id `i`, url `http://w{i}`.
 pub fn w(i: u64) -> WorkerView {

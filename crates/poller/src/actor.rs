@@ -15,7 +15,7 @@ use crate::config::PollerConfig;
 use crate::counters::CounterState;
 use crate::fetch::{Fetch, Fetched, PollError, Source, fetch};
 use crate::ranks::metrics_to_ranks;
-use crate::url::WorkerUrl;
+use kvgate_core::WorkerUrl;
 
 /// A worker to poll and the base URL it serves on.
 #[derive(Clone, PartialEq, Eq)]

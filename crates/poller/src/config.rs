@@ -14,10 +14,10 @@ use crate::error::ConfigError;
 #[serde(default, deny_unknown_fields)]
 pub struct PollerConfig {
     /// Time between two ticks.
-    #[serde(rename = "interval_secs", with = "kvgate_policies::serde_secs")]
+    #[serde(rename = "interval_secs", with = "kvgate_core::secs")]
     pub interval: Duration,
     /// Upper bound on one worker's poll (fallback included); past it the report is unknown.
-    #[serde(rename = "timeout_secs", with = "kvgate_policies::serde_secs")]
+    #[serde(rename = "timeout_secs", with = "kvgate_core::secs")]
     pub timeout: Duration,
     /// Sent as `Authorization: Bearer <key>` when set.
     pub api_key: Option<String>,

@@ -11,7 +11,7 @@ use thiserror::Error;
 use crate::error::ParseError;
 use crate::loads::parse_v1_loads;
 use crate::prometheus::{Sample, parse_prometheus_where};
-use crate::url::WorkerUrl;
+use kvgate_core::WorkerUrl;
 
 /// Large enough for a vLLM `/metrics` with many histograms; bounds a misbehaving peer.
 const BODY_LIMIT: usize = 8 * 1024 * 1024;

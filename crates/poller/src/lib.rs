@@ -33,13 +33,13 @@ mod fetch;
 mod loads;
 mod prometheus;
 mod ranks;
-mod url;
 
 pub use actor::{LoadPoller, LoadsPolled, PollNow, PollTarget, SetTargets};
 pub use config::PollerConfig;
 pub use counters::CounterState;
 pub use error::{ConfigError, ParseError};
+/// A worker's parsed base URL (from `kvgate-core`): poll targets are named by it.
+pub use kvgate_core::{UrlError, WorkerUrl};
 pub use loads::parse_v1_loads;
 pub use prometheus::{Sample, parse_prometheus, parse_prometheus_where};
 pub use ranks::metrics_to_ranks;
-pub use url::{UrlError, WorkerUrl};

@@ -1,10 +1,8 @@
 //! What a snapshot is made of, as stored: the committed header and its chunks, for the
 //! prefix index and for the KV-event chain index, and the worker registry image.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
+use kvgate_core::WorkerId;
 use kvgate_kv_index::{ChainBlock, HashSnapshot, SnapshotRecord};
-use kvgate_policies::WorkerId;
 use serde::{Deserialize, Serialize};
 
 /// Bumped whenever the layout or an encoded type changes.
@@ -103,10 +101,4 @@ pub struct RegistryImage {
 pub struct Image {
     pub header: ImageHeader,
     pub chunks: Vec<Chunk>,
-}
-
-pub fn unix_now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
 }

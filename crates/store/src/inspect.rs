@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use kvgate_policies::WorkerId;
+use kvgate_core::WorkerId;
 use serde::Serialize;
 
 use crate::db::Store;

@@ -44,7 +44,7 @@ pub use db::Store;
 pub use error::{BackendError, StoreError};
 pub use image::{
     ChainChunk, Chunk, EventsHeader, EventsImage, FORMAT_VERSION, Image, ImageHeader, RankStamp,
-    RegistryImage, WorkerStamp, unix_now,
+    RegistryImage, WorkerStamp,
 };
 pub use inspect::{EventsSummary, ModelSummary, RankSummary, StoreSummary, WorkerSummary, inspect};
 pub use open::{Opened, open_or_reset};

@@ -4,7 +4,9 @@ use std::path::Path;
 
 use crate::db::Store;
 use crate::error::StoreError;
-use crate::image::{EventsImage, Image, RegistryImage, unix_now};
+use kvgate_core::clock::unix_now;
+
+use crate::image::{EventsImage, Image, RegistryImage};
 
 /// What opening the store at startup gave.
 #[derive(Debug, Default)]

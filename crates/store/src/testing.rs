@@ -1,8 +1,8 @@
 //! Small snapshots for tests of the store and of the crates that restore from it (the
 //! `testing` feature).
 
+use kvgate_core::WorkerId;
 use kvgate_kv_index::{RadixTree, TreeConfig};
-use kvgate_policies::WorkerId;
 
 use crate::image::{Chunk, FORMAT_VERSION, ImageHeader, WorkerStamp};
 

@@ -9,8 +9,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use kvgate_core::WorkerId;
 use kvgate_kv_index::{RadixTree, TreeConfig};
-use kvgate_policies::WorkerId;
 use kvgate_store::{Chunk, FORMAT_VERSION, ImageHeader, Store, WorkerStamp};
 
 const CHILD_DIR: &str = "CRASH_WRITER_DIR";

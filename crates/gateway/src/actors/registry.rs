@@ -7,12 +7,13 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use actix::prelude::*;
+use kvgate_core::{UrlError, WorkerUrl};
 use kvgate_policies::WorkerId;
-use kvgate_poller::{PollNow, PollTarget, SetTargets, UrlError, WorkerUrl};
+use kvgate_poller::{PollNow, PollTarget, SetTargets};
 use kvgate_store::{Persister, RegistryImage};
 
-use crate::config::Secret;
 use crate::metrics::Metrics;
+use kvgate_core::Secret;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tracing::{info, warn};

@@ -13,11 +13,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
+use kvgate_core::WorkerUrl;
 use kvgate_policies::{
     CreditLedger, Decision, DecisionNote, DecisionPath, HashRing, MatchSource, PolicyConfig,
     PrefixMatches, RECENT_HALF_LIFE, RequestFacts, RoutingText, SelectInput, WorkerId, WorkerView,
 };
-use kvgate_poller::WorkerUrl;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use tokio::sync::watch;
@@ -26,7 +26,7 @@ use tracing::{debug, trace};
 use super::events::{ChainAnswer, EventsActor, MatchChain};
 use super::index::{IndexActor, MatchPrefix, RecordPrefix};
 use super::registry::{Fleet, WorkerFailed, WorkerStatus};
-use crate::config::Secret;
+use kvgate_core::Secret;
 
 mod circuit;
 mod events;

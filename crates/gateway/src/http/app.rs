@@ -11,9 +11,9 @@ use rand::RngCore;
 use crate::http::error::ApiError;
 use crate::http::inference;
 use crate::http::inspect;
-use crate::http::parse::Endpoint;
 use crate::http::routes::{self, AppState, RequestId};
 use crate::upstream::Pool;
+use kvgate_core::Endpoint;
 
 static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 

@@ -5,11 +5,11 @@ use std::net::IpAddr;
 
 use actix_web::HttpRequest;
 use actix_web::http::header::AUTHORIZATION;
-use kvgate_poller::WorkerUrl;
+use kvgate_core::WorkerUrl;
 use thiserror::Error;
 
-use crate::config::Secret;
 use crate::http::error::ApiError;
+use kvgate_core::Secret;
 
 /// The key of a `--control-plane-api-keys` entry: the reference's `id:name:role:key` form
 /// gives its last part, anything else is the key itself.
@@ -35,19 +35,11 @@ pub fn user_role(entry: &str) -> bool {
     )
 }
 
-/// Equality whose time depends only on the lengths, not on where the bytes differ.
-fn same(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-/// The configured keys, as bytes.
+/// The configured keys.
 #[derive(Clone, Default)]
 pub struct Keys {
-    client: Vec<Vec<u8>>,
-    admin: Vec<Vec<u8>>,
+    client: Vec<Secret>,
+    admin: Vec<Secret>,
 }
 
 impl std::fmt::Debug for Keys {
@@ -71,20 +63,17 @@ fn bearer(req: &HttpRequest) -> Option<&[u8]> {
 impl Keys {
     pub fn new(client: &[Secret], admin: &[Secret]) -> Keys {
         Keys {
-            client: client
-                .iter()
-                .map(|k| k.expose().as_bytes().to_vec())
-                .collect(),
+            client: client.to_vec(),
             admin: admin
                 .iter()
-                .map(|k| key_part(k.expose()).as_bytes().to_vec())
+                .map(|k| Secret::new(key_part(k.expose())))
                 .collect(),
         }
     }
 
-    fn matches(keys: &[Vec<u8>], token: &[u8]) -> bool {
+    fn matches(keys: &[Secret], token: &[u8]) -> bool {
         // Every key is compared, so the time says nothing about which one matched.
-        keys.iter().fold(false, |hit, k| hit | same(k, token))
+        keys.iter().fold(false, |hit, k| hit | k.matches(token))
     }
 
     /// The client key on inference routes and `/v1/models` (401 without it).
@@ -265,11 +254,9 @@ mod tests {
     }
 
     #[test]
-    fn keys_compare_whole_and_the_reference_form_gives_its_key() {
+    fn the_reference_form_gives_its_key() {
         assert_eq!(key_part("ops:Ops team:admin:sk-admin"), "sk-admin");
         assert_eq!(key_part("sk-plain"), "sk-plain");
         assert_eq!(key_part("a:b:c"), "a:b:c");
-        assert!(same(b"abc", b"abc"));
-        assert!(!same(b"abc", b"abd") && !same(b"abc", b"ab"));
     }
 }

@@ -8,13 +8,13 @@
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use kvgate_core::WorkerUrl;
 use kvgate_policies::{Decision, RoutingText, WorkerId};
-use kvgate_poller::WorkerUrl;
 
 use serde::{Serialize, Serializer};
 
-use crate::http::parse::Endpoint;
 use crate::metrics::Metrics;
+use kvgate_core::Endpoint;
 
 /// Decisions kept; older ones fall off.
 pub const DECISION_LOG_SIZE: usize = 1024;

@@ -16,7 +16,9 @@ use crate::actors::selector::{self, SelectError};
 use crate::http::decisions::{Decided, is_text};
 use crate::http::error::ApiError;
 use crate::http::intake;
-use crate::http::parse::{Endpoint, request_facts};
+use kvgate_core::Endpoint;
+
+use crate::http::parse::request_facts;
 use crate::http::proxy::{self, Upstream};
 use crate::http::routes::{AppState, RequestId, read_body};
 use crate::http::tokens;

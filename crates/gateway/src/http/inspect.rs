@@ -15,7 +15,9 @@ use crate::actors::selector::{
     CircuitState, Explain, GetViews, GetWorkerStates, WorkerState, worker_state,
 };
 use crate::http::error::ApiError;
-use crate::http::parse::{Endpoint, request_facts};
+use kvgate_core::Endpoint;
+
+use crate::http::parse::request_facts;
 use crate::http::routes::{AppState, read_body};
 use crate::http::tokens;
 use crate::metrics::{Fleet, FleetWorker};

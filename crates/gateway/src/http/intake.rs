@@ -29,7 +29,7 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-use crate::http::parse::Endpoint;
+use kvgate_core::Endpoint;
 
 /// The header that carries a body's token to the handler. A client's own is dropped from
 /// any head whose body is taken here, and one on any other request matches no body.

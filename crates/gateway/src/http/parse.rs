@@ -4,6 +4,7 @@
 use std::borrow::Cow;
 
 use bytes::Bytes;
+use kvgate_core::Endpoint;
 use kvgate_policies::{PromptText, RequestFacts, RoutingText};
 use serde::Deserialize;
 
@@ -11,29 +12,6 @@ use crate::http::error::ApiError;
 
 mod fast;
 mod plain;
-
-/// The inference routes kvgate proxies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Endpoint {
-    Chat,
-    Completions,
-    Generate,
-}
-
-impl Endpoint {
-    pub const fn path(self) -> &'static str {
-        match self {
-            Endpoint::Chat => "/v1/chat/completions",
-            Endpoint::Completions => "/v1/completions",
-            Endpoint::Generate => "/generate",
-        }
-    }
-
-    /// 0, 1, 2 in the order above: where the route's series are kept.
-    pub const fn index(self) -> usize {
-        self as usize
-    }
-}
 
 #[derive(Deserialize)]
 struct ChatBody<'a> {

@@ -12,7 +12,7 @@ use bytes::{Bytes, BytesMut};
 use futures_util::Stream;
 use tracing::warn;
 
-use kvgate_poller::WorkerUrl;
+use kvgate_core::WorkerUrl;
 
 use actix_web::http::StatusCode;
 use tokio::sync::watch;

@@ -12,8 +12,8 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 
+use kvgate_core::WorkerUrl;
 use kvgate_policies::WorkerId;
-use kvgate_poller::WorkerUrl;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -27,7 +27,6 @@ use crate::actors::selector::{
     CircuitState, GetWorkerStates, Ping, SelectorActor, WorkerState, worker_state,
 };
 use crate::actors::tokenizers::{Slot, Tokenizers};
-use crate::config::Secret;
 use crate::http::admission::Admission;
 use crate::http::auth::{AllowList, Keys};
 use crate::http::decisions::DecisionSink;
@@ -35,6 +34,7 @@ use crate::http::error::ApiError;
 use crate::http::inference::RetryPolicy;
 use crate::metrics::Metrics;
 use crate::upstream::{Pool, UpstreamError};
+use kvgate_core::Secret;
 
 /// Shared by every HTTP worker thread.
 #[derive(Debug, Clone)]

@@ -12,7 +12,7 @@ use kvgate_policies::{PromptText, RequestFacts, RoutingText};
 use serde::Serialize;
 
 use crate::actors::tokenizers::{Slot, Tokenizers};
-use crate::http::parse::Endpoint;
+use kvgate_core::Endpoint;
 
 /// Bodies up to this size are tokenized where they were read.
 const INLINE_MAX: usize = 16 * 1024;

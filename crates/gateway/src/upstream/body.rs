@@ -6,7 +6,7 @@ use std::task::{Context, Poll, ready};
 use actix_web::http::StatusCode;
 use actix_web::http::header::{HeaderName, HeaderValue};
 use bytes::{Bytes, BytesMut};
-use kvgate_poller::WorkerUrl;
+use kvgate_core::WorkerUrl;
 use tokio::net::TcpStream;
 
 use super::UpstreamError;

@@ -11,7 +11,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
-use kvgate_poller::WorkerUrl;
+use kvgate_core::WorkerUrl;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tracing::warn;

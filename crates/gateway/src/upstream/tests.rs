@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use actix_web::http::StatusCode;
 use bytes::Bytes;
-use kvgate_poller::WorkerUrl;
+use kvgate_core::WorkerUrl;
 use proptest::prelude::*;
 
 use super::chunked::{Chunked, MAX_LINE, MAX_TRAILER, decode_all, encode_chunked};

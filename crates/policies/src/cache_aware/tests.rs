@@ -5,7 +5,7 @@
 
 use super::*;
 use crate::testkit::*;
-use crate::{CacheIndex, PolicyKind, RequestFacts, WorkerView};
+use crate::{CacheIndex, PolicyKind, PrefixMatches, RequestFacts, WorkerView};
 
 /// Threshold mode with the reference library's defaults (threshold 0.5, abs 32, rel 1.1).
 fn threshold_cfg() -> PolicyConfig {

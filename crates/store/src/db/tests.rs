@@ -1,4 +1,4 @@
-use kvgate_policies::WorkerId;
+use kvgate_core::WorkerId;
 
 use super::*;
 use crate::inspect::inspect;

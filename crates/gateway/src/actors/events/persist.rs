@@ -11,9 +11,10 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
 use actix::prelude::*;
+use kvgate_core::clock::unix_now;
 use kvgate_policies::WorkerId;
 use kvgate_store::{
-    ChainChunk, EventsHeader, EventsImage, FORMAT_VERSION, Persist, Persister, RankStamp, unix_now,
+    ChainChunk, EventsHeader, EventsImage, FORMAT_VERSION, Persist, Persister, RankStamp,
 };
 use tracing::info;
 

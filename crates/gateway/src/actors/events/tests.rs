@@ -4,11 +4,11 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use kvgate_core::WorkerUrl;
 use kvgate_kv_events::{
     BlockRemoved, BlockStored, EngineHash, EventBatch, KvEvent, decode_replay_request,
     encode_message, encode_payload, encode_replay_batch, encode_replay_end,
 };
-use kvgate_poller::WorkerUrl;
 use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
 
 use super::subscribe::message_of;

@@ -6,12 +6,13 @@ use std::collections::hash_map::Entry;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
+use kvgate_core::clock::unix_now;
 use kvgate_kv_index::{
     HashIndex, HashSnapshot, KeyUnit, RadixTree, SNAPSHOT_VERSION, SnapshotCursor, SnapshotError,
     SnapshotRecord, TreeSnapshot,
 };
 use kvgate_policies::WorkerId;
-use kvgate_store::{Chunk, FORMAT_VERSION, Image, ImageHeader, Persist, WorkerStamp, unix_now};
+use kvgate_store::{Chunk, FORMAT_VERSION, Image, ImageHeader, Persist, WorkerStamp};
 use tracing::{debug, info, warn};
 
 use super::{IndexActor, Known, ModelIndex, hash_config, tree_config};

@@ -4,13 +4,13 @@
 
 use std::time::Duration;
 
-use kvgate_poller::WorkerUrl;
+use kvgate_core::WorkerUrl;
 use serde::Deserialize;
 use thiserror::Error;
 use tracing::warn;
 
 use super::Runtime;
-use crate::config::Secret;
+use kvgate_core::Secret;
 
 /// How a worker is asked: the client, the timeout of one probe, the key the worker
 /// expects.

@@ -5,14 +5,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
+use kvgate_core::WorkerUrl;
 use kvgate_policies::{Decision, RequestFacts, WorkerId, WorkerView};
-use kvgate_poller::WorkerUrl;
 use thiserror::Error;
 use tokio::sync::watch;
 use tracing::Span;
 
 use super::{CircuitState, Hold, Outcome, SelectorActor};
-use crate::config::Secret;
+use kvgate_core::Secret;
 
 /// Why no worker could be chosen.
 #[derive(Debug, Error, Clone, PartialEq)]

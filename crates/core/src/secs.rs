@@ -1,6 +1,6 @@
 //! The config files' form of a duration: a number of seconds, fractions allowed (`*_secs`
 //! keys). One definition for every kvgate crate's configuration, used as
-//! `#[serde(with = "kvgate_policies::serde_secs")]`.
+//! `#[serde(with = "kvgate_core::secs")]`.
 
 use std::time::Duration;
 
@@ -29,5 +29,29 @@ pub mod or_off {
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
         let d = super::deserialize(d)?;
         Ok((!d.is_zero()).then_some(d))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use serde::Deserialize;
+
+    #[derive(Deserialize)]
+    struct T {
+        #[serde(with = "super")]
+        d: Duration,
+        #[serde(with = "super::or_off")]
+        off: Option<Duration>,
+    }
+
+    #[test]
+    fn seconds_with_fractions_and_zero_as_off() {
+        let t: T = serde_json::from_str(r#"{"d": 1.5, "off": 0}"#).expect("parses");
+        assert_eq!((t.d, t.off), (Duration::from_millis(1500), None));
+        let t: T = serde_json::from_str(r#"{"d": 0, "off": 2}"#).expect("parses");
+        assert_eq!((t.d, t.off), (Duration::ZERO, Some(Duration::from_secs(2))));
+        assert!(serde_json::from_str::<T>(r#"{"d": -1, "off": 0}"#).is_err());
     }
 }

@@ -1,4 +1,5 @@
-//! A worker's base URL, parsed once and shared by everything that talks to the worker.
+//! A worker's base URL, parsed once and shared by everything that talks to the worker,
+//! and [`split_url`], the one place a URL is taken apart.
 
 use std::fmt;
 use std::ops::Range;
@@ -20,14 +21,14 @@ pub struct UrlError {
 /// canonical forms are.
 ///
 /// ```
-/// use kvgate_poller::WorkerUrl;
+/// use kvgate_core::WorkerUrl;
 ///
 /// let u = WorkerUrl::parse("HTTP://Engine-1:8000/v1/")?;
 /// assert_eq!(u.as_str(), "http://engine-1:8000/v1");
 /// assert_eq!((u.host(), u.port(), u.authority(), u.prefix()), ("engine-1", 8000, "engine-1:8000", "/v1"));
 /// assert_eq!(u.join("/health"), "http://engine-1:8000/v1/health");
 /// assert!(WorkerUrl::parse("https://a:1").is_err());
-/// # Ok::<(), kvgate_poller::UrlError>(())
+/// # Ok::<(), kvgate_core::UrlError>(())
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct WorkerUrl(Arc<Parts>);
@@ -50,41 +51,36 @@ impl WorkerUrl {
             url: url.to_owned(),
             reason,
         };
-        let trimmed = url.trim().trim_end_matches('/');
-        let (scheme, rest) = trimmed
-            .split_once("://")
-            .ok_or_else(|| bad("expected http://host:port"))?;
+        let p = split_url(url.trim().trim_end_matches('/'));
+        let scheme = p.scheme.ok_or_else(|| bad("expected http://host:port"))?;
         if !scheme.eq_ignore_ascii_case("http") {
             return Err(bad("only http:// workers are supported"));
         }
-        let (authority, prefix) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
         // Both go into request lines and Host headers as they are.
         let visible = |s: &str| s.bytes().all(|b| b.is_ascii_graphic());
-        if authority.is_empty() || authority.contains(['@', '?', '#']) || !visible(authority) {
+        if p.authority.is_empty() || p.userinfo.is_some() || !visible(p.authority) {
             return Err(bad("missing or malformed host"));
         }
-        if prefix.contains(['?', '#']) {
+        if !p.rest.is_empty() {
             return Err(bad("must not carry a query or fragment"));
         }
-        if !visible(prefix) {
+        if !visible(p.path) {
             return Err(bad("the path must be visible ASCII"));
         }
-        let (host, port) = match authority.rsplit_once(':') {
-            Some((h, p)) if !authority.ends_with(']') => (
-                h,
-                p.parse::<u16>()
-                    .map_err(|_| bad("port must be a number from 0 to 65535"))?,
-            ),
-            _ => (authority, 80),
+        let port = match p.port {
+            Some(t) => t
+                .parse::<u16>()
+                .map_err(|_| bad("port must be a number from 0 to 65535"))?,
+            None => 80,
         };
-        let bare = host.trim_start_matches('[').trim_end_matches(']');
+        let bare = p.host.trim_start_matches('[').trim_end_matches(']');
         if bare.is_empty() {
             return Err(bad("missing or malformed host"));
         }
-        let text = format!("{SCHEME}{}{prefix}", authority.to_ascii_lowercase());
-        let host_start = SCHEME.len() + (host.len() - host.trim_start_matches('[').len());
+        let text = format!("{SCHEME}{}{}", p.authority.to_ascii_lowercase(), p.path);
+        let host_start = SCHEME.len() + (p.host.len() - p.host.trim_start_matches('[').len());
         Ok(WorkerUrl(Arc::new(Parts {
-            authority: SCHEME.len()..SCHEME.len() + authority.len(),
+            authority: SCHEME.len()..SCHEME.len() + p.authority.len(),
             host: host_start..host_start + bare.len(),
             port,
             text,
@@ -121,6 +117,64 @@ impl WorkerUrl {
         s.push_str(&self.0.text);
         s.push_str(path);
         s
+    }
+}
+
+/// The parts of `[scheme://][userinfo@]host[:port][/path][?query][#fragment]`, borrowed
+/// from the text and not checked: each caller decides what it accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UrlParts<'a> {
+    /// Before `://`; `None` without one.
+    pub scheme: Option<&'a str>,
+    pub userinfo: Option<&'a str>,
+    /// `host[:port]`, without the userinfo.
+    pub authority: &'a str,
+    /// As written: an IPv6 literal keeps its brackets.
+    pub host: &'a str,
+    /// The digits after the host's `:`, not yet a number.
+    pub port: Option<&'a str>,
+    /// From the first `/` after the authority up to the query or fragment ("" for none).
+    pub path: &'a str,
+    /// The query and fragment, with their leading `?` or `#` ("" for none).
+    pub rest: &'a str,
+}
+
+/// Takes a URL apart; never fails (an empty host is an empty `host`).
+pub fn split_url(url: &str) -> UrlParts<'_> {
+    let (scheme, after) = match url.split_once("://") {
+        Some((s, r)) => (Some(s), r),
+        None => (None, url),
+    };
+    let end = after.find(['/', '?', '#']).unwrap_or(after.len());
+    let (full_authority, tail) = after.split_at(end);
+    let (userinfo, authority) = match full_authority.rsplit_once('@') {
+        Some((u, a)) => (Some(u), a),
+        None => (None, full_authority),
+    };
+    let (host, port) = if authority.starts_with('[') {
+        match authority.find(']') {
+            Some(close) => {
+                let (h, p) = authority.split_at(close + 1);
+                (h, p.strip_prefix(':'))
+            }
+            None => (authority, None),
+        }
+    } else {
+        match authority.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (authority, None),
+        }
+    };
+    let path_end = tail.find(['?', '#']).unwrap_or(tail.len());
+    let (path, rest) = tail.split_at(path_end);
+    UrlParts {
+        scheme,
+        userinfo,
+        authority,
+        host,
+        port,
+        path,
+        rest,
     }
 }
 
@@ -173,6 +227,40 @@ mod tests {
         ] {
             assert!(WorkerUrl::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn urls_split_into_their_parts() {
+        let p = split_url("tcp://user@[::1]:5557/x?q#f");
+        assert_eq!(
+            (
+                p.scheme,
+                p.userinfo,
+                p.authority,
+                p.host,
+                p.port,
+                p.path,
+                p.rest
+            ),
+            (
+                Some("tcp"),
+                Some("user"),
+                "[::1]:5557",
+                "[::1]",
+                Some("5557"),
+                "/x",
+                "?q#f"
+            )
+        );
+        let p = split_url("h:1");
+        assert_eq!(
+            (p.scheme, p.host, p.port, p.path),
+            (None, "h", Some("1"), "")
+        );
+        let p = split_url("*");
+        assert_eq!((p.host, p.port), ("*", None));
+        let p = split_url("http://[::1");
+        assert_eq!((p.host, p.port), ("[::1", None));
     }
 
     #[test]
