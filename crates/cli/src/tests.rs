@@ -58,4 +58,6 @@ fn narrow_cells() {
 #[test]
 fn encodes_urls() {
     assert_eq!(percent_encode("http://a:8/x"), "http%3A%2F%2Fa%3A8%2Fx");
+    // RFC 3986's unreserved characters stay; anything else, UTF-8 included, is escaped.
+    assert_eq!(percent_encode("a-b_c.d~e f/é"), "a-b_c.d~e%20f%2F%C3%A9");
 }
