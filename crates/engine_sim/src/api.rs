@@ -151,11 +151,11 @@ pub(crate) fn parse(
                 .collect();
             let ids = match vocab.chat(body) {
                 // The template's own refusals are the client's error, as in SGLang.
-                Some(ids) => ids.map_err(bad)?,
+                Some(ids) => ids?,
                 None => {
                     let text =
                         tokenizer::render_chat(texts.iter().map(|(r, c)| (r.as_str(), c.as_str())));
-                    vocab.encode(&text).map_err(bad)?
+                    vocab.encode(&text)?
                 }
             };
             let max_new = b.max_completion_tokens.or(b.max_tokens);
@@ -224,11 +224,11 @@ fn check_prompt(prompt: &[u32], max_new_tokens: usize, cfg: &SimConfig) -> Resul
 /// The prompts of a body: one, or each element of a list.
 fn batch(vocab: &Vocab, prompt: Prompt) -> Result<Vec<Vec<u32>>, ApiError> {
     Ok(match prompt {
-        Prompt::Text(t) => vec![vocab.encode(&t).map_err(bad)?],
+        Prompt::Text(t) => vec![vocab.encode(&t)?],
         Prompt::Ids(ids) => vec![ids],
         Prompt::Texts(v) => v
             .iter()
-            .map(|t| vocab.encode(t).map_err(bad))
+            .map(|t| vocab.encode(t))
             .collect::<Result<_, _>>()?,
         Prompt::IdLists(v) => v,
     })

@@ -4,6 +4,8 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, ResponseError};
 use serde_json::json;
 
+use crate::vocab::VocabError;
+
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ApiError {
     /// The client sent something the engine refuses; retrying the same body cannot help.
@@ -15,6 +17,13 @@ pub(crate) enum ApiError {
     /// The engine stopped while the request was in flight; another engine may serve it.
     #[error("the engine stopped before the request finished")]
     Unavailable,
+}
+
+/// A prompt the model's tokenizer refuses is the client's: SGLang answers it as a 400.
+impl From<VocabError> for ApiError {
+    fn from(e: VocabError) -> Self {
+        ApiError::BadRequest(e.to_string())
+    }
 }
 
 impl ResponseError for ApiError {

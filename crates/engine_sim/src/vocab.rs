@@ -6,7 +6,7 @@
 use std::io;
 use std::sync::Arc;
 
-use kvgate_tokenize::ModelTokenizer;
+use kvgate_tokenize::{ModelTokenizer, TokenizeError};
 
 use crate::Tokenizer;
 use crate::config::SimConfig;
@@ -17,6 +17,18 @@ const WORDS: [&str; 24] = [
     " the", " of", " and", " to", " in", " a", " is", " it", " for", " on", " as", " by", " be",
     " at", " or", " an", " if", " we", " so", " no", " do", " up", " this", " that",
 ];
+
+/// Why a model's tokenizer could not turn a request into tokens. Both come from the request
+/// (its text, or a chat its template refuses), so the same body fails again.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum VocabError {
+    /// A text prompt did not encode.
+    #[error(transparent)]
+    Encode(TokenizeError),
+    /// The chat template refused the body, or its rendering did not encode.
+    #[error(transparent)]
+    Chat(TokenizeError),
+}
 
 #[derive(Debug)]
 pub(crate) enum Vocab {
@@ -62,19 +74,19 @@ impl Vocab {
 
     /// A text prompt's tokens (`/generate` `text`, `/v1/completions` `prompt`): with the
     /// special tokens the tokenizer adds, as `tokenizer.encode(text)`.
-    pub(crate) fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
+    pub(crate) fn encode(&self, text: &str) -> Result<Vec<u32>, VocabError> {
         match self {
             Vocab::Stand(kind) => Ok(kind.encode(text)),
-            Vocab::Model { tok, .. } => tok.encode(text, true).map_err(|e| e.to_string()),
+            Vocab::Model { tok, .. } => tok.encode(text, true).map_err(VocabError::Encode),
         }
     }
 
     /// A chat body's tokens, through the model's chat template; `None` for the stand-in
     /// tokenizers, which render the chat themselves.
-    pub(crate) fn chat(&self, body: &[u8]) -> Option<Result<Vec<u32>, String>> {
+    pub(crate) fn chat(&self, body: &[u8]) -> Option<Result<Vec<u32>, VocabError>> {
         match self {
             Vocab::Stand(_) => None,
-            Vocab::Model { tok, .. } => Some(tok.chat_ids(body).map_err(|e| e.to_string())),
+            Vocab::Model { tok, .. } => Some(tok.chat_ids(body).map_err(VocabError::Chat)),
         }
     }
 

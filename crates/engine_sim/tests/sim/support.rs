@@ -2,7 +2,7 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use awc::http::StatusCode;
 use bytes::Bytes;
@@ -82,6 +82,16 @@ pub async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
         actix_rt::time::sleep(Duration::from_millis(5)).await;
     }
     panic!("timed out waiting until {what}");
+}
+
+/// Waits until the monotonic clock has passed `deadline`. Engines time their throughput
+/// windows with that clock on runtimes of their own, out of reach of paused tokio time, so a
+/// test that needs a gap in a window waits until the instant that makes it, and no longer.
+pub async fn wait_past(deadline: Instant) {
+    // Checked against the clock itself, whatever the timer's rounding.
+    while Instant::now() < deadline {
+        actix_rt::time::sleep_until(deadline.into()).await;
+    }
 }
 
 /// Sends a raw HTTP/1.1 POST and returns the open connection, so a test can read

@@ -1,13 +1,14 @@
 //! The `gen_throughput` gauge over HTTP: windows of decode batches over wall time, kept while
 //! idle, zeroed by a prefill once stale, advanced by health probes. Assertions use bounds
-//! that hold however slowly the machine runs.
+//! that hold however slowly the machine runs; each gap is waited for from an instant the
+//! window provably began before.
 
 use std::time::{Duration, Instant};
 
 use kvgate_engine_sim::{SimConfig, SimFleet};
 use serde_json::json;
 
-use crate::support::{fast, get, get_json, one, post_json};
+use crate::support::{fast, get, get_json, one, post_json, wait_past};
 
 async fn gauge(url: &str) -> f64 {
     get_json(&format!("{url}/v1/loads")).await["loads"][0]["gen_throughput"]
@@ -34,8 +35,9 @@ async fn a_window_closes_after_its_decode_batches_at_tokens_over_wall_time() {
     let (_fleet, url) = one(windows_of_four());
     generate(&url, 4).await; // three decode batches
     assert_eq!(gauge(&url).await, 0.0, "the window is still open");
+    let open = Instant::now(); // the window began before this, at rank start
     let idle = Duration::from_millis(300);
-    actix_rt::time::sleep(idle).await;
+    wait_past(open + idle).await;
     generate(&url, 2).await; // the fourth
     let rate = gauge(&url).await;
     let window = started.elapsed();
@@ -54,17 +56,24 @@ async fn a_window_closes_after_its_decode_batches_at_tokens_over_wall_time() {
 async fn idle_time_inside_a_window_reads_lower_and_an_idle_rank_keeps_its_value() {
     let (_fleet, url) = one(windows_of_four());
     // Eight decode batches: the second window is busy from end to end.
+    let sent = Instant::now();
     generate(&url, 9).await;
     let busy = gauge(&url).await;
-    assert!(busy > 0.0);
-    let idle = Duration::from_millis(500);
-    actix_rt::time::sleep(idle).await;
+    // The second window lies inside this, and the third began before its end.
+    let busy_for = sent.elapsed();
+    assert!(
+        busy >= 4.0 / busy_for.as_secs_f64(),
+        "{busy} over {busy_for:?}"
+    );
+    // Longer than the busy window took, however slowly it ran, so the idle one reads lower.
+    let idle = Duration::from_millis(500).max(busy_for * 2);
+    wait_past(sent + busy_for + idle).await;
     assert_eq!(
         gauge(&url).await,
         busy,
         "not cleared when the rank goes idle"
     );
-    generate(&url, 5).await; // a window holding the idle half second
+    generate(&url, 5).await; // a window holding the idle gap
     let stretched = gauge(&url).await;
     assert!(stretched <= 4.0 / idle.as_secs_f64(), "{stretched}");
     assert!(stretched < busy, "{stretched} vs {busy}");
@@ -78,8 +87,9 @@ async fn a_prefill_zeroes_the_gauge_once_it_is_stale() {
         initial_gen_throughput: 800.0,
         ..windows_of_four()
     });
+    let up = Instant::now(); // the rank's first window began before this
     assert_eq!(gauge(&url).await, 800.0);
-    actix_rt::time::sleep(staleness * 2).await;
+    wait_past(up + staleness).await;
     assert_eq!(gauge(&url).await, 800.0, "idling alone zeroes nothing");
     generate(&url, 1).await; // a prefill, no decode batch
     assert_eq!(gauge(&url).await, 0.0);
@@ -119,11 +129,11 @@ async fn initial_values_differ_per_engine_and_a_restart_starts_at_zero() {
 async fn health_probes_advance_the_window_and_leave_a_small_residual() {
     let first = Instant::now(); // before the rank starts, so its window is inside this
     let (fleet, url) = one(windows_of_four());
+    let up = Instant::now(); // the rank's window began before this
     let gap = Duration::from_millis(50);
     for i in 0..4 {
-        if i > 0 {
-            actix_rt::time::sleep(gap).await;
-        }
+        // Probe `i` no earlier than `i` gaps into the window.
+        wait_past(up + gap * i).await;
         assert_eq!(gauge(&url).await, 0.0, "window still open before probe {i}");
         assert_eq!(get(&format!("{url}/health_generate")).await.0, 200);
     }

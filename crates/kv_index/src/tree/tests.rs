@@ -7,6 +7,7 @@ use std::num::NonZeroUsize;
 use proptest::prelude::*;
 
 use super::*;
+use crate::prefix_match::PrefixMatch;
 
 impl<E: KeyUnit, T: TenantId> RadixTree<E, T> {
     /// Panics unless every structural invariant holds (tests only).
