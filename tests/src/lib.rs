@@ -8,7 +8,7 @@ use std::time::Duration;
 use awc::http::StatusCode;
 use bytes::Bytes;
 use kvgate_engine_sim::{SimConfig, SimFleet};
-use kvgate_gateway::{Gateway, GatewayConfig};
+use kvgate_gateway::{Gateway, GatewayConfig, HealthConfig};
 use serde_json::Value;
 
 /// A gateway in front of a simulated fleet, with its own data dir.
@@ -32,7 +32,10 @@ pub fn test_config(dir: &tempfile::TempDir) -> GatewayConfig {
         port: 0,
         http_workers: Some(1),
         data_dir: dir.path().join("data"),
-        health_check_interval: Duration::from_secs(3600),
+        health: HealthConfig {
+            interval: Duration::from_secs(3600),
+            ..HealthConfig::default()
+        },
         ..GatewayConfig::default()
     }
 }

@@ -146,7 +146,7 @@ async fn a_worker_whose_publisher_is_unreachable_is_stalled_and_served_by_the_ap
     let dir = tempfile::tempdir().expect("dir");
     let mut cfg = test_config(&dir);
     cfg.worker_urls = fleet.urls();
-    cfg.kv_events_config = Some(format!(
+    cfg.events.kv_events_config = Some(format!(
         r#"{{"publisher": "zmq", "endpoint": "tcp://*:{dead}", "topic": "kv", "block_size": 1}}"#
     ));
     let gw = Gateway::start(cfg).expect("gateway");
@@ -199,7 +199,7 @@ async fn a_restarted_engine_is_subscribed_afresh_and_its_old_blocks_are_gone() {
     let mut cfg = test_config(&dir);
     cfg.worker_urls = vec![url.clone()];
     // Re-detection (every few health ticks) is what notices the new startup_time.
-    cfg.health_check_interval = std::time::Duration::from_millis(100);
+    cfg.health.interval = std::time::Duration::from_millis(100);
     let gw = Gateway::start(cfg).expect("gateway");
     let send = |k: u32| {
         let url = url.clone();
@@ -341,7 +341,7 @@ async fn engines_that_advertise_nothing_are_subscribed_from_kv_events_config() {
     let mut cfg = test_config(&dir);
     cfg.worker_urls = urls.clone();
     // vLLM's own form of the flag, block size not given: the stored blocks tell it.
-    cfg.kv_events_config = Some(format!(
+    cfg.events.kv_events_config = Some(format!(
         r#"{{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:{pub_port}",
             "replay_endpoint": "tcp://*:{replay_port}", "topic": "kv-events"}}"#
     ));
@@ -371,7 +371,7 @@ async fn engines_that_advertise_nothing_are_subscribed_from_kv_events_config() {
     }
     // A bad config is refused at load, with the key named.
     let mut bad = test_config(&dir);
-    bad.kv_events_config = Some(r#"{"endpoint": "ipc:///tmp/kv"}"#.into());
+    bad.events.kv_events_config = Some(r#"{"endpoint": "ipc:///tmp/kv"}"#.into());
     let e = bad
         .validate()
         .err()

@@ -165,7 +165,7 @@ async fn without_a_tokenizer_text_uses_the_approximate_index_and_explain_says_wh
     let dir = tempfile::tempdir().expect("dir");
     let mut cfg = test_config(&dir);
     cfg.worker_urls = fleet.urls();
-    cfg.tokenizer_path = Some(fixture(false).join("no-such-tokenizer.json"));
+    cfg.events.tokenizer_path = Some(fixture(false).join("no-such-tokenizer.json"));
     let gw = Gateway::start(cfg).expect("gateway");
     let ws = until_workers(&gw, "the failed load", |ws| {
         ws.first()

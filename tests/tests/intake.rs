@@ -147,7 +147,8 @@ async fn expect_continue_is_answered_then_the_body_forwarded() {
 
 #[actix_rt::test]
 async fn a_request_refused_before_its_body_is_read_closes_its_connection() {
-    let (up, gw) = setup_with(|c| c.api_keys = vec![kvgate_gateway::Secret::new("sk-client")]);
+    let (up, gw) =
+        setup_with(|c| c.access.api_keys = vec![kvgate_gateway::Secret::new("sk-client")]);
     let b = body(200_000, "refused");
     // No key: refused at once. Without `connection: close` from the client, the gateway
     // closes the connection itself rather than reading the body it will never use.

@@ -125,7 +125,7 @@ async fn a_client_that_leaves_before_any_byte_aborts_the_engine_request() {
 #[actix_rt::test]
 async fn an_engine_restart_at_run_time_empties_its_index_entries() {
     let h = Harness::start(2, SimConfig::default(), |c| {
-        c.health_check_interval = Duration::from_millis(50)
+        c.health.interval = Duration::from_millis(50)
     });
     for i in 0..8 {
         let body = json!({"prompt": format!("prefix number {i} ").repeat(40), "max_tokens": 1});

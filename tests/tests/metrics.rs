@@ -191,7 +191,7 @@ async fn metrics_count_requests_decisions_tokens_and_what_the_fleet_reports() {
 #[actix_rt::test]
 async fn the_prometheus_port_needs_no_key_where_the_gateway_port_does() {
     let h = Harness::start(1, SimConfig::default(), |c| {
-        c.control_plane_api_keys = vec![Secret::new("sk-admin")];
+        c.access.control_plane_api_keys = vec![Secret::new("sk-admin")];
         c.prometheus_port = Some(0);
     });
     get(&h.url("/metrics"))

@@ -21,10 +21,10 @@ fn sim() -> SimConfig {
 /// Five engines behind a gateway whose health checks run every 200 ms.
 fn fleet(tweak: impl FnOnce(&mut kvgate_gateway::GatewayConfig)) -> Harness {
     Harness::start(5, sim(), |c| {
-        c.health_check_interval = Duration::from_millis(200);
-        c.health_check_timeout = Duration::from_millis(200);
-        c.health_failure_threshold = 2;
-        c.health_success_threshold = 1;
+        c.health.interval = Duration::from_millis(200);
+        c.health.timeout = Duration::from_millis(200);
+        c.health.failure_threshold = 2;
+        c.health.success_threshold = 1;
         c.policy.kind = PolicyKind::RoundRobin;
         tweak(c);
     })
@@ -183,8 +183,8 @@ async fn a_slow_engine_costs_no_request() {
 #[actix_rt::test]
 async fn an_engine_answering_503_costs_no_request_and_its_circuit_opens() {
     let h = fleet(|c| {
-        c.cb_failure_threshold = 5;
-        c.cb_timeout_duration = Duration::from_secs(600);
+        c.circuit.failure_threshold = 5;
+        c.circuit.open_for = Duration::from_secs(600);
     });
     let e = h.fleet.handle(2);
     let results = run_with_fault(&h, false, move || {
@@ -207,7 +207,7 @@ async fn an_engine_answering_503_costs_no_request_and_its_circuit_opens() {
 
 #[actix_rt::test]
 async fn with_every_worker_failing_the_client_gets_the_last_answer() {
-    let h = Harness::start(2, sim(), |c| c.retry_initial_backoff = Duration::ZERO);
+    let h = Harness::start(2, sim(), |c| c.retry.initial_backoff = Duration::ZERO);
     for i in 0..2 {
         h.fleet.engine(i).set_fault(Fault::ErrorStatus {
             status: 503,
@@ -235,11 +235,11 @@ async fn seen_by(h: &Harness, i: usize) -> u64 {
 async fn the_circuit_opens_probes_one_request_at_a_time_and_closes() {
     let h = Harness::start(2, sim(), |c| {
         c.policy.kind = PolicyKind::RoundRobin;
-        c.cb_failure_threshold = 3;
-        c.cb_success_threshold = 2;
-        c.cb_timeout_duration = Duration::from_millis(1500);
-        c.cb_half_open_max_requests = 1;
-        c.retry_initial_backoff = Duration::ZERO;
+        c.circuit.failure_threshold = 3;
+        c.circuit.success_threshold = 2;
+        c.circuit.open_for = Duration::from_millis(1500);
+        c.circuit.half_open_max = 1;
+        c.retry.initial_backoff = Duration::ZERO;
     });
     let ask = || post_json_ok(&h);
     h.fleet.engine(0).set_fault(Fault::ErrorStatus {
@@ -334,7 +334,7 @@ async fn a_drained_worker_finishes_its_stream_before_it_is_removed() {
 async fn a_retried_answer_says_how_many_attempts_it_took() {
     let h = Harness::start(2, sim(), |c| {
         c.policy.kind = PolicyKind::RoundRobin;
-        c.retry_initial_backoff = Duration::ZERO;
+        c.retry.initial_backoff = Duration::ZERO;
     });
     h.fleet.engine(0).set_fault(Fault::ErrorStatus {
         status: 503,

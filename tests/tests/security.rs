@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use kvgate_engine_sim::{Fault, SimConfig, SimFleet};
-use kvgate_gateway::{Gateway, GatewayConfig, Secret, StartError};
+use kvgate_gateway::{AccessConfig, Gateway, GatewayConfig, Secret, StartError};
 use kvgate_tests::{Harness, Reply, client, test_config};
 use serde_json::json;
 
@@ -40,8 +40,8 @@ async fn at_once(h: &Harness, n: usize) -> Vec<Reply> {
 }
 
 fn keyed(c: &mut GatewayConfig) {
-    c.api_keys = vec![Secret::new("sk-client")];
-    c.control_plane_api_keys = vec![Secret::new("ops:Ops:admin:sk-admin")];
+    c.access.api_keys = vec![Secret::new("sk-client")];
+    c.access.control_plane_api_keys = vec![Secret::new("ops:Ops:admin:sk-admin")];
 }
 
 #[actix_rt::test]
@@ -112,13 +112,19 @@ async fn a_non_loopback_bind_without_an_admin_key_is_refused() {
         other => panic!("started: {other:?}"),
     }
     let open = Gateway::start(GatewayConfig {
-        allow_open_admin: true,
+        access: AccessConfig {
+            allow_open_admin: true,
+            ..Default::default()
+        },
         ..cfg.clone()
     })
     .expect("allowed on purpose");
     open.stop();
     let keyed = Gateway::start(GatewayConfig {
-        control_plane_api_keys: vec![Secret::new("sk-admin")],
+        access: AccessConfig {
+            control_plane_api_keys: vec![Secret::new("sk-admin")],
+            ..Default::default()
+        },
         ..cfg
     })
     .expect("an admin key closes the admin routes");
@@ -130,7 +136,10 @@ async fn workers_outside_the_allow_list_are_refused() {
     let fleet = SimFleet::start(1, SimConfig::default()).expect("engine");
     let dir = tempfile::tempdir().unwrap();
     let gw = Gateway::start(GatewayConfig {
-        worker_allow: vec!["10.0.0.0/8".into(), "127.0.0.1".into()],
+        access: AccessConfig {
+            worker_allow: vec!["10.0.0.0/8".into(), "127.0.0.1".into()],
+            ..Default::default()
+        },
         ..test_config(&dir)
     })
     .expect("gateway");
@@ -170,9 +179,9 @@ async fn the_worker_key_replaces_the_clients_and_is_never_shown() {
         ..SimConfig::default()
     };
     let h = Harness::start(1, sim, |c| {
-        c.worker_api_key = Some(Secret::new("sk-engine"));
-        c.api_keys = vec![Secret::new("sk-client")];
-        c.allow_open_admin = true;
+        c.access.worker_api_key = Some(Secret::new("sk-engine"));
+        c.access.api_keys = vec![Secret::new("sk-client")];
+        c.access.allow_open_admin = true;
     });
     // Registration probed with the key: the worker is ready.
     let w = send("GET", &h.url("/workers"), None, None).await;
@@ -210,9 +219,9 @@ async fn the_worker_key_replaces_the_clients_and_is_never_shown() {
 #[actix_rt::test]
 async fn a_full_queue_is_429_with_retry_after_and_exactly_limit_plus_queue_are_served() {
     let h = Harness::start(1, SimConfig::default(), |c| {
-        c.max_concurrent_requests = Some(8);
-        c.queue_size = 8;
-        c.queue_timeout = Duration::from_secs(60);
+        c.admission.max_concurrent_requests = Some(8);
+        c.admission.queue_size = 8;
+        c.admission.queue_timeout = Duration::from_secs(60);
     });
     // Every answer takes a while, so all 100 arrive while the first 8 run.
     h.fleet
@@ -234,9 +243,9 @@ async fn a_full_queue_is_429_with_retry_after_and_exactly_limit_plus_queue_are_s
 #[actix_rt::test]
 async fn a_queue_wait_past_its_timeout_is_503_with_retry_after() {
     let h = Harness::start(1, SimConfig::default(), |c| {
-        c.max_concurrent_requests = Some(1);
-        c.queue_size = 4;
-        c.queue_timeout = Duration::from_millis(200);
+        c.admission.max_concurrent_requests = Some(1);
+        c.admission.queue_size = 4;
+        c.admission.queue_timeout = Duration::from_millis(200);
     });
     h.fleet
         .engine(0)
@@ -253,8 +262,8 @@ async fn a_queue_wait_past_its_timeout_is_503_with_retry_after() {
 #[actix_rt::test]
 async fn the_rate_limit_is_per_client_key() {
     let h = Harness::start(1, SimConfig::default(), |c| {
-        c.rate_limit_tokens_per_second = Some(2.0);
-        c.api_keys = vec![Secret::new("sk-a"), Secret::new("sk-b")];
+        c.admission.rate_limit_tokens_per_second = Some(2.0);
+        c.access.api_keys = vec![Secret::new("sk-a"), Secret::new("sk-b")];
     });
     let url = h.url("/v1/completions");
     let body = json!({"prompt": "x", "max_tokens": 1});
@@ -290,7 +299,10 @@ async fn a_gateway_key_is_never_forwarded_to_an_engine() {
     let dir = tempfile::tempdir().unwrap();
     let gw = Gateway::start(GatewayConfig {
         worker_urls: vec![up.url.clone()],
-        api_keys: vec![Secret::new("sk-client")],
+        access: AccessConfig {
+            api_keys: vec![Secret::new("sk-client")],
+            ..Default::default()
+        },
         ..test_config(&dir)
     })
     .expect("gateway");

@@ -36,8 +36,8 @@ async fn a_panicking_decision_restarts_the_selector_and_the_request_is_served() 
 #[actix_rt::test]
 async fn a_panicking_lookup_restores_the_index_from_its_last_snapshot() {
     let h = Harness::start(2, SimConfig::default(), |c| {
-        c.snapshot_interval = Duration::from_millis(100);
-        c.snapshot_backoff = 0.0;
+        c.snapshot.interval = Duration::from_millis(100);
+        c.snapshot.backoff = 0.0;
     });
     let system = "A system prompt long enough to be worth keeping. ".repeat(20);
     let body = json!({"messages": [{"role": "system", "content": system}, {"role": "user", "content": "q"}], "max_tokens": 2});

@@ -175,7 +175,10 @@ fn the_admin_key_opens_a_keyed_gateway() {
         http_workers: Some(1),
         data_dir: dir.path().join("d"),
         worker_urls: fleet.urls(),
-        control_plane_api_keys: vec![kvgate_gateway::Secret::new("sk-ops")],
+        access: kvgate_gateway::AccessConfig {
+            control_plane_api_keys: vec![kvgate_gateway::Secret::new("sk-ops")],
+            ..Default::default()
+        },
         ..GatewayConfig::default()
     })
     .unwrap();

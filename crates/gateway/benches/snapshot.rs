@@ -29,7 +29,7 @@ use kvgate_engine_sim::{SimConfig, SimFleet};
 use kvgate_gateway::testing::{
     GetIndexStats, GetViews, IndexActor, IndexConfig, MatchPrefix, RecordPrefix,
 };
-use kvgate_gateway::{Gateway, GatewayConfig};
+use kvgate_gateway::{Gateway, GatewayConfig, SnapshotConfig};
 use kvgate_policies::{PolicyConfig, PolicyKind, RequestFacts, RoutingText, WorkerId};
 use kvgate_store::{Chunk, Store};
 use rand::rngs::SmallRng;
@@ -497,9 +497,11 @@ fn start_gateway(
         port: 0,
         worker_urls: fleet.urls(),
         data_dir: data_dir.to_path_buf(),
-        snapshot_interval: PERIOD,
         // Every round's write starts at the tick after it dirties the index.
-        snapshot_backoff: 0.0,
+        snapshot: SnapshotConfig {
+            interval: PERIOD,
+            backoff: 0.0,
+        },
         http_workers: Some(1),
         policy: policy.clone(),
         ..GatewayConfig::default()
@@ -676,7 +678,13 @@ fn main() -> anyhow::Result<()> {
     let rss_loaded = rss();
     let t = Instant::now();
     let mut restored = IndexActor::new(
-        IndexConfig::from_policy(&policy, PERIOD, 0.0),
+        IndexConfig::from_policy(
+            &policy,
+            &SnapshotConfig {
+                interval: PERIOD,
+                backoff: 0.0,
+            },
+        ),
         Instant::now(),
         None,
     );

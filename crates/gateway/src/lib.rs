@@ -37,7 +37,10 @@ mod server;
 mod upstream;
 
 pub use alloc::keep_freed_memory;
-pub use config::{ConfigError, GatewayConfig, Overrides};
+pub use config::{
+    AccessConfig, AdmissionConfig, CircuitConfig, ConfigError, EventsSection, GatewayConfig,
+    HealthConfig, Overrides, RetryConfig, Section, SnapshotConfig,
+};
 pub use http::error::ApiError;
 pub use kvgate_core::Secret;
 pub use server::{Gateway, StartError};

@@ -29,13 +29,12 @@ use crate::actors::index::{FleetSettled, IndexActor, IndexConfig};
 use crate::actors::registry::{
     AddWorker, PollerLink, RegistryActor, RegistryConfig, RegistryError, WorkerSource,
 };
-use crate::actors::selector::{CircuitConfig, SelectorActor};
+use crate::actors::selector::SelectorActor;
 use crate::actors::tokenizers::{TokenizerActor, Tokenizers};
-use crate::config::GatewayConfig;
+use crate::config::{ConfigError, GatewayConfig};
 use crate::http::admission::Admission;
 use crate::http::auth::{AllowList, Keys};
 use crate::http::decisions::{DECISION_LOG_SIZE, DecisionSink};
-use crate::http::inference::RetryPolicy;
 use crate::http::intake::Intake;
 use crate::http::routes::{AppState, Lifecycle};
 use crate::metrics::Metrics;
@@ -43,6 +42,8 @@ use crate::upstream::Pool;
 
 #[derive(Debug, Error)]
 pub enum StartError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: String,
@@ -182,8 +183,7 @@ fn routing_actors(
     let (selector_tx, selector_rx) = actix::dev::channel::channel::<SelectorActor>(MAILBOX);
     let index = Addr::new(index_tx);
     let selector = Addr::new(selector_tx);
-    let index_cfg =
-        IndexConfig::from_policy(&cfg.policy, cfg.snapshot_interval, cfg.snapshot_backoff);
+    let index_cfg = IndexConfig::from_policy(&cfg.policy, &cfg.snapshot);
     let mut index_actor = IndexActor::new(index_cfg, epoch, persister)
         .with_snapshot_histogram(metrics.snapshot_seconds.clone());
     if let Some(img) = image {
@@ -192,14 +192,7 @@ fn routing_actors(
     let selector_actor =
         SelectorActor::new(cfg.policy.clone(), cfg.seed, epoch, Some(index.clone()))
             .with_prefill_hold(cfg.prefill_hold)
-            .with_circuit_breaker(CircuitConfig {
-                enabled: !cfg.disable_circuit_breaker,
-                failure_threshold: cfg.cb_failure_threshold,
-                success_threshold: cfg.cb_success_threshold,
-                open_for: cfg.cb_timeout_duration,
-                window: cfg.cb_window_duration,
-                half_open_max: cfg.cb_half_open_max_requests,
-            })
+            .with_circuit_breaker(cfg.circuit)
             .with_mailbox_histogram(metrics.selector_wait.clone());
     let start = RoutingStart {
         index: (index_actor, index_rx),
@@ -228,33 +221,26 @@ fn control_actors(
     let sink = selector.clone().recipient();
     let mut poller_cfg = cfg.poller.clone();
     if poller_cfg.api_key.is_none() {
-        poller_cfg.api_key = cfg.worker_api_key.as_ref().map(|k| k.expose().to_owned());
+        poller_cfg.api_key = (cfg.access.worker_api_key.as_ref()).map(|k| k.expose().to_owned());
     }
     let poller = LoadPoller::start_in_arbiter(&control.handle(), move |_| {
         LoadPoller::new(poller_cfg, epoch, sink)
     });
     let reg_cfg = RegistryConfig {
-        health_check_interval: cfg.health_check_interval,
-        health_check_timeout: cfg.health_check_timeout,
-        failure_threshold: cfg.health_failure_threshold,
-        success_threshold: cfg.health_success_threshold,
-        health_endpoint: cfg.health_check_endpoint.clone(),
-        worker_key: cfg.worker_api_key.clone(),
-        // Checked at load: a value that does not parse was refused then.
-        kv_events: cfg
-            .kv_events_config
-            .as_deref()
-            .and_then(|c| crate::actors::registry::EventsConfig::parse(c).ok()),
+        health: cfg.health.clone(),
+        worker_key: cfg.access.worker_api_key.clone(),
+        // Checked by `validate`: a value that does not parse was refused then.
+        kv_events: cfg.events.publisher().ok().flatten(),
     };
     // Its subscriber tasks run on this arbiter's runtime, beside the poller's.
-    let max_blocks = cfg.kv_events_max_blocks;
+    let max_blocks = cfg.events.kv_events_max_blocks;
     let to_selector = SelectorLink {
         loads: selector.clone().recipient(),
         live: selector.clone().recipient(),
     };
     let snapshots = SnapshotSettings {
         persister: persister.clone(),
-        interval: cfg.snapshot_interval,
+        interval: cfg.snapshot.interval,
     };
     let routed = index.clone().recipient();
     let events = EventsActor::start_in_arbiter(&control.handle(), move |_| {
@@ -262,7 +248,7 @@ fn control_actors(
             .with_snapshots(snapshots, events_image)
             .with_prefix_index(routed)
     });
-    let tokenizers = Arc::new(Tokenizers::new(cfg.tokenizer_path.clone()));
+    let tokenizers = Arc::new(Tokenizers::new(cfg.events.tokenizer_path.clone()));
     let loader = TokenizerActor {
         tokenizers: tokenizers.clone(),
     };
@@ -465,7 +451,10 @@ fn http_server(
 
 /// Starts the actors and the HTTP server inside the current actix System.
 async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threads), StartError> {
-    if cfg.control_plane_api_keys.is_empty() && !cfg.allow_open_admin && !loopback(&cfg.host) {
+    if cfg.access.control_plane_api_keys.is_empty()
+        && !cfg.access.allow_open_admin
+        && !loopback(&cfg.host)
+    {
         return Err(StartError::OpenAdmin {
             host: cfg.host.clone(),
         });
@@ -502,16 +491,11 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         .0
         .report_refusals_to(registry.clone().recipient());
     routing.selector.0.read_events_from(events.clone());
-    // Validated at load: an entry that does not parse was refused then.
-    let allow = AllowList::parse(&cfg.worker_allow).unwrap_or_default();
+    // Checked by `validate`: an entry that does not parse was refused then.
+    let allow = AllowList::new(cfg.access.allowed().unwrap_or_default());
     register(&registry, (&index, &events), workers, &allow).await;
     let lifecycle = Arc::new(Lifecycle::default());
-    let admission = Arc::new(Admission::new(
-        cfg.max_concurrent_requests,
-        cfg.queue_size,
-        cfg.queue_timeout,
-        cfg.rate_limit_tokens_per_second,
-    ));
+    let admission = Arc::new(Admission::new(&cfg.admission));
     let state = web::Data::new(AppState {
         selector: selector.clone(),
         registry: registry.clone(),
@@ -520,18 +504,9 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         request_timeout: cfg.request_timeout,
         first_token_timeout: cfg.stream_first_token_timeout,
         body_timeout: cfg.body_read_timeout,
-        retry: RetryPolicy {
-            attempts: if cfg.disable_retries {
-                1
-            } else {
-                cfg.retry_max_retries
-            },
-            initial_backoff: cfg.retry_initial_backoff,
-            max_backoff: cfg.retry_max_backoff,
-            jitter: cfg.retry_jitter_factor,
-        },
+        retry: cfg.retry,
         admission: admission.clone(),
-        keys: Keys::new(&cfg.api_keys, &cfg.control_plane_api_keys),
+        keys: Keys::new(&cfg.access),
         allow,
         grace: cfg.shutdown_grace_period,
         lifecycle: lifecycle.clone(),
@@ -581,6 +556,8 @@ impl Gateway {
     /// Starts the gateway; returns once it is listening and the configured workers have
     /// been probed.
     pub fn start(cfg: GatewayConfig) -> Result<Gateway, StartError> {
+        // An embedder builds the value itself: it is checked here as the loader checks it.
+        cfg.validate()?;
         let (tx, rx) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("kvgate".into())

@@ -20,6 +20,7 @@ use kvgate_store::Persister;
 use tracing::{debug, info};
 
 use super::registry::{Fleet, FleetChanged};
+use crate::config::SnapshotConfig;
 
 mod snapshot;
 mod stats;
@@ -48,14 +49,10 @@ pub struct IndexConfig {
 }
 
 impl IndexConfig {
-    pub fn from_policy(
-        p: &PolicyConfig,
-        snapshot_interval: Duration,
-        snapshot_backoff: f64,
-    ) -> IndexConfig {
+    pub fn from_policy(p: &PolicyConfig, snapshot: &SnapshotConfig) -> IndexConfig {
         IndexConfig {
-            snapshot_interval,
-            snapshot_backoff,
+            snapshot_interval: snapshot.interval,
+            snapshot_backoff: snapshot.backoff,
             cache_index: p.cache_index,
             block_size: p.block_size,
             max_tree_size: p.max_tree_size,

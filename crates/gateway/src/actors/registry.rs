@@ -4,7 +4,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use actix::prelude::*;
 use kvgate_core::{UrlError, WorkerUrl};
@@ -12,16 +11,15 @@ use kvgate_policies::WorkerId;
 use kvgate_poller::{PollNow, PollTarget, SetTargets};
 use kvgate_store::{Persister, RegistryImage};
 
-use crate::metrics::Metrics;
 use kvgate_core::Secret;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tracing::{info, warn};
 
-mod detect;
-mod events_config;
+use crate::config::{EventsConfig, HealthConfig};
+use crate::metrics::Metrics;
 
-pub use events_config::EventsConfig;
+mod detect;
 
 pub use detect::ProbeError;
 use detect::{Detected, Probe, detect};
@@ -132,12 +130,7 @@ pub enum RegistryError {
 /// Settings the registry needs.
 #[derive(Debug, Clone)]
 pub struct RegistryConfig {
-    pub health_check_interval: Duration,
-    pub health_check_timeout: Duration,
-    pub failure_threshold: u32,
-    pub success_threshold: u32,
-    /// The route of the health checks.
-    pub health_endpoint: String,
+    pub health: HealthConfig,
     /// The key of workers registered without one of their own.
     pub worker_key: Option<Secret>,
     /// `--kv-events-config`: the event sockets of workers that advertise none.
@@ -192,9 +185,7 @@ impl RegistryActor {
         persist: Option<Persister>,
         image: RegistryImage,
     ) -> Self {
-        let client = awc::Client::builder()
-            .timeout(cfg.health_check_timeout)
-            .finish();
+        let client = awc::Client::builder().timeout(cfg.health.timeout).finish();
         RegistryActor {
             cfg,
             workers: BTreeMap::new(),
@@ -300,7 +291,7 @@ impl RegistryActor {
         if rec.kv_events.is_none()
             && let Some(c) = &cfg.kv_events
         {
-            rec.kv_events = Some(c.descriptor(rec));
+            rec.kv_events = Some(c.descriptor(rec.page_size, rec.dp_size));
         }
     }
 
@@ -314,8 +305,8 @@ impl RegistryActor {
         // between two health checks (a new `startup_time`, an empty cache) is noticed.
         let full_round = self.ticks.is_multiple_of(REDETECT_EVERY);
         let client = self.client.clone();
-        let timeout = self.cfg.health_check_timeout;
-        let endpoint = self.cfg.health_endpoint.clone();
+        let timeout = self.cfg.health.timeout;
+        let endpoint = self.cfg.health.endpoint.clone();
         let targets: Vec<(WorkerId, u64, WorkerUrl, bool, Option<Secret>)> = self
             .workers
             .values()
@@ -384,7 +375,7 @@ fn settle(
                 RegistryActor::apply_detected(rec, d, cfg);
             }
             let back = rec.status == WorkerStatus::Unhealthy
-                && rec.consecutive_successes >= cfg.success_threshold;
+                && rec.consecutive_successes >= cfg.health.success_threshold;
             // A pending worker is ready once detected; an unhealthy one after M passes.
             if (rec.status == WorkerStatus::Pending && !rec.models.is_empty()) || back {
                 rec.status = WorkerStatus::Ready;
@@ -395,7 +386,7 @@ fn settle(
             rec.consecutive_failures = rec.consecutive_failures.saturating_add(1);
             rec.last_error = Some(e.to_string());
             if rec.status == WorkerStatus::Ready
-                && rec.consecutive_failures >= cfg.failure_threshold
+                && rec.consecutive_failures >= cfg.health.failure_threshold
             {
                 rec.status = WorkerStatus::Unhealthy;
             }
@@ -419,9 +410,7 @@ impl Actor for RegistryActor {
     fn started(&mut self, ctx: &mut Self::Context) {
         // The mailbox is bounded for send(); admin traffic is small.
         ctx.set_mailbox_capacity(256);
-        ctx.run_interval(self.cfg.health_check_interval, |act, ctx| {
-            act.health_tick(ctx)
-        });
+        ctx.run_interval(self.cfg.health.interval, |act, ctx| act.health_tick(ctx));
     }
 }
 
@@ -447,9 +436,7 @@ impl Handler<AddWorker> for RegistryActor {
         if self.workers.contains_key(&id) {
             return Box::pin(fut::ready(Err(RegistryError::Exists(url.to_string()))));
         }
-        let added_at = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0.0, |d| d.as_secs_f64());
+        let added_at = kvgate_core::clock::unix_now();
         // Reserve the id now so a concurrent add of the same URL is refused.
         self.workers.insert(
             id,
@@ -481,7 +468,7 @@ impl Handler<AddWorker> for RegistryActor {
             self.remember(url.as_str(), true);
         }
         let client = self.client.clone();
-        let timeout = self.cfg.health_check_timeout;
+        let timeout = self.cfg.health.timeout;
         let probe_url = url.clone();
         let key = self.workers.get(&id).and_then(|r| r.api_key.clone());
         Box::pin(
@@ -576,7 +563,7 @@ impl Handler<WorkerFailed> for RegistryActor {
         warn!(worker = %rec.url, reason = %msg.reason, "worker taken out: it refused a connection");
         rec.status = WorkerStatus::Unhealthy;
         rec.consecutive_successes = 0;
-        rec.consecutive_failures = self.cfg.failure_threshold;
+        rec.consecutive_failures = self.cfg.health.failure_threshold;
         rec.last_error = Some(msg.reason);
         self.publish();
     }

@@ -101,7 +101,7 @@ fn bad_config_names_the_key() {
     assert_eq!(c.max_payload_size, 4096);
     assert_eq!(c.request_timeout, std::time::Duration::from_secs(7));
     assert_eq!(c.header_read_timeout, std::time::Duration::from_secs(3));
-    assert_eq!(c.health_check_interval, std::time::Duration::from_secs(2));
+    assert_eq!(c.health.interval, std::time::Duration::from_secs(2));
     // The other kvgate tools' variables are not configuration and are not refused.
     let tools = env(&[
         ("KVGATE_URL", "http://127.0.0.1:30000"),
@@ -155,13 +155,62 @@ fn the_prometheus_listener_is_off_by_default_and_not_the_gateway_port() {
 #[test]
 fn the_kv_event_index_is_capped_and_the_cap_cannot_be_zero() {
     let c = GatewayConfig::load(None, &HashMap::new(), vec![]).unwrap();
-    assert_eq!(c.kv_events_max_blocks, 1_000_000);
+    assert_eq!(c.events.kv_events_max_blocks, 1_000_000);
     let c = GatewayConfig::load(
         None,
         &env(&[("KVGATE_KV_EVENTS_MAX_BLOCKS", "5000")]),
         vec![],
     )
     .unwrap();
-    assert_eq!(c.kv_events_max_blocks, 5000);
+    assert_eq!(c.events.kv_events_max_blocks, 5000);
     assert!(load_err("kv_events_max_blocks = 0\n", &[]).contains("kv_events_max_blocks"));
+}
+
+#[test]
+fn sections_read_their_flat_keys_and_name_them_when_bad() {
+    let c = GatewayConfig::load(
+        None,
+        &env(&[
+            ("KVGATE_CB_FAILURE_THRESHOLD", "7"),
+            ("KVGATE_RETRY_MAX_RETRIES", "2"),
+            ("KVGATE_QUEUE_SIZE", "9"),
+            ("KVGATE_WORKER_ALLOW", "10.0.0.0/8 gpu.example"),
+        ]),
+        vec![],
+    )
+    .unwrap();
+    assert_eq!(c.circuit.failure_threshold, 7);
+    assert_eq!(c.retry.max_retries, 2);
+    assert_eq!(c.admission.queue_size, 9);
+    assert_eq!(c.access.worker_allow, ["10.0.0.0/8", "gpu.example"]);
+    // A wrong type in a section, a bad value, a misspelt section key.
+    assert!(load_err("cb_failure_threshold = \"x\"\n", &[]).contains("cb_failure_threshold"));
+    assert!(load_err("", &[("KVGATE_CB_FAILURE_THRESHOLD", "0")]).contains("cb_failure_threshold"));
+    assert!(load_err("cb_failure_treshold = 3\n", &[]).contains("cb_failure_treshold"));
+    assert!(load_err("worker_allow = [\"10.0.0.0/33\"]\n", &[]).contains("worker_allow"));
+    assert!(
+        load_err("kv_events_config = '{\"endpoint\": \"ipc:///x\"}'\n", &[])
+            .contains("kv_events_config")
+    );
+    // The file form keeps the flat keys the flags and variables name.
+    let v = serde_json::to_value(GatewayConfig::default()).unwrap();
+    for key in [
+        "cb_failure_threshold",
+        "retry_jitter_factor",
+        "health_check_endpoint",
+    ] {
+        assert!(v.get(key).is_some(), "{key}");
+    }
+}
+
+#[test]
+fn an_embedder_cannot_start_an_invalid_gateway() {
+    let mut cfg = GatewayConfig::default();
+    cfg.circuit.failure_threshold = 0;
+    match crate::Gateway::start(cfg) {
+        Err(crate::StartError::Config(e)) => {
+            assert!(e.to_string().contains("cb_failure_threshold"), "{e}")
+        }
+        other => panic!("started: {other:?}"),
+    }
 }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::config::AdmissionConfig;
 use crate::http::error::ApiError;
 
 /// Clients whose buckets are remembered; past it, full (idle) buckets are forgotten.
@@ -52,19 +53,14 @@ fn secs_up(d: Duration) -> u64 {
 }
 
 impl Admission {
-    pub fn new(
-        max_concurrent: Option<usize>,
-        queue_size: usize,
-        queue_timeout: Duration,
-        rate: Option<f64>,
-    ) -> Admission {
+    pub fn new(cfg: &AdmissionConfig) -> Admission {
         Admission {
-            slots: max_concurrent.map(|n| std::sync::Arc::new(Semaphore::new(n))),
-            queue_size,
-            queue_timeout,
+            slots: (cfg.max_concurrent_requests).map(|n| std::sync::Arc::new(Semaphore::new(n))),
+            queue_size: cfg.queue_size,
+            queue_timeout: cfg.queue_timeout,
             waiting: AtomicUsize::new(0),
             in_flight: std::sync::Arc::new(AtomicUsize::new(0)),
-            rate,
+            rate: cfg.rate_limit_tokens_per_second,
             buckets: Mutex::new(HashMap::new()),
         }
     }

@@ -6,34 +6,10 @@ use std::net::IpAddr;
 use actix_web::HttpRequest;
 use actix_web::http::header::AUTHORIZATION;
 use kvgate_core::WorkerUrl;
-use thiserror::Error;
 
+use crate::config::{AccessConfig, Allowed};
 use crate::http::error::ApiError;
 use kvgate_core::Secret;
-
-/// The key of a `--control-plane-api-keys` entry: the reference's `id:name:role:key` form
-/// gives its last part, anything else is the key itself.
-pub fn key_part(entry: &str) -> &str {
-    let parts: Vec<&str> = entry.splitn(4, ':').collect();
-    match parts.as_slice() {
-        [_, _, role, key] if matches!(*role, "admin" | "user") => key,
-        _ => entry,
-    }
-}
-
-/// A key that can travel in a header as it is: visible ASCII, no spaces or controls.
-pub fn usable_key(k: &str) -> bool {
-    !k.is_empty() && k.bytes().all(|b| b.is_ascii_graphic())
-}
-
-/// Whether a `--control-plane-api-keys` entry is the reference's `id:name:user:key` form,
-/// which grants no admin rights.
-pub fn user_role(entry: &str) -> bool {
-    matches!(
-        entry.splitn(4, ':').collect::<Vec<_>>().as_slice(),
-        [_, _, "user", _]
-    )
-}
 
 /// The configured keys.
 #[derive(Clone, Default)]
@@ -61,13 +37,10 @@ fn bearer(req: &HttpRequest) -> Option<&[u8]> {
 }
 
 impl Keys {
-    pub fn new(client: &[Secret], admin: &[Secret]) -> Keys {
+    pub fn new(cfg: &AccessConfig) -> Keys {
         Keys {
-            client: client.to_vec(),
-            admin: admin
-                .iter()
-                .map(|k| Secret::new(key_part(k.expose())))
-                .collect(),
+            client: cfg.api_keys.clone(),
+            admin: cfg.admin_keys(),
         }
     }
 
@@ -123,68 +96,13 @@ impl Keys {
     }
 }
 
-/// An entry of `--worker-allow` that cannot be read.
-#[derive(Debug, Error, Clone, PartialEq, Eq)]
-#[error("'{entry}' is not a host name, an IP address or a CIDR range")]
-pub struct AllowError {
-    pub entry: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Allowed {
-    Name(String),
-    Net { addr: IpAddr, prefix: u8 },
-}
-
 /// Where workers added through the API may be.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AllowList(Vec<Allowed>);
 
-fn in_net(ip: IpAddr, net: IpAddr, prefix: u8) -> bool {
-    match (ip, net) {
-        (IpAddr::V4(a), IpAddr::V4(n)) => {
-            let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
-            u32::from(a) & mask == u32::from(n) & mask
-        }
-        (IpAddr::V6(a), IpAddr::V6(n)) => {
-            let mask = u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0);
-            u128::from(a) & mask == u128::from(n) & mask
-        }
-        // An IPv4-mapped IPv6 address is its IPv4 address.
-        (IpAddr::V6(a), IpAddr::V4(_)) => a
-            .to_ipv4_mapped()
-            .is_some_and(|v4| in_net(IpAddr::V4(v4), net, prefix)),
-        (IpAddr::V4(_), IpAddr::V6(_)) => false,
-    }
-}
-
 impl AllowList {
-    pub fn parse(entries: &[String]) -> Result<AllowList, AllowError> {
-        let mut out = Vec::new();
-        for e in entries {
-            let bad = || AllowError { entry: e.clone() };
-            let t = e.trim();
-            let allowed = if let Some((addr, bits)) = t.split_once('/') {
-                let addr: IpAddr = addr.parse().map_err(|_| bad())?;
-                let max = if addr.is_ipv4() { 32 } else { 128 };
-                let prefix: u8 = bits.parse().ok().filter(|p| *p <= max).ok_or_else(bad)?;
-                Allowed::Net { addr, prefix }
-            } else if let Ok(addr) = t.trim_matches(['[', ']']).parse::<IpAddr>() {
-                let prefix = if addr.is_ipv4() { 32 } else { 128 };
-                Allowed::Net { addr, prefix }
-            } else {
-                let name = t.trim_end_matches('.').to_ascii_lowercase();
-                let label_ok = |l: &str| {
-                    !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-                };
-                if !name.split('.').all(label_ok) {
-                    return Err(bad());
-                }
-                Allowed::Name(name)
-            };
-            out.push(allowed);
-        }
-        Ok(AllowList(out))
+    pub fn new(entries: Vec<Allowed>) -> AllowList {
+        AllowList(entries)
     }
 
     /// Whether `url` may be added. A host name is allowed when it is listed by name, or
@@ -211,10 +129,7 @@ impl AllowList {
     }
 
     fn allows_ip(&self, ip: IpAddr) -> bool {
-        self.0.iter().any(|a| match a {
-            Allowed::Net { addr, prefix } => in_net(ip, *addr, *prefix),
-            Allowed::Name(_) => false,
-        })
+        self.0.iter().any(|a| a.contains(ip))
     }
 }
 
@@ -223,8 +138,8 @@ mod tests {
     use super::*;
 
     fn list(entries: &[&str]) -> AllowList {
-        AllowList::parse(&entries.iter().map(|s| s.to_string()).collect::<Vec<_>>())
-            .expect("parses")
+        let parsed = entries.iter().map(|e| Allowed::parse(e).expect("parses"));
+        AllowList::new(parsed.collect())
     }
 
     fn url(s: &str) -> WorkerUrl {
@@ -248,15 +163,5 @@ mod tests {
                 .await
         );
         assert!(AllowList::default().allows(&url("http://anything:1")).await);
-        for bad in ["10.0.0.0/33", "not a host", "1.2.3.4/x", "a..b"] {
-            assert!(AllowList::parse(&[bad.to_string()]).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn the_reference_form_gives_its_key() {
-        assert_eq!(key_part("ops:Ops team:admin:sk-admin"), "sk-admin");
-        assert_eq!(key_part("sk-plain"), "sk-plain");
-        assert_eq!(key_part("a:b:c"), "a:b:c");
     }
 }

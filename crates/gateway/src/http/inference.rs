@@ -2,13 +2,12 @@
 //! decision elsewhere when an attempt fails before any byte reached the client.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use actix_web::http::ConnectionType;
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 use bytes::Bytes;
 use kvgate_policies::{RequestFacts, WorkerId};
-use rand::Rng;
 use tracing::warn;
 
 use crate::actors::index::ForgetPrefix;
@@ -23,31 +22,6 @@ use crate::http::proxy::{self, Upstream};
 use crate::http::routes::{AppState, RequestId, read_body};
 use crate::http::tokens;
 use crate::upstream::Pool;
-
-/// How failed attempts are tried again.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RetryPolicy {
-    /// Attempts in all, the first included.
-    pub attempts: u32,
-    pub initial_backoff: Duration,
-    pub max_backoff: Duration,
-    /// Each wait is drawn within ± this fraction of its nominal value.
-    pub jitter: f64,
-}
-
-impl RetryPolicy {
-    /// The wait before attempt `n` (2 for the first retry): the initial backoff, doubled
-    /// for each later attempt, capped, jittered.
-    fn backoff(&self, n: u32, rng: &mut impl Rng) -> Duration {
-        let doublings = n.saturating_sub(2).min(20);
-        let nominal = self
-            .initial_backoff
-            .saturating_mul(1 << doublings)
-            .min(self.max_backoff);
-        let spread = 1.0 + self.jitter * rng.gen_range(-1.0..=1.0);
-        nominal.mul_f64(spread.max(0.0))
-    }
-}
 
 /// The first usable routing key among the headers, in order.
 fn routing_key(req: &HttpRequest) -> Option<String> {
@@ -244,7 +218,7 @@ async fn proxy_request(
             });
         }
         let out_of_time = Instant::now() >= up.deadline;
-        if !failure.retry || attempt >= state.retry.attempts || out_of_time {
+        if !failure.retry || attempt >= state.retry.attempts() || out_of_time {
             if failure.retry {
                 warn!(request_id = %request_id, worker = %url, attempt, error = %failure.error, "attempt failed; no retry left");
             }
@@ -258,32 +232,5 @@ async fn proxy_request(
         actix_rt::time::sleep(wait.min(left)).await;
         facts = next;
         last = Some(failure);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use rand::SeedableRng;
-
-    use super::*;
-
-    #[test]
-    fn backoff_doubles_up_to_its_cap_within_its_jitter() {
-        let p = RetryPolicy {
-            attempts: 5,
-            initial_backoff: Duration::from_millis(100),
-            max_backoff: Duration::from_millis(300),
-            jitter: 0.2,
-        };
-        let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
-        for (n, nominal) in [(2, 100.0), (3, 200.0), (4, 300.0), (9, 300.0)] {
-            for _ in 0..50 {
-                let ms = p.backoff(n, &mut rng).as_secs_f64() * 1000.0;
-                assert!(
-                    (nominal * 0.8 - 1e-6..=nominal * 1.2 + 1e-6).contains(&ms),
-                    "attempt {n}: {ms} ms"
-                );
-            }
-        }
     }
 }

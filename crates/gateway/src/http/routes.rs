@@ -27,11 +27,11 @@ use crate::actors::selector::{
     CircuitState, GetWorkerStates, Ping, SelectorActor, WorkerState, worker_state,
 };
 use crate::actors::tokenizers::{Slot, Tokenizers};
+use crate::config::RetryConfig;
 use crate::http::admission::Admission;
 use crate::http::auth::{AllowList, Keys};
 use crate::http::decisions::DecisionSink;
 use crate::http::error::ApiError;
-use crate::http::inference::RetryPolicy;
 use crate::metrics::Metrics;
 use crate::upstream::{Pool, UpstreamError};
 use kvgate_core::Secret;
@@ -46,7 +46,7 @@ pub struct AppState {
     pub request_timeout: Duration,
     pub first_token_timeout: Duration,
     pub body_timeout: Duration,
-    pub retry: RetryPolicy,
+    pub retry: RetryConfig,
     pub admission: Arc<Admission>,
     pub keys: Keys,
     pub allow: AllowList,
@@ -309,10 +309,7 @@ async fn add(
     api_key: Option<Secret>,
 ) -> Result<WorkerRecord, ApiError> {
     let parsed = WorkerUrl::parse(&url).map_err(|e| ApiError::BadRequest(e.to_string()))?;
-    if api_key
-        .as_ref()
-        .is_some_and(|k| !crate::http::auth::usable_key(k.expose()))
-    {
+    if api_key.as_ref().is_some_and(|k| !k.is_usable()) {
         return Err(ApiError::BadRequest(
             "api_key must be non-empty visible ASCII".into(),
         ));

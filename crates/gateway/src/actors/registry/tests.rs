@@ -1,3 +1,5 @@
+use std::time::Duration;
+
 use super::detect::read_server_info;
 use super::*;
 
@@ -55,11 +57,13 @@ fn rec() -> WorkerRecord {
 
 fn check_cfg() -> RegistryConfig {
     RegistryConfig {
-        health_check_interval: Duration::from_secs(1),
-        health_check_timeout: Duration::from_secs(1),
-        failure_threshold: 3,
-        success_threshold: 2,
-        health_endpoint: "/health".into(),
+        health: HealthConfig {
+            interval: Duration::from_secs(1),
+            timeout: Duration::from_secs(1),
+            failure_threshold: 3,
+            success_threshold: 2,
+            endpoint: "/health".into(),
+        },
         worker_key: None,
         kv_events: None,
     }

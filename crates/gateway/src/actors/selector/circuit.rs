@@ -11,29 +11,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-/// The breaker's settings, from the gateway's `cb_*` keys.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct CircuitConfig {
-    pub enabled: bool,
-    pub failure_threshold: u32,
-    pub success_threshold: u32,
-    pub open_for: Duration,
-    pub window: Duration,
-    pub half_open_max: u32,
-}
-
-impl Default for CircuitConfig {
-    fn default() -> Self {
-        CircuitConfig {
-            enabled: true,
-            failure_threshold: 5,
-            success_threshold: 2,
-            open_for: Duration::from_secs(30),
-            window: Duration::from_secs(60),
-            half_open_max: 1,
-        }
-    }
-}
+pub use crate::config::CircuitConfig;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -97,7 +75,7 @@ impl Circuit {
 
     /// Whether a request may be sent now.
     pub fn admits(&mut self, cfg: &CircuitConfig, now: Duration) -> bool {
-        if !cfg.enabled {
+        if cfg.disabled {
             return true;
         }
         match self.state(cfg, now) {
@@ -109,7 +87,7 @@ impl Circuit {
 
     /// A request was sent; returns the half-open period it probes, if it is a probe.
     pub fn sent(&mut self, cfg: &CircuitConfig, now: Duration) -> Option<u32> {
-        let probe = cfg.enabled && self.state(cfg, now) == CircuitState::HalfOpen;
+        let probe = !cfg.disabled && self.state(cfg, now) == CircuitState::HalfOpen;
         probe.then(|| {
             self.probing += 1;
             self.period
@@ -129,7 +107,7 @@ impl Circuit {
         outcome: Outcome,
         probe: Option<u32>,
     ) -> bool {
-        if !cfg.enabled {
+        if cfg.disabled {
             return false;
         }
         let state = self.state(cfg, now);
@@ -258,7 +236,7 @@ mod tests {
         assert!(!c.ended(&cfg, s(0), Outcome::Neutral, None));
         assert!(c.admits(&cfg, s(0)));
         let off = CircuitConfig {
-            enabled: false,
+            disabled: true,
             ..cfg
         };
         assert!(!c.ended(&off, s(0), Outcome::Failure, None));

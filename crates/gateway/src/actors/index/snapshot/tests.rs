@@ -1,4 +1,4 @@
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use kvgate_kv_index::{HashIndex, HashSnapshot, SNAPSHOT_VERSION};
 use kvgate_policies::{PolicyConfig, WorkerId};
@@ -6,10 +6,11 @@ use kvgate_store::testing::{header, text_chunk};
 use kvgate_store::{Chunk, Image};
 
 use super::super::{IndexActor, IndexConfig, hash_config};
+use crate::config::SnapshotConfig;
 
 #[test]
 fn entries_of_a_worker_the_header_does_not_name_are_not_restored() {
-    let cfg = IndexConfig::from_policy(&PolicyConfig::default(), Duration::from_secs(5), 4.0);
+    let cfg = IndexConfig::from_policy(&PolicyConfig::default(), &SnapshotConfig::default());
     let mut index = IndexActor::new(cfg, Instant::now(), None);
     // Worker 1 is in the header; worker 2 joined while the snapshot was written.
     index.restore(Image {
@@ -28,7 +29,7 @@ fn a_hash_index_written_in_pieces_is_restored_whole() {
         cache_boundaries: vec![16, 64],
         ..PolicyConfig::default()
     };
-    let cfg = IndexConfig::from_policy(&policy, Duration::from_secs(5), 4.0);
+    let cfg = IndexConfig::from_policy(&policy, &SnapshotConfig::default());
     let mut source: HashIndex<WorkerId> = HashIndex::new(hash_config(&cfg));
     let deepest = 64;
     for i in 0..50u32 {

@@ -1,0 +1,111 @@
+//! How failed attempts are tried again (`retry_*`, `disable_retries`).
+
+use std::time::Duration;
+
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+
+use super::ConfigError;
+use super::section::{Section, at_least_one, duration, invalid};
+
+/// How failed attempts are tried again: another worker, after a jittered exponential
+/// backoff.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetryConfig {
+    /// Attempts in all for one request, the first included (1: never retried). A retry is
+    /// decided again with the failed workers left out.
+    #[serde(rename = "retry_max_retries")]
+    pub max_retries: u32,
+    /// Turns retries off (as `retry_max_retries = 1`).
+    #[serde(rename = "disable_retries")]
+    pub disabled: bool,
+    /// Backoff before the second attempt; each later one doubles it, up to the maximum.
+    #[serde(rename = "retry_initial_backoff_secs", with = "kvgate_core::secs")]
+    pub initial_backoff: Duration,
+    #[serde(rename = "retry_max_backoff_secs", with = "kvgate_core::secs")]
+    pub max_backoff: Duration,
+    /// Each backoff is drawn within ± this fraction of its nominal value.
+    #[serde(rename = "retry_jitter_factor")]
+    pub jitter: f64,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        RetryConfig {
+            max_retries: 3,
+            disabled: false,
+            initial_backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_secs(1),
+            jitter: 0.2,
+        }
+    }
+}
+
+impl Section for RetryConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        at_least_one("retry_max_retries", self.max_retries.into())?;
+        duration("retry_initial_backoff_secs", self.initial_backoff, true)?;
+        duration("retry_max_backoff_secs", self.max_backoff, true)?;
+        if !(0.0..=1.0).contains(&self.jitter) {
+            return invalid("retry_jitter_factor", "must be a number from 0 to 1");
+        }
+        Ok(())
+    }
+}
+
+impl RetryConfig {
+    /// Attempts in all, the first included.
+    pub fn attempts(&self) -> u32 {
+        if self.disabled { 1 } else { self.max_retries }
+    }
+
+    /// The wait before attempt `n` (2 for the first retry): the initial backoff, doubled
+    /// for each later attempt, capped, jittered.
+    pub fn backoff(&self, n: u32, rng: &mut impl Rng) -> Duration {
+        let doublings = n.saturating_sub(2).min(20);
+        let nominal = self
+            .initial_backoff
+            .saturating_mul(1 << doublings)
+            .min(self.max_backoff);
+        let spread = 1.0 + self.jitter * rng.gen_range(-1.0..=1.0);
+        nominal.mul_f64(spread.max(0.0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::SeedableRng;
+
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_its_cap_within_its_jitter() {
+        let p = RetryConfig {
+            max_retries: 5,
+            disabled: false,
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_millis(300),
+            jitter: 0.2,
+        };
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
+        for (n, nominal) in [(2, 100.0), (3, 200.0), (4, 300.0), (9, 300.0)] {
+            for _ in 0..50 {
+                let ms = p.backoff(n, &mut rng).as_secs_f64() * 1000.0;
+                assert!(
+                    (nominal * 0.8 - 1e-6..=nominal * 1.2 + 1e-6).contains(&ms),
+                    "attempt {n}: {ms} ms"
+                );
+            }
+        }
+        assert_eq!(p.attempts(), 5);
+        assert_eq!(
+            RetryConfig {
+                disabled: true,
+                ..p
+            }
+            .attempts(),
+            1
+        );
+    }
+}
