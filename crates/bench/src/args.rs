@@ -73,6 +73,11 @@ pub struct SoakArgs {
     pub kvgate_bin: Option<PathBuf>,
     #[arg(long, default_value = "bench-out")]
     pub out: PathBuf,
+    /// Also write this run's tables, as docs/benchmarks.md shows them, to this file. A
+    /// table that lists one value per run gets this run's values appended to those already
+    /// in the file (delete it to start afresh); the others are replaced.
+    #[arg(long, value_name = "PATH")]
+    pub markdown: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -187,6 +192,11 @@ pub struct WorkloadArgs {
     /// Cap on one run's wall-clock time, in seconds.
     #[arg(long, default_value_t = 300)]
     pub max_run_secs: u64,
+    /// Also write this run's tables, as docs/benchmarks.md shows them, to this file. A
+    /// table that lists one value per run gets this run's values appended to those already
+    /// in the file (delete it to start afresh); the others are replaced.
+    #[arg(long, value_name = "PATH")]
+    pub markdown: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -243,4 +253,9 @@ pub struct ProxyArgs {
     #[arg(long, value_delimiter = ',', conflicts_with = "body_kib",
           value_parser = clap::value_parser!(u64).range(1..=32768))]
     pub sweep_kib: Vec<u64>,
+    /// Also write this run's tables, as docs/benchmarks.md shows them, to this file. A
+    /// table that lists one value per run gets this run's values appended to those already
+    /// in the file (delete it to start afresh); the others are replaced.
+    #[arg(long, value_name = "PATH")]
+    pub markdown: Option<PathBuf>,
 }

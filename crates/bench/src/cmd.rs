@@ -1,5 +1,6 @@
 //! Each subcommand's side of the binary: its arguments checked and turned into the
-//! benchmark's settings, and its outputs written (the stdout table, JSON, SVG).
+//! benchmark's settings, and its outputs written (the stdout table, JSON, SVG, and with
+//! `--markdown` the page's tables).
 
 pub mod proxy;
 pub mod workload;
@@ -11,7 +12,7 @@ use anyhow::{Context as _, bail};
 use kvgate_bench::{RunReport, WorkloadKind, table, workload_chart};
 
 use crate::args::{ChartArgs, InflightArgs, SoakArgs};
-use crate::{release_kvgate, run, write};
+use crate::{markdown, release_kvgate, run, write};
 
 /// The `kvgate` to run as a child: `--kvgate-bin`, else the release one beside this binary.
 fn kvgate_bin(given: Option<&PathBuf>) -> anyhow::Result<PathBuf> {
@@ -38,6 +39,10 @@ pub fn soak(a: SoakArgs) -> anyhow::Result<()> {
     let r = run::soak::run(&settings)?;
     println!("{}", serde_json::to_string_pretty(&r)?);
     println!("\nwrote {}/soak.json", a.out.display());
+    if let Some(path) = &a.markdown {
+        markdown::update(path, vec![markdown::soak(&r)])?;
+        println!("wrote {}", path.display());
+    }
     Ok(())
 }
 

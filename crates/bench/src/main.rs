@@ -4,6 +4,7 @@
 
 mod args;
 mod cmd;
+mod markdown;
 mod run;
 
 use std::path::{Path, PathBuf};

@@ -8,7 +8,7 @@ use anyhow::Context as _;
 use crate::args::ProxyArgs;
 use crate::run::proxy::curve::{self, CurvePoint};
 use crate::run::proxy::{self, BodySpec, ProxySettings};
-use crate::{machine, release_kvgate, write};
+use crate::{machine, markdown, release_kvgate, write};
 
 pub fn run(a: ProxyArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
@@ -56,6 +56,11 @@ fn one_size(a: &ProxyArgs) -> anyhow::Result<()> {
         &serde_json::to_string_pretty(&json)?,
     )?;
     println!("\nwrote {}/proxy.json", a.out.display());
+    if let Some(path) = &a.markdown {
+        let body = settings(a, a.body_kib).body.describe();
+        markdown::update(path, vec![markdown::proxy(&rows, &body)])?;
+        println!("wrote {}", path.display());
+    }
     Ok(())
 }
 
@@ -96,5 +101,9 @@ fn sweep(a: &ProxyArgs) -> anyhow::Result<()> {
         "\nwrote {0}/proxy-curve.json and {0}/proxy-curve.svg",
         a.out.display()
     );
+    if let Some(path) = &a.markdown {
+        markdown::update(path, vec![markdown::curve(&points, a.unique)])?;
+        println!("wrote {}", path.display());
+    }
     Ok(())
 }

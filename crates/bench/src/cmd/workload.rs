@@ -14,7 +14,7 @@ use kvgate_engine_sim::SimConfig;
 use crate::args::WorkloadArgs;
 use crate::run::driver::{Arrival, PromptForm};
 use crate::run::workload::{Settings, Target, run_target};
-use crate::{machine, run as runner, write};
+use crate::{machine, markdown, run as runner, write};
 
 pub fn run(a: WorkloadArgs) -> anyhow::Result<()> {
     let kinds: Vec<WorkloadKind> = match a.workload.as_str() {
@@ -51,6 +51,10 @@ pub fn run(a: WorkloadArgs) -> anyhow::Result<()> {
         "\nwrote {}/results.json and one SVG per workload",
         a.out.display()
     );
+    if let Some(path) = &a.markdown {
+        markdown::update(path, markdown::workload(&all, &label(&a)))?;
+        println!("wrote {}", path.display());
+    }
     Ok(())
 }
 
@@ -213,6 +217,28 @@ fn describe(a: &WorkloadArgs, plan: &Plan, engines: usize, arrival: Arrival) -> 
         a.pool_tokens,
         a.seed
     )
+}
+
+/// The setting in a few words, the key of a row in the markdown tables: the prompts' form
+/// and what differs from a fresh fleet behind one gateway that waits for its first reports.
+fn label(a: &WorkloadArgs) -> String {
+    let mut parts = vec![match a.prompt_form {
+        PromptForm::Chat => "chat".to_owned(),
+        PromptForm::Tokens => "tokens".to_owned(),
+    }];
+    if a.warm_engines {
+        parts.push("warm engines".to_owned());
+    }
+    if a.gateway_replicas > 1 {
+        parts.push(format!("{} replicas", a.gateway_replicas));
+    }
+    if a.pool_tokens != 200_000 {
+        parts.push(format!("pools of {} tokens", a.pool_tokens));
+    }
+    if let Some(ms) = a.start_after_ms {
+        parts.push(format!("traffic after {ms} ms"));
+    }
+    parts.join(", ")
 }
 
 /// Every target on `plan`, each on a fresh fleet; a target that fails is reported and left
