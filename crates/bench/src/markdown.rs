@@ -408,51 +408,37 @@ fn curve_cell(r: &ProxyRow, nginx: Option<f64>) -> String {
     parts.join(", ")
 }
 
-/// `kvgate-bench soak`: what was sent, what was lost, and the gateway's memory.
+/// `kvgate-bench soak`: what was sent, what was lost, and the gateway's memory, in one row.
 pub fn soak(r: &SoakReport) -> Block {
     let rss: Vec<String> = r
         .rss_every_minute_kib
         .iter()
         .map(|k| format!("{:.1}", *k as f64 / 1024.0))
         .collect();
-    let rows = [
-        (
-            "requests sent",
-            format!("{} in {:.1} s", thousands(r.sent as f64), r.seconds),
-        ),
-        ("non-streaming failed", thousands(r.failed_plain as f64)),
-        (
-            "streams failed before their first byte",
-            thousands(r.failed_streams_not_started as f64),
-        ),
-        (
-            "streams cut after their first byte",
-            thousands(r.broken_streams_started as f64),
-        ),
-        (
-            "clients that hung up mid-stream on purpose",
-            thousands(r.hung_up as f64),
-        ),
-        (
-            "engine kills and restarts",
-            thousands(r.engine_restarts as f64),
-        ),
-        (
-            "requests in flight at the end",
-            thousands(r.in_flight_end as f64),
-        ),
-        (
-            "gateway RSS, once a minute",
-            format!("{} MiB", rss.join(", ")),
-        ),
+    let count = |n: u64| thousands(n as f64);
+    let header = [
+        "sent",
+        "failed, not streamed",
+        "streams failed before their first byte",
+        "streams cut after it",
+        "hung up on purpose",
+        "engine restarts",
+        "in flight at the end",
+        "gateway RSS once a minute, MiB",
     ];
     Block {
         title: "kvgate-bench soak --markdown".to_owned(),
-        header: ["figure", "value"].map(String::from).to_vec(),
-        rows: rows
-            .into_iter()
-            .map(|(k, v)| vec![k.to_owned(), v])
-            .collect(),
+        header: header.map(String::from).to_vec(),
+        rows: vec![vec![
+            format!("{} in {:.1} s", count(r.sent), r.seconds),
+            count(r.failed_plain),
+            count(r.failed_streams_not_started),
+            count(r.broken_streams_started),
+            count(r.hung_up),
+            count(r.engine_restarts),
+            count(r.in_flight_end),
+            rss.join(", "),
+        ]],
         merge: Merge::Replace,
     }
 }
