@@ -6,7 +6,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt as _;
-use kvgate_bench::{EngineTokens, Plan};
+use kvgate_bench::{EngineTokens, Message, Plan};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
@@ -147,45 +147,8 @@ pub async fn replay(
                         m.content.clone_from(a);
                     }
                     let url = &urls[(first + k) % urls.len()];
-                    let mut rec = match wire.tokens.chat(&messages) {
-                        Ok(ids) => {
-                            let body = match wire.form {
-                                PromptForm::Chat => json!({
-                                    "model": wire.model,
-                                    "messages": messages,
-                                    "max_tokens": plan.max_tokens,
-                                    "stream": true,
-                                    "stream_options": {"include_usage": true},
-                                }),
-                                PromptForm::Tokens => json!({
-                                    "model": wire.model,
-                                    "input_ids": ids,
-                                    "sampling_params": {"max_new_tokens": plan.max_tokens},
-                                    "stream": true,
-                                }),
-                            };
-                            let sent_at = begun.elapsed();
-                            let mut rec = send(client, url, &body).await;
-                            rec.sent_at = sent_at;
-                            rec.prompt = ids;
-                            rec
-                        }
-                        Err(e) => Record {
-                            error: Some(format!("encoding the prompt: {e}")),
-                            ..Record::default()
-                        },
-                    };
-                    if rec.ok && wire.form == PromptForm::Chat {
-                        match wire.tokens.answer(&rec.answer) {
-                            Ok(ids) => rec.answer_ids = ids,
-                            Err(e) => {
-                                // Not completed: its answer's ids would be missing from
-                                // the ideal.
-                                rec.ok = false;
-                                rec.error = Some(format!("encoding the answer: {e}"));
-                            }
-                        }
-                    }
+                    let rec =
+                        one_request(wire, client, url, &messages, plan.max_tokens, begun).await;
                     answers.push(rec.answer.clone());
                     let failed = !rec.ok;
                     records.borrow_mut().push(rec);
@@ -205,6 +168,57 @@ pub async fn replay(
         wall,
         capped,
     }
+}
+
+/// One request of a session: its chat encoded in the engines' tokens, sent in the
+/// wire's form, and its answer encoded back for the ideal.
+async fn one_request(
+    wire: &Wire<'_>,
+    client: &awc::Client,
+    url: &str,
+    messages: &[Message],
+    max_tokens: usize,
+    begun: Instant,
+) -> Record {
+    let ids = match wire.tokens.chat(messages) {
+        Ok(ids) => ids,
+        Err(e) => {
+            return Record {
+                error: Some(format!("encoding the prompt: {e}")),
+                ..Record::default()
+            };
+        }
+    };
+    let body = match wire.form {
+        PromptForm::Chat => json!({
+            "model": wire.model,
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "stream": true,
+            "stream_options": {"include_usage": true},
+        }),
+        PromptForm::Tokens => json!({
+            "model": wire.model,
+            "input_ids": ids,
+            "sampling_params": {"max_new_tokens": max_tokens},
+            "stream": true,
+        }),
+    };
+    let sent_at = begun.elapsed();
+    let mut rec = send(client, url, &body).await;
+    rec.sent_at = sent_at;
+    rec.prompt = ids;
+    if rec.ok && wire.form == PromptForm::Chat {
+        match wire.tokens.answer(&rec.answer) {
+            Ok(ids) => rec.answer_ids = ids,
+            Err(e) => {
+                // Not completed: its answer's ids would be missing from the ideal.
+                rec.ok = false;
+                rec.error = Some(format!("encoding the answer: {e}"));
+            }
+        }
+    }
+    rec
 }
 
 /// The plan index of each session's first request.

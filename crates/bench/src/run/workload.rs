@@ -15,7 +15,7 @@ use kvgate_policies::{CacheMode, PolicyConfig, PolicyKind};
 use kvgate_poller::PollNow;
 
 use super::child::{ChildServer, free_port};
-use super::driver::{Arrival, PromptForm, Record, Wire, replay};
+use super::driver::{Arrival, PromptForm, Record, Replay, Wire, replay};
 
 /// A kvgate policy as named on the command line: `cache_aware`, `cache_aware:threshold`...
 #[derive(Debug, Clone, PartialEq)]
@@ -142,7 +142,7 @@ impl Front {
     }
 }
 
-/// Runs `plan` through `target` on a fresh fleet; the fleet's counters give the hit rate.
+/// Runs `plan` through `target` on a fresh fleet; the answers' `usage` gives the hit rate.
 pub fn run_target(
     sys: &actix_rt::SystemRunner,
     target: &Target,
@@ -163,21 +163,13 @@ pub fn run_target(
         Vec::new()
     };
     let warm_stats = snapshot(&fleet);
-    let mut fronts = Vec::with_capacity(s.replicas);
-    for replica in 0..s.replicas.max(1) {
-        let front = match target {
-            Target::Kvgate { policy, events } => start_kvgate(sys, policy, *events, &fleet, s),
-            Target::Smg(bin) => start_smg(bin, &fleet, s, plan, replica),
-        };
-        match front {
-            Ok(f) => fronts.push(f),
-            Err(e) => {
-                fronts.into_iter().for_each(Front::stop);
-                fleet.stop();
-                return Err(e);
-            }
+    let fronts = match start_fronts(sys, target, &fleet, s, plan) {
+        Ok(fronts) => fronts,
+        Err(e) => {
+            fleet.stop();
+            return Err(e);
         }
-    }
+    };
     let urls: Vec<String> = fronts.iter().map(Front::url).collect();
     let wire = Wire {
         urls: &urls,
@@ -194,105 +186,82 @@ pub fn run_target(
         s.request_timeout,
     ));
     fronts.into_iter().for_each(Front::stop);
+    let stats = since(&snapshot(&fleet), &warm_stats);
+    fleet.stop();
+    Ok(report(target, plan, s, &run, &stats, &warm))
+}
 
-    // The measured run's own share of the engines' counters.
-    let stats: Vec<EngineStats> = snapshot(&fleet)
-        .into_iter()
-        .zip(&warm_stats)
+/// `s.replicas` gateways of `target` in front of `fleet`; if one fails, those already up
+/// are stopped.
+fn start_fronts(
+    sys: &actix_rt::SystemRunner,
+    target: &Target,
+    fleet: &SimFleet,
+    s: &Settings,
+    plan: &Plan,
+) -> anyhow::Result<Vec<Front>> {
+    let mut fronts = Vec::with_capacity(s.replicas);
+    for replica in 0..s.replicas.max(1) {
+        let front = match target {
+            Target::Kvgate { policy, events } => start_kvgate(sys, policy, *events, fleet, s),
+            Target::Smg(bin) => start_smg(bin, fleet, s, plan, replica),
+        };
+        match front {
+            Ok(f) => fronts.push(f),
+            Err(e) => {
+                fronts.into_iter().for_each(Front::stop);
+                return Err(e);
+            }
+        }
+    }
+    Ok(fronts)
+}
+
+/// The measured run's own share of the engines' counters: `after` less the warm-up's.
+fn since(after: &[EngineStats], before: &[EngineStats]) -> Vec<EngineStats> {
+    after
+        .iter()
+        .zip(before)
         .map(|(after, before)| EngineStats {
             requests: after.requests - before.requests,
             prompt_tokens: after.prompt_tokens - before.prompt_tokens,
             cached_tokens: after.cached_tokens - before.cached_tokens,
-            ..after
+            ..after.clone()
         })
-        .collect();
-    fleet.stop();
-    let ttft: Vec<f64> = run
-        .records
-        .iter()
-        .filter(|r| r.ok)
-        .filter_map(|r| r.ttft_ms)
-        .collect();
-    let latency: Vec<f64> = run
-        .records
-        .iter()
-        .filter(|r| r.ok)
-        .map(|r| r.total_ms)
-        .collect();
-    let completed = run.records.iter().filter(|r| r.ok).count();
-    let sent = in_order(&run.records);
-    let shape = s.sims.first().map_or(
-        EngineShape {
-            page_size: 1,
-            pool_tokens: usize::MAX,
-        },
-        |c| EngineShape {
-            page_size: c.page_size,
-            pool_tokens: c.cache_capacity_tokens,
-        },
-    );
-    // The ideal is only an upper bound in the engines' tokens: say so if ours differ.
-    let miscounted = run
-        .records
-        .iter()
-        .filter(|r| {
-            r.usage
-                .is_some_and(|u| u.prompt_tokens != r.prompt.len() as u64)
-        })
-        .count();
-    if miscounted > 0 {
-        eprintln!(
-            "    warning: {}: {miscounted} prompts counted differently by the engines than by the bench",
-            target.label()
-        );
-    }
-    let hits = run
-        .records
-        .iter()
-        .filter_map(|r| r.usage)
-        .fold(Tokens::default(), |t, u| {
-            t + Tokens {
-                prompt: u.prompt_tokens,
-                cached: u.cached_tokens.unwrap_or(0),
-            }
-        });
-    // SGLang leaves `prompt_tokens_details` out when nothing was cached, so only a run
-    // where no answer reported it says the report is off.
-    if run.records.iter().any(|r| r.usage.is_some())
-        && !run
-            .records
-            .iter()
-            .any(|r| r.usage.is_some_and(|u| u.cached_tokens.is_some()))
-    {
-        eprintln!(
-            "    warning: {}: the engines did not report cached tokens",
-            target.label()
-        );
-    }
+        .collect()
+}
+
+/// The run's figures: hits from the answers, the ideal from what was sent, the split from
+/// the engines' counters.
+fn report(
+    target: &Target,
+    plan: &Plan,
+    s: &Settings,
+    run: &Replay,
+    stats: &[EngineStats],
+    warm: &[Record],
+) -> RunReport {
+    let label = target.label();
+    let ok = || run.records.iter().filter(|r| r.ok);
+    let ttft: Vec<f64> = ok().filter_map(|r| r.ttft_ms).collect();
+    let latency: Vec<f64> = ok().map(|r| r.total_ms).collect();
+    let completed = ok().count();
+    let hits = usage_totals(&run.records);
     let engine_counters = Tokens {
         prompt: stats.iter().map(|e| e.prompt_tokens).sum(),
         cached: stats.iter().map(|e| e.cached_tokens).sum(),
     };
-    if engine_counters != hits {
-        eprintln!(
-            "    note: {}: usage says {}/{} cached/prompt tokens, the engines' counters {}/{}",
-            target.label(),
-            hits.cached,
-            hits.prompt,
-            engine_counters.cached,
-            engine_counters.prompt
-        );
-    }
-    Ok(RunReport {
+    warn_on_counts(&label, &run.records, hits, engine_counters);
+    RunReport {
         workload: plan.kind,
-        target: target.label(),
+        target: label,
         reference: matches!(target, Target::Smg(_)),
         planned: plan.len(),
         completed,
         failed: run.records.len() - completed,
         hits,
         engine_counters,
-        ideal: upper_bound_after(&in_order(&warm), &sent, shape),
+        ideal: upper_bound_after(&in_order(warm), &in_order(&run.records), engine_shape(s)),
         ttft_ms: Summary::of(&ttft),
         latency_ms: Summary::of(&latency),
         wall_secs: run.wall.as_secs_f64(),
@@ -306,7 +275,67 @@ pub fn run_target(
             .take(5)
             .collect(),
         setting: s.setting.clone(),
-    })
+    }
+}
+
+/// Σ prompt and Σ cached tokens as the engines answered them.
+fn usage_totals(records: &[Record]) -> Tokens {
+    records
+        .iter()
+        .filter_map(|r| r.usage)
+        .fold(Tokens::default(), |t, u| {
+            t + Tokens {
+                prompt: u.prompt_tokens,
+                cached: u.cached_tokens.unwrap_or(0),
+            }
+        })
+}
+
+/// Says when the figures cannot be taken at their word: prompts the bench counted
+/// differently from the engines (the ideal is an upper bound only in the engines' tokens),
+/// no cache report, or answers that disagree with the engines' own counters.
+fn warn_on_counts(label: &str, records: &[Record], hits: Tokens, engine_counters: Tokens) {
+    let miscounted = records
+        .iter()
+        .filter(|r| {
+            r.usage
+                .is_some_and(|u| u.prompt_tokens != r.prompt.len() as u64)
+        })
+        .count();
+    if miscounted > 0 {
+        eprintln!(
+            "    warning: {label}: {miscounted} prompts counted differently by the engines than by the bench"
+        );
+    }
+    // SGLang leaves `prompt_tokens_details` out when nothing was cached, so only a run
+    // where no answer reported it says the report is off.
+    if records.iter().any(|r| r.usage.is_some())
+        && !records
+            .iter()
+            .any(|r| r.usage.is_some_and(|u| u.cached_tokens.is_some()))
+    {
+        eprintln!("    warning: {label}: the engines did not report cached tokens");
+    }
+    if engine_counters != hits {
+        eprintln!(
+            "    note: {label}: usage says {}/{} cached/prompt tokens, the engines' counters {}/{}",
+            hits.cached, hits.prompt, engine_counters.cached, engine_counters.prompt
+        );
+    }
+}
+
+/// The engines' page size and pool, which bound what any routing could hit.
+fn engine_shape(s: &Settings) -> EngineShape {
+    s.sims.first().map_or(
+        EngineShape {
+            page_size: 1,
+            pool_tokens: usize::MAX,
+        },
+        |c| EngineShape {
+            page_size: c.page_size,
+            pool_tokens: c.cache_capacity_tokens,
+        },
+    )
 }
 
 /// What each engine has counted so far.

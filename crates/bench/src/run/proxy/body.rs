@@ -79,6 +79,34 @@ impl BodySpec {
     }
 }
 
+/// One sender's bodies: the same string every time, or a new unique one each request.
+pub struct Sender<'a> {
+    spec: &'a BodySpec,
+    lane: char,
+    n: u64,
+    fixed: Option<String>,
+}
+
+impl<'a> Sender<'a> {
+    pub fn new(spec: &'a BodySpec, lane: char) -> Self {
+        let fixed = (!spec.unique).then(|| spec.make(lane, 0));
+        Self {
+            spec,
+            lane,
+            n: 0,
+            fixed,
+        }
+    }
+
+    pub fn next(&mut self) -> std::borrow::Cow<'_, str> {
+        self.n += 1;
+        match &self.fixed {
+            Some(b) => b.as_str().into(),
+            None => self.spec.make(self.lane, self.n).into(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

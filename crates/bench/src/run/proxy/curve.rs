@@ -28,7 +28,7 @@ const PALETTE: [&str; 8] = [
 
 /// The targets in the order they first appear, `direct` left out (it is what "added" is
 /// measured against).
-fn targets(points: &[CurvePoint]) -> Vec<String> {
+pub fn targets(points: &[CurvePoint]) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for r in points.iter().flat_map(|p| &p.rows) {
         if r.target != "direct" && !out.contains(&r.target) {
