@@ -118,6 +118,10 @@ impl Engine {
     /// Spawns one step loop per rank on the current actix runtime.
     pub(crate) fn start_schedulers(&self) {
         for rank in &self.ranks {
+            #[expect(
+                clippy::disallowed_methods,
+                reason = "a simulated engine's tasks run on its own runtime, which stops with the fleet"
+            )]
             actix_rt::spawn(Arc::clone(rank).run());
         }
     }

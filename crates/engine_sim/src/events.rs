@@ -94,6 +94,10 @@ pub(crate) async fn start(host: &str, cfg: &SimConfig) -> io::Result<Option<(Por
         let buffer: Buffer = Arc::default();
         let keep = router.is_some().then_some(cfg.kv_events_replay_buffer);
         let rank = u32::try_from(rank).unwrap_or(u32::MAX);
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "a simulated engine's tasks run on its own runtime, which stops with the fleet"
+        )]
         actix_rt::spawn(publish(
             rank,
             topic.clone(),
@@ -103,6 +107,10 @@ pub(crate) async fn start(host: &str, cfg: &SimConfig) -> io::Result<Option<(Por
             keep,
         ));
         if let Some(router) = router {
+            #[expect(
+                clippy::disallowed_methods,
+                reason = "a simulated engine's tasks run on its own runtime, which stops with the fleet"
+            )]
             actix_rt::spawn(replay_loop(topic.clone(), router, buffer));
         }
     }

@@ -40,6 +40,10 @@ pub(crate) async fn start(
     for (index, (rank, socket)) in ranks.iter().zip(sockets).enumerate() {
         let (tx, rx) = unbounded_channel();
         rank.set_load_publisher(tx);
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "a simulated engine's tasks run on its own runtime, which stops with the fleet"
+        )]
         actix_rt::spawn(publish(
             index,
             Arc::clone(cfg),

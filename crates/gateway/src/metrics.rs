@@ -13,13 +13,17 @@ use std::sync::{Arc, PoisonError, RwLock};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use kvgate_policies::DecisionPath;
 
 use kvgate_core::Endpoint;
+
+mod scrape;
+
+use scrape::Gauges;
+pub use scrape::{Fleet, FleetWorker};
 
 /// Seconds, for LLM latencies: 5 ms to 10 min.
 const LATENCY_BUCKETS: [f64; 16] = [
@@ -29,8 +33,6 @@ const LATENCY_BUCKETS: [f64; 16] = [
 const SHORT_BUCKETS: [f64; 13] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 10.0,
 ];
-
-type FloatGauge = Gauge<f64, AtomicU64>;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
@@ -48,23 +50,6 @@ pub struct RouteLabels {
 pub struct DecisionLabels {
     pub policy: &'static str,
     pub path: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct WorkerLabels {
-    pub worker: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RankLabels {
-    pub worker: String,
-    pub rank: u32,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct IndexLabels {
-    pub model: String,
-    pub worker: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -168,21 +153,9 @@ pub struct Metrics {
     pub predicted_cached: Counter,
     pub reported_cached: Counter,
     pub selector_wait: Histogram,
-    // Set when scraped.
-    pub worker_up: Family<WorkerLabels, Gauge>,
-    pub worker_in_flight: Family<WorkerLabels, Gauge>,
-    pub circuit_open: Family<WorkerLabels, Gauge>,
-    pub rank_running: Family<RankLabels, Gauge>,
-    pub rank_waiting: Family<RankLabels, Gauge>,
-    pub rank_kv_usage: Family<RankLabels, FloatGauge>,
-    pub rank_gen_throughput: Family<RankLabels, FloatGauge>,
-    pub index_units: Family<IndexLabels, Gauge>,
-    pub snapshots_written: Gauge,
-    pub snapshot_failures: Gauge,
-    pub snapshot_pending: Gauge,
     pub snapshot_seconds: Histogram,
-    pub events_state: Family<WorkerLabels, Gauge>,
-    pub event_blocks: Family<WorkerLabels, Gauge>,
+    /// Set when scraped.
+    gauges: Gauges,
     health_transitions: Family<TransitionLabels, Counter>,
 }
 
@@ -260,90 +233,13 @@ impl Metrics {
             "Time a dispatch waited in the selector's mailbox",
             selector_wait.clone(),
         );
-        let worker_up = Family::<WorkerLabels, Gauge>::default();
-        r.register(
-            "worker_healthy",
-            "1 while the worker is ready and receives traffic",
-            worker_up.clone(),
-        );
-        let worker_in_flight = Family::<WorkerLabels, Gauge>::default();
-        r.register(
-            "worker_in_flight",
-            "Requests the gateway has in flight on the worker",
-            worker_in_flight.clone(),
-        );
-        let circuit_open = Family::<WorkerLabels, Gauge>::default();
-        r.register(
-            "worker_circuit_state",
-            "The worker's circuit breaker: 0 closed, 1 half open, 2 open",
-            circuit_open.clone(),
-        );
-        let rank_running = Family::<RankLabels, Gauge>::default();
-        r.register(
-            "worker_running_requests",
-            "Running requests in the worker's last load report, per data-parallel rank",
-            rank_running.clone(),
-        );
-        let rank_waiting = Family::<RankLabels, Gauge>::default();
-        r.register(
-            "worker_waiting_requests",
-            "Waiting requests in the worker's last load report, per rank",
-            rank_waiting.clone(),
-        );
-        let rank_kv_usage = Family::<RankLabels, FloatGauge>::default();
-        r.register(
-            "worker_kv_usage_ratio",
-            "KV pool usage in the worker's last load report, per rank (0 to 1)",
-            rank_kv_usage.clone(),
-        );
-        let rank_gen_throughput = Family::<RankLabels, FloatGauge>::default();
-        r.register(
-            "worker_gen_throughput_tokens_per_second",
-            "gen_throughput in the worker's last load report, per rank (stale on an idle rank)",
-            rank_gen_throughput.clone(),
-        );
-        let index_units = Family::<IndexLabels, Gauge>::default();
-        r.register(
-            "index_units",
-            "Prefix index units (bytes of text or tokens) per model and worker",
-            index_units.clone(),
-        );
-        let snapshots_written = Gauge::default();
-        r.register(
-            "snapshots_written",
-            "Index snapshots written to the store since start",
-            snapshots_written.clone(),
-        );
-        let snapshot_failures = Gauge::default();
-        r.register(
-            "snapshot_write_failures",
-            "Index snapshot writes that failed since start",
-            snapshot_failures.clone(),
-        );
-        let snapshot_pending = Gauge::default();
-        r.register(
-            "snapshot_changes_pending",
-            "1 while the index has changes no committed snapshot holds",
-            snapshot_pending.clone(),
-        );
         let snapshot_seconds = Histogram::new(LATENCY_BUCKETS);
         r.register(
             "snapshot_duration_seconds",
             "An index snapshot, from its start until its commit is handed to the store's writer",
             snapshot_seconds.clone(),
         );
-        let events_state = Family::<WorkerLabels, Gauge>::default();
-        r.register(
-            "worker_kv_events_state",
-            "The worker's KV events: 0 off, 1 connecting, 2 live, 3 stalled (routing falls back to the approximate index unless live)",
-            events_state.clone(),
-        );
-        let event_blocks = Family::<WorkerLabels, Gauge>::default();
-        r.register(
-            "worker_kv_event_blocks",
-            "Blocks the chain index holds for the worker, from its KV events",
-            event_blocks.clone(),
-        );
+        let gauges = Gauges::register(&mut r);
         let health_transitions = Family::<TransitionLabels, Counter>::default();
         r.register(
             "worker_health_transitions",
@@ -385,20 +281,8 @@ impl Metrics {
             predicted_cached,
             reported_cached,
             selector_wait,
-            worker_up,
-            worker_in_flight,
-            circuit_open,
-            rank_running,
-            rank_waiting,
-            rank_kv_usage,
-            rank_gen_throughput,
-            index_units,
-            snapshots_written,
-            snapshot_failures,
-            snapshot_pending,
             snapshot_seconds,
-            events_state,
-            event_blocks,
+            gauges,
             health_transitions,
         }
     }
@@ -409,60 +293,7 @@ impl Metrics {
             .scrape
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        // Cleared first, so a worker that left has no series.
-        for f in [&self.worker_up, &self.worker_in_flight, &self.circuit_open] {
-            f.clear();
-        }
-        for f in [&self.rank_running, &self.rank_waiting] {
-            f.clear();
-        }
-        for f in [&self.rank_kv_usage, &self.rank_gen_throughput] {
-            f.clear();
-        }
-        self.index_units.clear();
-        self.events_state.clear();
-        self.event_blocks.clear();
-        for w in &fleet.workers {
-            let l = WorkerLabels {
-                worker: w.url.clone(),
-            };
-            self.worker_up.get_or_create(&l).set(i64::from(w.healthy));
-            self.worker_in_flight
-                .get_or_create(&l)
-                .set(w.in_flight as i64);
-            self.circuit_open.get_or_create(&l).set(w.circuit);
-            self.events_state.get_or_create(&l).set(w.events_state);
-            self.event_blocks
-                .get_or_create(&l)
-                .set(w.event_blocks as i64);
-            for (rank, r) in w.ranks.iter().enumerate() {
-                let l = RankLabels {
-                    worker: w.url.clone(),
-                    rank: r.dp_rank.max(rank as u32),
-                };
-                self.rank_running
-                    .get_or_create(&l)
-                    .set(r.num_running_reqs as i64);
-                self.rank_waiting
-                    .get_or_create(&l)
-                    .set(r.num_waiting_reqs as i64);
-                self.rank_kv_usage.get_or_create(&l).set(r.token_usage);
-                self.rank_gen_throughput
-                    .get_or_create(&l)
-                    .set(r.gen_throughput);
-            }
-        }
-        for (model, worker, units) in &fleet.index {
-            self.index_units
-                .get_or_create(&IndexLabels {
-                    model: model.clone(),
-                    worker: worker.clone(),
-                })
-                .set(*units as i64);
-        }
-        self.snapshots_written.set(fleet.snapshots_written as i64);
-        self.snapshot_failures.set(fleet.snapshot_failures as i64);
-        self.snapshot_pending.set(i64::from(fleet.snapshot_pending));
+        self.gauges.set(fleet);
         let mut out = String::with_capacity(8 * 1024);
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
         Ok(out)
@@ -579,31 +410,6 @@ impl Metrics {
     }
 }
 
-/// What the actors know, read for one scrape.
-#[derive(Debug, Default)]
-pub struct Fleet {
-    pub workers: Vec<FleetWorker>,
-    /// (model, worker URL, units) of the prefix index.
-    pub index: Vec<(String, String, usize)>,
-    pub snapshots_written: u64,
-    pub snapshot_failures: u64,
-    pub snapshot_pending: bool,
-}
-
-/// One worker as a scrape sees it.
-#[derive(Debug)]
-pub struct FleetWorker {
-    pub url: String,
-    pub healthy: bool,
-    pub in_flight: u64,
-    /// 0 closed, 1 half open, 2 open.
-    pub circuit: i64,
-    /// 0 off, 1 connecting, 2 live, 3 stalled.
-    pub events_state: i64,
-    pub event_blocks: usize,
-    pub ranks: Vec<kvgate_policies::RankLoad>,
-}
-
 impl Default for Metrics {
     fn default() -> Self {
         Metrics::new("cache_aware")
@@ -611,68 +417,4 @@ impl Default for Metrics {
 }
 
 #[cfg(test)]
-mod tests {
-    use kvgate_policies::DecisionPath;
-
-    use std::sync::Arc;
-
-    use super::{Fleet, Metrics, PATHS, path_slot};
-    use kvgate_core::Endpoint;
-
-    #[test]
-    fn each_dispatched_path_counts_under_its_own_name() {
-        use DecisionPath::*;
-        let all = [
-            Hit, Spill, Miss, KvPressure, Hash, Load, RoundRobin, Random, Fallback, NoWorker,
-            Saturated,
-        ];
-        for p in all {
-            if let Some(i) = path_slot(p) {
-                assert_eq!(PATHS[i], p.name());
-            }
-        }
-        let m = Metrics::default();
-        m.dispatched(Hit, 1);
-        m.dispatched(Miss, 2);
-        m.dispatched(NoWorker, 1);
-        let counts = m.decision_counts();
-        let count = |p: &str| counts.iter().find(|(n, _)| *n == p).map(|(_, c)| *c);
-        assert_eq!(count("hit"), Some(1));
-        assert_eq!(count("miss"), Some(0));
-        assert_eq!(count("retry"), Some(1));
-        assert_eq!(m.retries.get(), 1);
-    }
-
-    #[test]
-    fn a_model_counts_under_its_name_whichever_copy_of_it_is_given() {
-        let m = Metrics::default();
-        // Two copies of one name (the selector's, before and after a rebuild) and none.
-        let (a, b): (Arc<str>, Arc<str>) = (Arc::from("m"), Arc::from("m"));
-        m.request(Endpoint::Chat, 200, Some(&a));
-        m.request(Endpoint::Chat, 200, Some(&b));
-        m.request(Endpoint::Chat, 200, Some(&Arc::from("n")));
-        m.request(Endpoint::Generate, 503, None);
-        assert_eq!(m.requests_total(), 4);
-        let text = m.encode(&Fleet::default()).expect("encodes");
-        const CHAT: &str = "route=\"/v1/chat/completions\"";
-        let count = |labels: &[&str]| {
-            text.lines()
-                .filter(|l| l.starts_with("kvgate_requests_total{"))
-                .find(|l| labels.iter().all(|x| l.contains(x)))
-                .and_then(|l| l.rsplit(' ').next())
-                .map(str::to_owned)
-        };
-        assert_eq!(
-            count(&["model=\"m\"", "status=\"2xx\"", CHAT]).as_deref(),
-            Some("2")
-        );
-        assert_eq!(
-            count(&["model=\"n\"", "status=\"2xx\"", CHAT]).as_deref(),
-            Some("1")
-        );
-        assert_eq!(
-            count(&["model=\"\"", "status=\"5xx\"", "route=\"/generate\""]).as_deref(),
-            Some("1")
-        );
-    }
-}
+mod tests;

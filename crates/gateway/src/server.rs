@@ -535,6 +535,10 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         writer: store.writer,
         metrics: metrics.map(|(server, _)| {
             let handle = server.handle();
+            #[expect(
+                clippy::disallowed_methods,
+                reason = "the metrics listener is stopped through its handle, kept in Threads"
+            )]
             actix_rt::spawn(server);
             handle
         }),

@@ -104,9 +104,7 @@ fn raise_exception(msg: String) -> Result<Value, Error> {
 /// transformers' `strftime_now(format)`: the current UTC time (Llama 3.x templates print
 /// today's date with it). The common directives; any other is kept as written.
 fn strftime_now(format: String) -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let secs = kvgate_core::clock::unix_now() as u64;
     strftime(&format, secs)
 }
 

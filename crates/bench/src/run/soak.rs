@@ -194,9 +194,14 @@ pub fn run(s: &SoakSettings) -> anyhow::Result<SoakReport> {
                 i += 1;
                 report.borrow_mut().sent += 1;
                 let (client, url, report) = (client.clone(), url.clone(), report.clone());
-                tasks.push(actix_rt::spawn(async move {
+                #[expect(
+                    clippy::disallowed_methods,
+                    reason = "the load's clients are joined before the soak reports"
+                )]
+                let task = actix_rt::spawn(async move {
                     one(&client, &url, i, kind, &report).await;
-                }));
+                });
+                tasks.push(task);
                 tasks.retain(|t| !t.is_finished());
             }
             for t in tasks {

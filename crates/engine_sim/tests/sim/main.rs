@@ -2,6 +2,10 @@
 
 // The helpers are test code too, outside `#[test]` fns: a panic there is a failed test.
 #![expect(clippy::unwrap_used, reason = "test code")]
+#![expect(
+    clippy::disallowed_methods,
+    reason = "tests spawn their own clients and servers; nothing outlives the test"
+)]
 
 mod events;
 mod faults;

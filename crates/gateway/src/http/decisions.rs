@@ -6,7 +6,7 @@
 //! than the whole record (`docs/benchmarks.md`, proxy overhead).
 
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use kvgate_core::WorkerUrl;
 use kvgate_policies::{Decision, RoutingText, WorkerId};
@@ -245,9 +245,7 @@ impl Clock {
     fn now() -> Clock {
         Clock {
             start: Instant::now(),
-            start_unix_ms: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |t| t.as_millis() as u64),
+            start_unix_ms: (kvgate_core::clock::unix_now() * 1000.0) as u64,
         }
     }
 
@@ -745,9 +743,7 @@ mod tests {
         assert_eq!(seqs(&all), vec![2, 3]);
         assert!(all.iter().all(|r| r.request_id.as_str() != "late"));
         assert_eq!(all[0].request_id.as_str(), "a");
-        let now_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |t| t.as_millis() as u64);
+        let now_ms = (kvgate_core::clock::unix_now() * 1000.0) as u64;
         for r in &all {
             assert!(
                 r.time_unix_ms.abs_diff(now_ms) < 5_000,

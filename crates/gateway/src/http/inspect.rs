@@ -361,9 +361,7 @@ pub async fn fleet_state(
         })
         .collect();
     let m = &state.metrics;
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |t| t.as_millis() as u64);
+    let now_ms = (kvgate_core::clock::unix_now() * 1000.0) as u64;
     let recent: serde_json::Map<String, Value> = state
         .decisions
         .paths_within(std::time::Duration::from_millis(RECENT_WINDOW_MS))

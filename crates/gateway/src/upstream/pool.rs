@@ -126,6 +126,10 @@ impl Pool {
     pub fn spawn_sweeper(&self) {
         let pool = Rc::downgrade(&self.0);
         let every = self.0.keep_alive.max(Duration::from_millis(10));
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "the sweeper holds the pool weakly and ends with it"
+        )]
         actix_rt::spawn(async move {
             loop {
                 actix_rt::time::sleep(every).await;

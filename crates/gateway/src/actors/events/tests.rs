@@ -110,6 +110,10 @@ async fn blocks_of(
 
 /// Answers replay requests from `history` (batch `i` has sequence `i`) as it is when asked.
 fn serve_replay(mut router: zeromq::RouterSocket, history: Arc<Mutex<Vec<EventBatch>>>) {
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "a test publisher; it ends with the test's runtime"
+    )]
     actix_rt::spawn(async move {
         while let Ok(req) = router.recv().await {
             let frames: Vec<Vec<u8>> = req.iter().map(|f| f.to_vec()).collect();
