@@ -41,7 +41,9 @@ async fn matched(gw: &kvgate_gateway::Gateway, text: &str) -> Option<usize> {
     let d = gw
         .actors()
         .selector
-        .send(Explain { facts })
+        .send(Explain {
+            facts: std::sync::Arc::new(facts),
+        })
         .await
         .expect("selector answers")
         .expect("a decision");

@@ -165,7 +165,7 @@ async fn explain_is_a_dry_run_with_reasons() {
     let sel = h.gw.actors().selector.clone();
     let d = sel
         .send(Explain {
-            facts: facts.clone(),
+            facts: std::sync::Arc::new(facts.clone()),
         })
         .await
         .unwrap()
@@ -182,7 +182,13 @@ async fn explain_is_a_dry_run_with_reasons() {
             .all(|v| v.in_flight == 0 && v.credit.requests == 0),
         "{views:?}"
     );
-    let again = sel.send(Explain { facts }).await.unwrap().unwrap();
+    let again = sel
+        .send(Explain {
+            facts: std::sync::Arc::new(facts),
+        })
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(again.path, DecisionPath::Miss);
     assert_eq!(h.split(), vec![0, 0]);
 }
@@ -286,7 +292,9 @@ async fn shared_prefix_pair(hold: Duration) -> (u64, f64) {
     let d =
         h.gw.actors()
             .selector
-            .send(kvgate_gateway::testing::Explain { facts })
+            .send(kvgate_gateway::testing::Explain {
+                facts: std::sync::Arc::new(facts),
+            })
             .await
             .expect("the selector answers")
             .expect("a decision");

@@ -135,13 +135,13 @@ impl Workers {
     }
 }
 
-fn facts(text: String) -> RequestFacts {
-    RequestFacts {
+fn facts(text: String) -> Arc<RequestFacts> {
+    Arc::new(RequestFacts {
         model: Some(MODEL.into()),
         key: RoutingText::Text(text.into()),
         routing_key: None,
         stream: false,
-    }
+    })
 }
 
 /// Resident set size in bytes.
@@ -244,7 +244,7 @@ async fn barrier(index: &Addr<IndexActor>) -> anyhow::Result<()> {
     index
         .send(MatchPrefix {
             model: MODEL.into(),
-            facts: RequestFacts::default(),
+            facts: Arc::default(),
             count: false,
             recent: None,
         })
@@ -393,7 +393,7 @@ async fn write_round(
     let group = *serial % k.groups;
     index.do_send(RecordPrefix {
         model: MODEL.into(),
-        key: RoutingText::Text(prompts.prompt(group, *serial).into()),
+        facts: facts(prompts.prompt(group, *serial)),
         worker: workers.holder(group, *serial, k),
         ticket: None,
     });
@@ -566,7 +566,7 @@ fn main() -> anyhow::Result<()> {
             let group = i % k.groups;
             index.do_send(RecordPrefix {
                 model: MODEL.into(),
-                key: RoutingText::Text(prompts.prompt(group, i).into()),
+                facts: facts(prompts.prompt(group, i)),
                 worker: workers.holder(group, i, &k),
                 ticket: None,
             });

@@ -2,15 +2,12 @@
 //! worker's answer, and maps every error the gateway itself answers with to one
 //! OpenAI-style JSON body.
 
-pub mod admission;
 pub mod app;
 pub mod auth;
-pub mod decisions;
 pub mod error;
 pub mod inference;
 pub mod inspect;
 pub mod intake;
-pub mod parse;
 pub mod proxy;
 pub mod routes;
-pub mod tokens;
+pub mod state;

@@ -31,8 +31,10 @@
 mod actors;
 mod alloc;
 mod config;
+mod facts;
 mod http;
 mod metrics;
+mod pipeline;
 mod server;
 mod upstream;
 
@@ -54,14 +56,16 @@ pub mod testing {
     };
     pub use crate::actors::registry::{Fleet, FleetChanged, WorkerRecord, WorkerStatus};
     pub use crate::actors::selector::{Explain, GetViews, SelectorActor};
-    pub use crate::http::parse::request_facts;
+    pub use crate::facts::request_facts;
     pub use crate::server::Actors;
     pub use kvgate_core::Endpoint;
 
-    /// Messages that make a routing actor's next step panic (feature `fault-injection`).
+    /// Messages that make a routing actor's next step panic, and the count of request
+    /// bodies read for routing (feature `fault-injection`).
     #[cfg(feature = "fault-injection")]
     pub mod inject {
         pub use crate::actors::index::InjectPanic as IndexPanic;
         pub use crate::actors::selector::InjectPanic as SelectorPanic;
+        pub use crate::facts::parsed as facts_parsed;
     }
 }

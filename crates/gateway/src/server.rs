@@ -32,12 +32,11 @@ use crate::actors::registry::{
 use crate::actors::selector::SelectorActor;
 use crate::actors::tokenizers::{TokenizerActor, Tokenizers};
 use crate::config::{ConfigError, GatewayConfig};
-use crate::http::admission::Admission;
 use crate::http::auth::{AllowList, Keys};
-use crate::http::decisions::{DECISION_LOG_SIZE, DecisionSink};
 use crate::http::intake::Intake;
-use crate::http::routes::{AppState, Lifecycle};
+use crate::http::state::{AppState, Lifecycle};
 use crate::metrics::Metrics;
+use crate::pipeline::{Admission, DECISION_LOG_SIZE, DecisionSink, Pipeline};
 use crate::upstream::Pool;
 
 #[derive(Debug, Error)]
@@ -496,7 +495,16 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
     register(&registry, (&index, &events), workers, &allow).await;
     let lifecycle = Arc::new(Lifecycle::default());
     let admission = Arc::new(Admission::new(&cfg.admission));
+    let pipeline = Pipeline::new(
+        selector.clone(),
+        admission.clone(),
+        DecisionSink::new(DECISION_LOG_SIZE, metrics.clone()),
+        metrics.clone(),
+        cfg.retry,
+        cfg.policy.bytes_per_token,
+    );
     let state = web::Data::new(AppState {
+        pipeline,
         selector: selector.clone(),
         registry: registry.clone(),
         index: index.clone(),
@@ -504,17 +512,13 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         request_timeout: cfg.request_timeout,
         first_token_timeout: cfg.stream_first_token_timeout,
         body_timeout: cfg.body_read_timeout,
-        retry: cfg.retry,
-        admission: admission.clone(),
         keys: Keys::new(&cfg.access),
         allow,
         grace: cfg.shutdown_grace_period,
         lifecycle: lifecycle.clone(),
         reads_prompt: cfg.policy.kind.reads_prompt(),
-        decisions: DecisionSink::new(DECISION_LOG_SIZE, metrics.clone()),
         events: events.clone(),
         tokenizers,
-        bytes_per_token: cfg.policy.bytes_per_token,
         metrics,
     });
     let metrics = metrics_server(cfg, state.clone())?;

@@ -21,9 +21,11 @@ use thiserror::Error;
 mod body;
 mod chunked;
 mod head;
+mod idle;
 mod pool;
+mod read;
 
-pub use body::Body;
+pub use body::{Body, Response};
 pub use pool::Pool;
 
 /// What can go wrong between the gateway and a worker.

@@ -20,17 +20,17 @@
 //! publisher is unreachable: routing falls back to the approximate index, visibly).
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use actix::prelude::*;
 use kvgate_kv_events::{EventBatch, KvEvent, KvEventsDescriptor, Medium, rank_endpoints};
 use kvgate_kv_index::{ChainConfig, ChainIndex, ChainStats, ChainStore};
-use kvgate_policies::WorkerId;
+use kvgate_policies::{RequestFacts, RoutingText, WorkerId};
 use serde::Serialize;
 use tracing::{debug, info, warn};
 
 use crate::actors::index::ClearWorker;
 use crate::actors::registry::{FleetChanged, WorkerRecord};
-use crate::actors::selector::{EventsLive, LoadPushed};
 
 /// One worker's event state, as `GET /workers` shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -551,8 +551,25 @@ impl Handler<GetEventStates> for EventsActor {
 #[derive(Message, Debug)]
 #[rtype(result = "ChainAnswer")]
 pub struct MatchChain {
-    pub tokens: Vec<u32>,
+    /// The request's facts, shared; a token request is matched on its tokens.
+    pub facts: Arc<RequestFacts>,
 }
+
+/// A rank's load as its engine pushed it (SGLang `LoadStat`): fresher than a poll for
+/// the running and waiting counts; the poll still brings `gen_throughput`.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct LoadPushed {
+    pub worker: WorkerId,
+    pub rank: u32,
+    pub stat: kvgate_kv_events::LoadStat,
+}
+
+/// Whether any worker's KV events are live: token requests ask the events actor only
+/// while one is.
+#[derive(Message, Debug, Clone, Copy)]
+#[rtype(result = "()")]
+pub struct EventsLive(pub bool);
 
 /// The answer to [`MatchChain`].
 #[derive(Debug, Default)]
@@ -568,6 +585,12 @@ impl Handler<MatchChain> for EventsActor {
 
     fn handle(&mut self, msg: MatchChain, _: &mut Context<Self>) -> Self::Result {
         let mut per_rank = Vec::new();
+        let RoutingText::Tokens(tokens) = &msg.facts.key else {
+            return MessageResult(ChainAnswer {
+                per_rank,
+                stats: self.index.stats(),
+            });
+        };
         // One walk per block size in the fleet, not one per worker.
         let mut walks = Vec::new();
         for (id, w) in &self.workers {
@@ -580,7 +603,7 @@ impl Handler<MatchChain> for EventsActor {
             let at = match walks.iter().position(|(b, _)| *b == bs) {
                 Some(i) => i,
                 None => {
-                    walks.push((bs, self.index.match_tokens(&msg.tokens, bs as usize, 0)));
+                    walks.push((bs, self.index.match_tokens(tokens, bs as usize, 0)));
                     walks.len() - 1
                 }
             };

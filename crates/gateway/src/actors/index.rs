@@ -230,7 +230,7 @@ impl IndexActor {
         let Some(m) = self.models.get_mut(&*msg.model) else {
             return;
         };
-        let dropped = match (&msg.key, hash_mode) {
+        let dropped = match (&msg.facts.key, hash_mode) {
             (RoutingText::Tokens(t), true) => m.hash.forget(t, 0, msg.worker, msg.keep),
             (RoutingText::Tokens(t), false) => m.tokens.forget(t, msg.worker, msg.keep),
             (RoutingText::Text(s), false) => m.text.forget(&Runs(s), msg.worker, msg.keep),
@@ -439,13 +439,13 @@ impl Actor for IndexActor {
     }
 }
 
-/// Who holds how much of the request's prompt. The facts travel with the message and come
-/// back with the answer, so the prompt is never copied.
+/// Who holds how much of the request's prompt. The facts are shared with the request
+/// (parsed once), never copied.
 #[derive(Message, Debug)]
-#[rtype(result = "(RequestFacts, PrefixMatches, Vec<(WorkerId, usize)>, Option<u64>)")]
+#[rtype(result = "(PrefixMatches, Vec<(WorkerId, usize)>, Option<u64>)")]
 pub struct MatchPrefix {
     pub model: Arc<str>,
-    pub facts: RequestFacts,
+    pub facts: Arc<RequestFacts>,
     /// Count the lookup as traffic (a dispatch), and answer a ticket (the fourth part of
     /// the answer) for the [`RecordPrefix`] of the same key; false for a dry run.
     pub count: bool,
@@ -461,7 +461,7 @@ impl Handler<MatchPrefix> for IndexActor {
         let (m, recent, ticket) = self
             .guarded(|s| s.lookup(&msg.model, &msg.facts.key, msg.count, msg.recent))
             .unwrap_or_default();
-        MessageResult((msg.facts, m, recent, ticket))
+        MessageResult((m, recent, ticket))
     }
 }
 
@@ -470,7 +470,7 @@ impl Handler<MatchPrefix> for IndexActor {
 #[rtype(result = "()")]
 pub struct RecordPrefix {
     pub model: Arc<str>,
-    pub key: RoutingText,
+    pub facts: Arc<RequestFacts>,
     pub worker: WorkerId,
     /// The ticket of the counted lookup of this very key, when there was one.
     pub ticket: Option<u64>,
@@ -480,17 +480,18 @@ impl Handler<RecordPrefix> for IndexActor {
     type Result = ();
 
     fn handle(&mut self, msg: RecordPrefix, _: &mut Context<Self>) {
-        let _ = self.guarded(|s| s.record(&msg.model, &msg.key, msg.worker, msg.ticket));
+        let _ = self.guarded(|s| s.record(&msg.model, &msg.facts.key, msg.worker, msg.ticket));
     }
 }
 
-/// Takes back a record of `key` for `worker`, to the `keep` units it held before: the
-/// request it was recorded for failed there, so the worker's cache did not get it.
+/// Takes back a record of the request's key for `worker`, to the `keep` units it held
+/// before: the request it was recorded for failed there, so the worker's cache did not
+/// get it.
 #[derive(Message, Debug)]
 #[rtype(result = "()")]
 pub struct ForgetPrefix {
     pub model: Arc<str>,
-    pub key: RoutingText,
+    pub facts: Arc<RequestFacts>,
     pub worker: WorkerId,
     pub keep: usize,
 }

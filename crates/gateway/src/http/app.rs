@@ -11,7 +11,8 @@ use rand::RngCore;
 use crate::http::error::ApiError;
 use crate::http::inference;
 use crate::http::inspect;
-use crate::http::routes::{self, AppState, RequestId};
+use crate::http::routes;
+use crate::http::state::{AppState, RequestId};
 use crate::upstream::Pool;
 use kvgate_core::Endpoint;
 

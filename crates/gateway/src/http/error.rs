@@ -8,6 +8,8 @@ use thiserror::Error;
 
 use crate::actors::registry::RegistryError;
 use crate::actors::selector::SelectError;
+use crate::facts::FactsError;
+use crate::pipeline::{AdmitError, DispatchError};
 use crate::upstream::UpstreamError;
 
 /// Every error the gateway itself answers with. Upstream error bodies never pass through
@@ -156,6 +158,34 @@ impl From<SelectError> for ApiError {
             SelectError::NoHealthy => ApiError::NoWorker { registered: true },
             SelectError::Saturated => ApiError::Saturated,
             SelectError::Restarted => ApiError::RoutingRestarted,
+        }
+    }
+}
+
+impl From<AdmitError> for ApiError {
+    fn from(e: AdmitError) -> Self {
+        match e {
+            AdmitError::QueueFull { retry_after } => ApiError::QueueFull { retry_after },
+            AdmitError::QueueTimeout { retry_after } => ApiError::QueueTimeout { retry_after },
+            AdmitError::RateLimited { retry_after } => ApiError::RateLimited { retry_after },
+        }
+    }
+}
+
+impl From<DispatchError> for ApiError {
+    fn from(e: DispatchError) -> Self {
+        match e {
+            DispatchError::Select(e) => e.into(),
+            DispatchError::Gone(e) => ApiError::ActorGone(e),
+        }
+    }
+}
+
+impl From<FactsError> for ApiError {
+    fn from(e: FactsError) -> Self {
+        match e {
+            FactsError::BadRequest(m) => ApiError::BadRequest(m),
+            FactsError::InvalidJson(m) => ApiError::InvalidJson(m),
         }
     }
 }

@@ -1,26 +1,23 @@
-//! The proxied inference routes: admission, then a decision and an attempt, and another
-//! decision elsewhere when an attempt fails before any byte reached the client.
+//! The proxied inference routes, the HTTP front door of the dispatch pipeline: the client
+//! key, admission, the body and its facts (read once), then the pipeline's attempts, each
+//! proxied to its worker (`proxy`).
 
+use std::cell::Cell;
 use std::sync::Arc;
 use std::time::Instant;
 
 use actix_web::http::ConnectionType;
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 use bytes::Bytes;
-use kvgate_policies::{RequestFacts, WorkerId};
-use tracing::warn;
+use kvgate_core::Endpoint;
+use kvgate_policies::RequestFacts;
 
-use crate::actors::index::ForgetPrefix;
-use crate::actors::selector::{self, SelectError};
-use crate::http::decisions::{Decided, is_text};
+use crate::facts::{request_facts, tokens};
 use crate::http::error::ApiError;
 use crate::http::intake;
-use kvgate_core::Endpoint;
-
-use crate::http::parse::request_facts;
 use crate::http::proxy::{self, Upstream};
-use crate::http::routes::{AppState, RequestId, read_body};
-use crate::http::tokens;
+use crate::http::state::{AppState, RequestId, read_body};
+use crate::pipeline::{Job, RunError};
 use crate::upstream::Pool;
 
 /// The first usable routing key among the headers, in order.
@@ -123,12 +120,9 @@ async fn proxy_request(
 ) -> Result<HttpResponse, ApiError> {
     state.keys.client(&req)?;
     let peer = req.peer_addr().map(|a| a.ip());
-    let mut ticket = Some(
-        state
-            .admission
-            .admit(state.keys.client_id(&req), peer)
-            .await?,
-    );
+    let admitted = state.pipeline.admit(state.keys.client_id(&req), peer);
+    // Handed to the answer that relays a stream, so the slot is held until it ends.
+    let ticket = Cell::new(Some(admitted.await?));
     let read = async {
         match seen.claim.take() {
             Some(c) => c
@@ -141,96 +135,34 @@ async fn proxy_request(
     let body = actix_rt::time::timeout(state.body_timeout, read)
         .await
         .map_err(|_| ApiError::BodyTimeout(state.body_timeout.as_secs_f64()))??;
-    let mut facts = facts_of(endpoint, &req, &body, &state).await?;
-    let request_id = req
-        .extensions()
-        .get::<RequestId>()
-        .map(|r| r.0.clone())
-        .unwrap_or_else(|| Arc::from(""));
-    let mut up = Upstream {
+    let job = Job {
+        facts: Arc::new(facts_of(endpoint, &req, &body, &state).await?),
+        endpoint,
+        request_id: req
+            .extensions()
+            .get::<RequestId>()
+            .map_or_else(|| Arc::from(""), |r| r.0.clone()),
+        arrived,
+    };
+    let up = Upstream {
         pool: &pool,
         path: endpoint.path(),
-        request_id: &request_id,
+        request_id: &job.request_id,
         timeout: state.request_timeout,
         deadline: Instant::now() + state.request_timeout,
         first_token_timeout: state.first_token_timeout,
         max_response: 256 * 1024 * 1024,
-        stream: facts.stream,
+        stream: job.facts.stream,
         pass_authorization: !state.keys.any(),
-        attempt: 1,
     };
-    let mut exclude: Vec<WorkerId> = Vec::new();
-    let mut last: Option<proxy::Failure> = None;
-    let mut attempt = 1;
-    let mut restarted = false;
-    loop {
-        let (text, facts_stream) = (is_text(&facts.key), facts.stream);
-        let mut d = match selector::select(&state.selector, facts, exclude.clone(), attempt).await?
-        {
-            Ok(d) => d,
-            // The selector rebuilt its state after a failed decision: ask once more, on
-            // the fresh state (a second failure is this request's own answer).
-            Err(SelectError::Restarted) if !restarted => {
-                restarted = true;
-                facts = facts_of(endpoint, &req, &body, &state).await?;
-                continue;
-            }
-            // Every worker left was tried: the client gets the last failure, not a 503.
-            Err(e) => {
-                return match last {
-                    Some(f) => f.into_answer(),
-                    None => Err(e.into()),
-                };
-            }
-        };
-        let (worker, target, url, recorded) =
-            (d.worker, d.target, d.url.clone(), d.recorded.clone());
-        state.metrics.dispatched(d.decision.path, attempt);
-        seen.served.clone_from(&d.model);
-        // The log takes the decision itself; the attempt needs none of it.
-        let note = state.decisions.decided(
-            &mut d.decision,
-            Decided {
-                request_id: &request_id,
-                model: d.model.take(),
-                endpoint,
-                attempt,
-                worker_url: url.clone(),
-                text,
-                bytes_per_token: state.bytes_per_token,
-                arrived,
-                stream: facts_stream,
-            },
-        );
-        up.attempt = attempt;
-        let failure = match proxy::forward(&up, &req, body.clone(), d, &mut ticket, note).await {
-            Ok(resp) => return Ok(resp),
-            Err(f) => f,
-        };
-        let next = facts_of(endpoint, &req, &body, &state).await?;
-        if let Some((model, keep)) = recorded {
-            // Nothing of the failed attempt stays in the index.
-            state.index.do_send(ForgetPrefix {
-                model,
-                key: next.key.clone(),
-                worker: target,
-                keep,
-            });
-        }
-        let out_of_time = Instant::now() >= up.deadline;
-        if !failure.retry || attempt >= state.retry.attempts() || out_of_time {
-            if failure.retry {
-                warn!(request_id = %request_id, worker = %url, attempt, error = %failure.error, "attempt failed; no retry left");
-            }
-            return failure.into_answer();
-        }
-        warn!(request_id = %request_id, worker = %url, attempt, error = %failure.error, "attempt failed; trying another worker");
-        exclude.push(worker);
-        attempt += 1;
-        let wait = state.retry.backoff(attempt, &mut rand::thread_rng());
-        let left = up.deadline.saturating_duration_since(Instant::now());
-        actix_rt::time::sleep(wait.min(left)).await;
-        facts = next;
-        last = Some(failure);
+    let served = &mut seen.served;
+    let sent = state.pipeline.run(&job, up.deadline, |a| {
+        served.clone_from(&a.dispatch.model);
+        proxy::forward(&up, &req, body.clone(), a, &ticket)
+    });
+    match sent.await {
+        Ok(resp) => Ok(resp),
+        Err(RunError::Dispatch(e)) => Err(e.into()),
+        Err(RunError::Failed(f)) => f.into_answer(),
     }
 }

@@ -2,6 +2,7 @@
 //! `GET /admin/decisions` (the decision log).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use actix_web::{HttpRequest, HttpResponse, web};
 use kvgate_policies::{CandidateScore, Decision, RoutingText, WorkerId, WorkerLoad, WorkerView};
@@ -17,9 +18,8 @@ use crate::actors::selector::{
 use crate::http::error::ApiError;
 use kvgate_core::Endpoint;
 
-use crate::http::parse::request_facts;
-use crate::http::routes::{AppState, read_body};
-use crate::http::tokens;
+use crate::facts::{request_facts, tokens};
+use crate::http::state::{AppState, read_body};
 use crate::metrics::{Fleet, FleetWorker};
 
 /// The inference route a name stands for: a path (`/v1/chat/completions`, with or without
@@ -76,7 +76,7 @@ pub async fn explain(
     let source = tokens::tokenize(&state.tokenizers, endpoint, &body, &mut facts).await;
     let mut prompt = match &facts.key {
         RoutingText::Text(t) => json!({"kind": "text", "bytes": t.len(),
-            "estimated_tokens": (t.len() as f64 / state.bytes_per_token.max(f64::MIN_POSITIVE)).ceil() as u64}),
+            "estimated_tokens": (t.len() as f64 / state.pipeline.bytes_per_token().max(f64::MIN_POSITIVE)).ceil() as u64}),
         RoutingText::Tokens(t) => json!({"kind": "tokens", "tokens": t.len()}),
         RoutingText::Empty => json!({"kind": "none"}),
     };
@@ -84,7 +84,12 @@ pub async fn explain(
     prompt["tokens_from"] = json!(source);
     let model = facts.model.clone();
     let tokens = matches!(facts.key, RoutingText::Tokens(_));
-    let decision = state.selector.send(Explain { facts }).await??;
+    let decision = state
+        .selector
+        .send(Explain {
+            facts: Arc::new(facts),
+        })
+        .await??;
     let targets = state.selector.send(GetWorkerStates).await?;
     let events = state.events.send(GetEventStates).await?;
     let mut out = decision_json(&decision, &targets, &events, tokens);
@@ -213,7 +218,7 @@ pub async fn decisions(
             "limit must be between 1 and {MAX_DECISIONS}"
         )));
     }
-    let mut records = state.decisions.read(limit, query.since);
+    let mut records = state.pipeline.decisions().read(limit, query.since);
     let views = state.selector.send(GetViews).await?;
     let urls: HashMap<_, _> = views.iter().map(|v| (v.id, v.url.to_string())).collect();
     for r in &mut records {
@@ -363,12 +368,13 @@ pub async fn fleet_state(
     let m = &state.metrics;
     let now_ms = (kvgate_core::clock::unix_now() * 1000.0) as u64;
     let recent: serde_json::Map<String, Value> = state
-        .decisions
+        .pipeline
+        .decisions()
         .paths_within(std::time::Duration::from_millis(RECENT_WINDOW_MS))
         .into_iter()
         .map(|(p, n)| (p.to_owned(), json!(n)))
         .collect();
-    let mut ttfts = state.decisions.recent_ttfts(TTFT_WINDOW);
+    let mut ttfts = state.pipeline.decisions().recent_ttfts(TTFT_WINDOW);
     let paths: serde_json::Map<String, Value> = m
         .decision_counts()
         .into_iter()

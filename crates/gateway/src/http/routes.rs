@@ -2,110 +2,29 @@
 //! sglang-router legacy forms). The proxied inference routes are in `inference`.
 
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use actix::Addr;
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
-use bytes::{Bytes, BytesMut};
-use futures_util::StreamExt;
+use bytes::Bytes;
 
 use kvgate_core::WorkerUrl;
 use kvgate_policies::WorkerId;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::actors::events::{EventsActor, GetEventStates, WorkerEvents};
-use crate::actors::index::{ClearWorker, GetIndexStats, IndexActor, Ping as IndexPing};
+use crate::actors::events::{GetEventStates, WorkerEvents};
+use crate::actors::index::{ClearWorker, GetIndexStats, Ping as IndexPing};
 use crate::actors::registry::{
-    AddWorker, DrainWorker, ListWorkers, RegistryActor, RemoveWorker, WorkerRecord, WorkerSource,
-    WorkerStatus,
+    AddWorker, DrainWorker, ListWorkers, RemoveWorker, WorkerRecord, WorkerSource, WorkerStatus,
 };
-use crate::actors::selector::{
-    CircuitState, GetWorkerStates, Ping, SelectorActor, WorkerState, worker_state,
-};
-use crate::actors::tokenizers::{Slot, Tokenizers};
-use crate::config::RetryConfig;
-use crate::http::admission::Admission;
-use crate::http::auth::{AllowList, Keys};
-use crate::http::decisions::DecisionSink;
+use crate::actors::selector::{CircuitState, GetWorkerStates, Ping, WorkerState, worker_state};
+use crate::actors::tokenizers::Slot;
 use crate::http::error::ApiError;
-use crate::metrics::Metrics;
+use crate::http::state::{AppState, read_body};
 use crate::upstream::{Pool, UpstreamError};
 use kvgate_core::Secret;
-
-/// Shared by every HTTP worker thread.
-#[derive(Debug, Clone)]
-pub struct AppState {
-    pub selector: Addr<SelectorActor>,
-    pub registry: Addr<RegistryActor>,
-    pub index: Addr<IndexActor>,
-    pub max_payload_size: usize,
-    pub request_timeout: Duration,
-    pub first_token_timeout: Duration,
-    pub body_timeout: Duration,
-    pub retry: RetryConfig,
-    pub admission: Arc<Admission>,
-    pub keys: Keys,
-    pub allow: AllowList,
-    /// Longest drain of a worker removed through the API, and of the gateway at SIGTERM.
-    pub grace: Duration,
-    pub lifecycle: Arc<Lifecycle>,
-    /// Whether the policy reads the prompt; without it the routing text is not built.
-    pub reads_prompt: bool,
-    /// Where each attempt's decision and its answer go (`GET /admin/decisions`).
-    pub decisions: DecisionSink,
-    /// The policy's text-to-token estimate, for the predicted cached tokens.
-    pub bytes_per_token: f64,
-    pub metrics: Arc<Metrics>,
-    /// The KV-event subscriptions and the chain index.
-    pub events: Addr<EventsActor>,
-    /// The models' tokenizers, for text requests to workers with KV events.
-    pub tokenizers: Arc<Tokenizers>,
-}
-
-/// Whether the gateway is on its way out (SIGTERM): readiness says so at once.
-#[derive(Debug, Default)]
-pub struct Lifecycle {
-    pub shutting_down: AtomicBool,
-}
-
-/// The request id of this request, set by the middleware in `server.rs`.
-#[derive(Debug, Clone)]
-pub struct RequestId(pub Arc<str>);
-
-/// Reads the body up to the limit; a declared length over it is refused before reading.
-pub(crate) async fn read_body(
-    req: &HttpRequest,
-    mut payload: web::Payload,
-    limit: usize,
-) -> Result<Bytes, ApiError> {
-    let declared = req
-        .headers()
-        .get(actix_web::http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if let Some(len) = declared
-        && len > limit as u64
-    {
-        return Err(ApiError::PayloadTooLarge { size: len, limit });
-    }
-    // The declared length sizes the buffer once: no regrowth, no copies, no slack.
-    let mut buf = BytesMut::with_capacity(declared.map_or(0, |n| n as usize));
-    while let Some(chunk) = payload.next().await {
-        let chunk = chunk.map_err(|e| ApiError::BadRequest(format!("reading the body: {e}")))?;
-        if buf.len() + chunk.len() > limit {
-            return Err(ApiError::PayloadTooLarge {
-                size: (buf.len() + chunk.len()) as u64,
-                limit,
-            });
-        }
-        buf.extend_from_slice(&chunk);
-    }
-    Ok(buf.freeze())
-}
 
 pub async fn health() -> HttpResponse {
     HttpResponse::Ok().json(json!({"status": "ok"}))

@@ -12,7 +12,8 @@ use tokio::net::TcpStream;
 use super::UpstreamError;
 use super::chunked::Step;
 use super::head::Framing;
-use super::pool::{Pool, poll_read_more};
+use super::idle::IdleConns;
+use super::read::poll_read_more;
 
 #[derive(Debug)]
 pub struct Response {
@@ -39,7 +40,7 @@ pub struct Body {
     buf: BytesMut,
     framing: Framing,
     reusable: bool,
-    pool: Pool,
+    idle: IdleConns,
     /// Whose pool the connection goes back to.
     worker: WorkerUrl,
     /// Body bytes handed out so far.
@@ -62,7 +63,7 @@ impl Body {
         buf: BytesMut,
         framing: Framing,
         reusable: bool,
-        pool: Pool,
+        idle: IdleConns,
         worker: &WorkerUrl,
     ) -> Body {
         Body {
@@ -70,7 +71,7 @@ impl Body {
             buf,
             framing,
             reusable,
-            pool,
+            idle,
             worker: worker.clone(),
             read: 0,
         }
@@ -112,7 +113,7 @@ impl Body {
             && self.reusable
             && self.buf.is_empty()
         {
-            self.pool.checkin(self.worker.authority(), conn);
+            self.idle.checkin(self.worker.authority(), conn);
         }
     }
 

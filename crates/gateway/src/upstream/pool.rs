@@ -1,14 +1,9 @@
 //! The keep-alive pool of one HTTP thread, and the exchange of one request for the head
 //! of its answer.
 
-use std::cell::RefCell;
-use std::collections::HashMap;
-use std::future::poll_fn;
 use std::io::{self, Write as _};
-use std::pin::Pin;
 use std::rc::Rc;
-use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use kvgate_core::WorkerUrl;
@@ -19,21 +14,15 @@ use tracing::warn;
 use super::UpstreamError;
 use super::body::{Body, Response};
 use super::head::parse_head;
+use super::idle::IdleConns;
+use super::read::read_more;
 
 /// A response head larger than this is refused.
 const MAX_HEAD: usize = 64 * 1024;
-/// Idle connections kept per worker and thread; more are closed.
-const MAX_IDLE: usize = 256;
-
-struct Idle {
-    conn: TcpStream,
-    since: Instant,
-}
 
 struct Inner {
-    idle: RefCell<HashMap<String, Vec<Idle>, foldhash::fast::RandomState>>,
+    idle: IdleConns,
     connect_timeout: Duration,
-    keep_alive: Duration,
 }
 
 /// The upstream connections of one HTTP thread. Cloning shares the pool.
@@ -42,10 +31,9 @@ pub struct Pool(Rc<Inner>);
 
 impl std::fmt::Debug for Pool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let idle: usize = self.0.idle.borrow().values().map(Vec::len).sum();
         f.debug_struct("Pool")
-            .field("idle", &idle)
-            .field("keep_alive", &self.0.keep_alive)
+            .field("idle", &self.0.idle.len())
+            .field("keep_alive", &self.0.idle.keep_alive())
             .finish()
     }
 }
@@ -55,90 +43,32 @@ impl Pool {
     /// so the pool drops a connection before the worker closes it under a request.
     pub fn new(connect_timeout: Duration, keep_alive: Duration) -> Pool {
         Pool(Rc::new(Inner {
-            idle: RefCell::new(HashMap::default()),
+            idle: IdleConns::new(keep_alive),
             connect_timeout,
-            keep_alive,
         }))
     }
 
     /// Idle connections held for `worker`.
     #[cfg(test)]
     pub fn idle_count(&self, worker: &WorkerUrl) -> usize {
-        self.0
-            .idle
-            .borrow()
-            .get(worker.authority())
-            .map_or(0, Vec::len)
+        self.0.idle.count(worker.authority())
     }
 
     /// Workers with an idle-connection list.
     #[cfg(test)]
     pub(super) fn workers_held(&self) -> usize {
-        self.0.idle.borrow().len()
+        self.0.idle.workers()
     }
 
-    /// A live idle connection, newest first; expired or closed ones are dropped.
+    /// A live idle connection to the worker at `authority`, as a request takes one.
+    #[cfg(test)]
     pub(super) fn checkout(&self, authority: &str) -> Option<TcpStream> {
-        let mut idle = self.0.idle.borrow_mut();
-        let list = idle.get_mut(authority)?;
-        prune(list, self.0.keep_alive);
-        while let Some(Idle { conn, .. }) = list.pop() {
-            // A closed peer has made the socket readable (EOF); a live idle one has not.
-            // `try_read` reads only a socket the runtime saw readable since its last short
-            // read, so a live connection is usually checked without a system call.
-            match conn.try_read(&mut [0u8; 1]) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Some(conn),
-                _ => continue,
-            }
-        }
-        None
+        self.0.idle.checkout(authority)
     }
 
-    /// Expired connections are left to the next checkout or sweep.
-    pub(super) fn checkin(&self, authority: &str, conn: TcpStream) {
-        let mut idle = self.0.idle.borrow_mut();
-        let entry = Idle {
-            conn,
-            since: Instant::now(),
-        };
-        // Looked up first: the key is allocated only for a worker's first connection.
-        match idle.get_mut(authority) {
-            Some(list) if list.len() >= MAX_IDLE => {}
-            Some(list) => list.push(entry),
-            None => {
-                idle.insert(authority.to_owned(), vec![entry]);
-            }
-        }
-    }
-
-    /// Closes every connection idle past the keep-alive and forgets workers with none left.
-    fn sweep(&self) {
-        let mut idle = self.0.idle.borrow_mut();
-        idle.retain(|_, list| {
-            prune(list, self.0.keep_alive);
-            !list.is_empty()
-        });
-    }
-
-    /// Sweeps the pool every keep-alive period on this thread's runtime, so connections to
-    /// a worker that gets no more traffic (or was removed) are closed too; the task ends
-    /// with the pool. Must be called on an actix or tokio local runtime.
+    /// Sweeps the idle connections every keep-alive period (see [`IdleConns`]).
     pub fn spawn_sweeper(&self) {
-        let pool = Rc::downgrade(&self.0);
-        let every = self.0.keep_alive.max(Duration::from_millis(10));
-        #[expect(
-            clippy::disallowed_methods,
-            reason = "the sweeper holds the pool weakly and ends with it"
-        )]
-        actix_rt::spawn(async move {
-            loop {
-                actix_rt::time::sleep(every).await;
-                match pool.upgrade() {
-                    Some(inner) => Pool(inner).sweep(),
-                    None => return,
-                }
-            }
-        });
+        self.0.idle.spawn_sweeper();
     }
 
     async fn connect(&self, w: &WorkerUrl) -> Result<TcpStream, UpstreamError> {
@@ -186,7 +116,7 @@ impl Pool {
         head.extend_from_slice(&body[..at]);
         head.extend_from_slice(extra);
         let rest = body.slice(at..);
-        if let Some(conn) = self.checkout(worker.authority()) {
+        if let Some(conn) = self.0.idle.checkout(worker.authority()) {
             match self.exchange(conn, worker, &head, &rest).await {
                 Ok(r) => return Ok(r),
                 // The pooled connection failed before the whole request went out (the
@@ -232,7 +162,7 @@ impl Pool {
                         buf,
                         head.framing,
                         head.keep_alive,
-                        self.clone(),
+                        self.0.idle.clone(),
                         worker,
                     ),
                 });
@@ -282,13 +212,6 @@ enum Sent {
     Whole,
 }
 
-/// Drops the connections idle past `keep_alive`: the oldest, at the front.
-fn prune(list: &mut Vec<Idle>, keep_alive: Duration) {
-    let now = Instant::now();
-    let expired = list.partition_point(|i| now.duration_since(i.since) >= keep_alive);
-    list.drain(..expired);
-}
-
 fn request_head(w: &WorkerUrl, path: &str, headers: &[(&str, &[u8])], len: usize) -> Vec<u8> {
     let extra: usize = headers.iter().map(|(n, v)| n.len() + v.len() + 4).sum();
     let (prefix, authority) = (w.prefix(), w.authority());
@@ -308,21 +231,4 @@ fn request_head(w: &WorkerUrl, path: &str, headers: &[(&str, &[u8])], len: usize
     }
     h.extend_from_slice(b"\r\n");
     h
-}
-
-async fn read_more(conn: &mut TcpStream, buf: &mut BytesMut) -> Result<usize, UpstreamError> {
-    poll_fn(|cx| poll_read_more(conn, buf, cx)).await
-}
-
-pub(super) fn poll_read_more(
-    conn: &mut TcpStream,
-    buf: &mut BytesMut,
-    cx: &mut Context<'_>,
-) -> Poll<Result<usize, UpstreamError>> {
-    if buf.capacity() - buf.len() < 4096 {
-        buf.reserve(16 * 1024);
-    }
-    // Through `poll_read`, which takes a short read as the socket drained: the checkout's
-    // liveness test then costs no system call unless the socket has been readable since.
-    tokio_util::io::poll_read_buf(Pin::new(conn), cx, buf).map_err(UpstreamError::Read)
 }

@@ -12,8 +12,8 @@ use kvgate_kv_events::{
 use kvgate_policies::WorkerId;
 use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
 
+use super::LoadPushed;
 use super::{EventsActor, Feed};
-use crate::actors::selector::LoadPushed;
 
 /// Longest wait for a replay's end marker.
 const REPLAY_TIMEOUT: Duration = Duration::from_secs(5);

@@ -100,8 +100,12 @@ async fn blocks_of(
     a: &Addr<EventsActor>,
     tokens: impl IntoIterator<Item = u32>,
 ) -> Vec<(WorkerId, u32, usize, u32)> {
+    let facts = kvgate_policies::RequestFacts {
+        key: kvgate_policies::RoutingText::Tokens(tokens.into_iter().collect()),
+        ..Default::default()
+    };
     a.send(MatchChain {
-        tokens: tokens.into_iter().collect(),
+        facts: std::sync::Arc::new(facts),
     })
     .await
     .expect("answer")

@@ -9,9 +9,8 @@ use tracing::warn;
 
 use std::time::Duration;
 
-use super::{
-    EventsLive, GetViews, GetWorkerStates, LoadPushed, Release, SelectorActor, Warmed, WorkerState,
-};
+use super::{GetViews, GetWorkerStates, Release, SelectorActor, Warmed, WorkerState};
+use crate::actors::events::{EventsLive, LoadPushed};
 use crate::actors::registry::{FleetChanged, WorkerFailed};
 
 impl Handler<Release> for SelectorActor {

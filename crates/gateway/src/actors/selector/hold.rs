@@ -1,25 +1,20 @@
 //! The prefill hold: a request whose chosen worker is still computing the prefix it
 //! would reuse, for a streamed request sent just before it, waits for that request's
 //! first token instead of prefilling the same prefix beside it (an engine caches a prompt
-//! only once its prefill ends). The selector owns the [`Holds`]; [`select`] is the
-//! caller's side, which waits out a hold and asks again.
+//! only once its prefill ends). The selector owns the [`Holds`]; the dispatch pipeline
+//! (`crate::pipeline`) is the caller's side, which waits out a hold and asks again.
 
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
-use actix::prelude::*;
 use kvgate_policies::{PolicyConfig, RequestFacts, RoutingText, WorkerId};
 use tokio::sync::oneshot;
-use tracing::{Instrument, Span};
-
-use super::{Dispatch, Select, SelectError, SelectorActor};
 
 /// Wait, then ask again (holding again only within the same `max` in all). The chosen
 /// worker is still computing the prefix this request would reuse, for a streamed request
 /// sent just before it. The wait ends at that request's first token, its end, or `max`.
 #[derive(Debug)]
 pub struct Hold {
-    pub facts: RequestFacts,
-    pub exclude: Vec<WorkerId>,
     pub ready: oneshot::Receiver<()>,
     pub max: Duration,
 }
@@ -30,7 +25,8 @@ pub struct Hold {
 struct Warming {
     booking: u64,
     worker: WorkerId,
-    key: RoutingText,
+    /// The streamed request's facts: its key is what the worker is computing.
+    facts: Arc<RequestFacts>,
     known: usize,
     waiters: Vec<oneshot::Sender<()>>,
 }
@@ -101,7 +97,7 @@ impl Holds {
         let w = self
             .warming
             .iter_mut()
-            .find(|w| w.worker == worker && shares_at_least(key, &w.key, w.known + gain))?;
+            .find(|w| w.worker == worker && shares_at_least(key, &w.facts.key, w.known + gain))?;
         let (tx, rx) = oneshot::channel();
         w.waiters.push(tx);
         Some(rx)
@@ -113,7 +109,7 @@ impl Holds {
         &mut self,
         booking: u64,
         worker: WorkerId,
-        facts: &RequestFacts,
+        facts: &Arc<RequestFacts>,
         known: usize,
         recorded: bool,
     ) {
@@ -122,7 +118,7 @@ impl Holds {
             self.warming.push(Warming {
                 booking,
                 worker,
-                key: facts.key.clone(),
+                facts: facts.clone(),
                 known,
                 waiters: Vec::new(),
             });
@@ -148,48 +144,6 @@ impl Holds {
             .collect();
         for b in gone {
             self.warmed(b);
-        }
-    }
-}
-
-/// Asks the selector for a worker, waiting out each [`Hold`] within one budget; keeps the
-/// selector's span joined to the caller's across the mailbox.
-pub async fn select(
-    selector: &Addr<SelectorActor>,
-    facts: RequestFacts,
-    exclude: Vec<WorkerId>,
-    attempt: u32,
-) -> Result<Result<Dispatch, SelectError>, MailboxError> {
-    let span = Span::current();
-    let (mut facts, mut exclude, mut may_hold) = (facts, exclude, true);
-    // One budget for all holds of a request: its choice may move to another engine that
-    // is itself still computing the prefix (a group spreading over several engines).
-    let mut until: Option<actix_rt::time::Instant> = None;
-    loop {
-        let answer = selector
-            .send(Select {
-                facts,
-                exclude,
-                span: span.clone(),
-                enqueued_at: Instant::now(),
-                may_hold,
-                first: until.is_none() && attempt <= 1,
-                attempt,
-            })
-            .instrument(span.clone())
-            .await?;
-        match answer {
-            Ok(super::Selected::Go(d)) => return Ok(Ok(d)),
-            Err(e) => return Ok(Err(e)),
-            Ok(super::Selected::Hold(h)) => {
-                let end = *until.get_or_insert_with(|| actix_rt::time::Instant::now() + h.max);
-                // Whether it warmed, ended or timed out, the next ask goes ahead; once the
-                // budget is spent it may not hold again.
-                let left = end.saturating_duration_since(actix_rt::time::Instant::now());
-                let _ = actix_rt::time::timeout(left, h.ready).await;
-                may_hold = actix_rt::time::Instant::now() < end;
-                (facts, exclude) = (h.facts, h.exclude);
-            }
         }
     }
 }

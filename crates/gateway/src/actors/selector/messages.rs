@@ -49,9 +49,9 @@ pub struct Dispatch {
     pub down: watch::Receiver<bool>,
     /// The key the worker expects, sent in place of the client's `Authorization`.
     pub worker_key: Option<Secret>,
-    /// Where the index recorded the prompt for this worker, so a failed attempt can be
-    /// taken back out: the index namespace and the units the worker held before.
-    pub recorded: Option<(Arc<str>, usize)>,
+    /// Where the index recorded the prompt for this dispatch, so a failed attempt can be
+    /// taken back out ([`Failed`]).
+    pub recorded: Option<Recorded>,
     /// The request's model as the fleet names it, shared rather than copied (the
     /// decision log and the metrics' label); `None` when the request named none.
     pub model: Option<Arc<str>>,
@@ -109,7 +109,8 @@ impl Drop for Booking {
 #[derive(Message, Debug)]
 #[rtype(result = "Result<Selected, SelectError>")]
 pub struct Select {
-    pub facts: RequestFacts,
+    /// The request's facts, parsed once and shared by every ask of the request.
+    pub facts: Arc<RequestFacts>,
     /// Workers to leave out (a retry elsewhere).
     pub exclude: Vec<WorkerId>,
     /// The request's span, so the selector's logs join the request's.
@@ -127,6 +128,10 @@ pub struct Select {
 
 /// The answer to [`Select`].
 #[derive(Debug)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "sent once per ask and matched at once; a box would allocate per request"
+)]
 pub enum Selected {
     Go(Dispatch),
     Hold(Hold),
@@ -144,7 +149,26 @@ pub struct Warmed(pub Release);
 #[derive(Message, Debug)]
 #[rtype(result = "Result<Decision, SelectError>")]
 pub struct Explain {
-    pub facts: RequestFacts,
+    pub facts: Arc<RequestFacts>,
+}
+
+/// What a dispatch recorded in the prefix index: the index namespace, the target, and
+/// the units the target held before.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub model: Arc<str>,
+    pub target: WorkerId,
+    pub keep: usize,
+}
+
+/// A dispatch failed before any byte reached the client: the selector takes its record
+/// back out of the index (the engine's cache did not get the prompt). Sent with
+/// `do_send`: a correction must not be lost to a full mailbox.
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct Failed {
+    pub recorded: Recorded,
+    pub facts: Arc<RequestFacts>,
 }
 
 /// A dispatched request finished (completed, failed or was abandoned by its client).
@@ -240,22 +264,6 @@ impl Handler<Ping> for SelectorActor {
 
     fn handle(&mut self, _: Ping, _: &mut Context<Self>) {}
 }
-
-/// A rank's load as its engine pushed it (SGLang `LoadStat`): fresher than a poll for
-/// the running and waiting counts; the poll still brings `gen_throughput`.
-#[derive(Message, Debug, Clone)]
-#[rtype(result = "()")]
-pub struct LoadPushed {
-    pub worker: WorkerId,
-    pub rank: u32,
-    pub stat: kvgate_kv_events::LoadStat,
-}
-
-/// Whether any worker's KV events are live: token requests ask the events actor only
-/// while one is.
-#[derive(Message, Debug, Clone, Copy)]
-#[rtype(result = "()")]
-pub struct EventsLive(pub bool);
 
 /// The selector's current view of every routing target (inspection, tests).
 #[derive(Message, Debug)]

@@ -1,5 +1,6 @@
 //! Admission: how many inference requests run at once, how many may wait for a slot and
-//! for how long, and how fast each client may send them. Shared by every HTTP thread.
+//! for how long, and how fast each client may send them. Shared by every front door and
+//! every HTTP thread.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -10,7 +11,19 @@ use std::time::{Duration, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::AdmissionConfig;
-use crate::http::error::ApiError;
+
+/// Why a request was not admitted; each says when to come back.
+#[derive(Debug, thiserror::Error, Clone, Copy, PartialEq, Eq)]
+pub enum AdmitError {
+    #[error(
+        "the gateway is at its concurrency limit and its queue is full; retry after {retry_after} s"
+    )]
+    QueueFull { retry_after: u64 },
+    #[error("no slot became free in time; retry after {retry_after} s")]
+    QueueTimeout { retry_after: u64 },
+    #[error("request rate limit reached; retry after {retry_after} s")]
+    RateLimited { retry_after: u64 },
+}
 
 /// Clients whose buckets are remembered; past it, full (idle) buckets are forgotten.
 const MAX_BUCKETS: usize = 65_536;
@@ -76,7 +89,7 @@ impl Admission {
         &self,
         client: Option<String>,
         peer: Option<IpAddr>,
-    ) -> Result<Ticket, ApiError> {
+    ) -> Result<Ticket, AdmitError> {
         self.take_token(client, peer)?;
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         let ticket = |slot| Ticket {
@@ -93,7 +106,7 @@ impl Admission {
         let mut t = ticket(None);
         if self.waiting.fetch_add(1, Ordering::AcqRel) >= self.queue_size {
             self.waiting.fetch_sub(1, Ordering::AcqRel);
-            return Err(ApiError::QueueFull { retry_after: 1 });
+            return Err(AdmitError::QueueFull { retry_after: 1 });
         }
         let got = actix_rt::time::timeout(self.queue_timeout, slots.clone().acquire_owned()).await;
         self.waiting.fetch_sub(1, Ordering::AcqRel);
@@ -102,13 +115,13 @@ impl Admission {
                 t._slot = Some(p);
                 Ok(t)
             }
-            _ => Err(ApiError::QueueTimeout {
+            _ => Err(AdmitError::QueueTimeout {
                 retry_after: secs_up(self.queue_timeout / 4),
             }),
         }
     }
 
-    fn take_token(&self, client: Option<String>, peer: Option<IpAddr>) -> Result<(), ApiError> {
+    fn take_token(&self, client: Option<String>, peer: Option<IpAddr>) -> Result<(), AdmitError> {
         let Some(rate) = self.rate else {
             return Ok(());
         };
@@ -144,7 +157,7 @@ impl Admission {
             Ok(())
         } else {
             let wait = Duration::from_secs_f64((1.0 - b.tokens) / rate);
-            Err(ApiError::RateLimited {
+            Err(AdmitError::RateLimited {
                 retry_after: secs_up(wait),
             })
         }

@@ -1,5 +1,7 @@
-//! Reads only what routing needs from a request body: model, stream flag, and the prompt
-//! as text or token ids. The body itself is forwarded unchanged.
+//! A request's routing facts, read once per client request whatever front door it came
+//! through: model, stream flag, and the prompt as text or token ids (`request_facts`),
+//! then its model's own tokens where it has a tokenizer (`tokens`). The body itself is
+//! forwarded unchanged.
 
 use std::borrow::Cow;
 
@@ -8,10 +10,29 @@ use kvgate_core::Endpoint;
 use kvgate_policies::{PromptText, RequestFacts, RoutingText};
 use serde::Deserialize;
 
-use crate::http::error::ApiError;
+/// Bodies read by [`request_facts`] in this process (test builds): a request is read once
+/// whatever happens to its dispatch.
+#[cfg(feature = "fault-injection")]
+static PARSED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many bodies [`request_facts`] has read in this process (test builds).
+#[cfg(feature = "fault-injection")]
+pub fn parsed() -> u64 {
+    PARSED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// A body routing cannot read; the front door answers it with a 400.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum FactsError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("request body is not valid JSON: {0}")]
+    InvalidJson(String),
+}
 
 mod fast;
 mod plain;
+pub mod tokens;
 
 #[derive(Deserialize)]
 struct ChatBody<'a> {
@@ -105,11 +126,11 @@ impl Prompt<'_> {
     }
 }
 
-fn json_error(e: serde_json::Error) -> ApiError {
+fn json_error(e: serde_json::Error) -> FactsError {
     if e.is_data() {
-        ApiError::BadRequest(format!("invalid request body: {e}"))
+        FactsError::BadRequest(format!("invalid request body: {e}"))
     } else {
-        ApiError::InvalidJson(e.to_string())
+        FactsError::InvalidJson(e.to_string())
     }
 }
 
@@ -173,7 +194,9 @@ pub fn request_facts(
     endpoint: Endpoint,
     bytes: &Bytes,
     prompt: bool,
-) -> Result<RequestFacts, ApiError> {
+) -> Result<RequestFacts, FactsError> {
+    #[cfg(feature = "fault-injection")]
+    PARSED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     // The fast path checks UTF-8 as it reads (see `fast`); what it leaves goes to serde,
     // with the checks and error messages it needs first.
     let parsed = match fast::scan(bytes, endpoint, prompt) {
@@ -184,26 +207,30 @@ pub fn request_facts(
 }
 
 /// `body` read by serde, after the checks serde would not make or would report vaguely.
-fn serde_checked(endpoint: Endpoint, body: &[u8]) -> Result<Body<'_>, ApiError> {
+fn serde_checked(endpoint: Endpoint, body: &[u8]) -> Result<Body<'_>, FactsError> {
     // serde_json skips unread strings without checking them: check the whole body once,
     // then parse it as a `str`, which serde does not check again.
     // The SIMD check is several times std's on a long prompt; std's says where it failed.
     let body = match simdutf8::basic::from_utf8(body).or_else(|_| std::str::from_utf8(body)) {
         Ok(b) => b,
-        Err(e) => return Err(ApiError::InvalidJson(format!("the body is not UTF-8: {e}"))),
+        Err(e) => {
+            return Err(FactsError::InvalidJson(format!(
+                "the body is not UTF-8: {e}"
+            )));
+        }
     };
     // Reject non-objects early: untagged enums would otherwise give vague messages.
     let first = body.bytes().find(|b| !b.is_ascii_whitespace());
     if first != Some(b'{') {
         return Err(if first.is_none() {
-            ApiError::InvalidJson("empty body".into())
+            FactsError::InvalidJson("empty body".into())
         } else if too_deep(body.as_bytes()) {
             too_deep_error()
         } else {
             // Let serde report invalid JSON as such; valid JSON that is not an object is a 400.
             match serde_json::from_str::<serde::de::IgnoredAny>(body) {
                 Err(e) => json_error(e),
-                Ok(_) => ApiError::BadRequest("request body must be a JSON object".into()),
+                Ok(_) => FactsError::BadRequest("request body must be a JSON object".into()),
             }
         });
     }
@@ -215,8 +242,8 @@ fn serde_checked(endpoint: Endpoint, body: &[u8]) -> Result<Body<'_>, ApiError> 
     serde_body(endpoint, body)
 }
 
-fn too_deep_error() -> ApiError {
-    ApiError::InvalidJson(format!("nesting deeper than {MAX_JSON_DEPTH} levels"))
+fn too_deep_error() -> FactsError {
+    FactsError::InvalidJson(format!("nesting deeper than {MAX_JSON_DEPTH} levels"))
 }
 
 /// A body of one of the three shapes, read by the fast path or by serde.
@@ -228,7 +255,7 @@ enum Body<'a> {
 
 /// The body as serde reads it: the reference for the fast path, and the answer (with
 /// serde's error messages) wherever the fast path is unsure.
-fn serde_body(endpoint: Endpoint, body: &str) -> Result<Body<'_>, ApiError> {
+fn serde_body(endpoint: Endpoint, body: &str) -> Result<Body<'_>, FactsError> {
     Ok(match endpoint {
         Endpoint::Chat => Body::Chat(serde_json::from_str(body).map_err(json_error)?),
         Endpoint::Completions => Body::Completion(serde_json::from_str(body).map_err(json_error)?),
@@ -236,7 +263,7 @@ fn serde_body(endpoint: Endpoint, body: &str) -> Result<Body<'_>, ApiError> {
     })
 }
 
-fn facts_of(body: Body<'_>, prompt: bool, bytes: &Bytes) -> Result<RequestFacts, ApiError> {
+fn facts_of(body: Body<'_>, prompt: bool, bytes: &Bytes) -> Result<RequestFacts, FactsError> {
     let (model, stream, key) = match body {
         Body::Chat(b) => {
             let key = if prompt {
@@ -254,12 +281,12 @@ fn facts_of(body: Body<'_>, prompt: bool, bytes: &Bytes) -> Result<RequestFacts,
                     ids.into_routing(prompt, bytes)
                 }
                 (None, Some(_)) => {
-                    return Err(ApiError::BadRequest(
+                    return Err(FactsError::BadRequest(
                         "input_ids must be an array of token ids".into(),
                     ));
                 }
                 (None, None) => {
-                    return Err(ApiError::BadRequest(
+                    return Err(FactsError::BadRequest(
                         "one of 'text' or 'input_ids' is required".into(),
                     ));
                 }

@@ -8,7 +8,7 @@ fn facts(
     endpoint: Endpoint,
     body: impl AsRef<[u8]>,
     prompt: bool,
-) -> Result<RequestFacts, ApiError> {
+) -> Result<RequestFacts, FactsError> {
     request_facts(endpoint, &Bytes::copy_from_slice(body.as_ref()), prompt)
 }
 
@@ -127,8 +127,8 @@ fn check_err(endpoint: Endpoint, body: &[u8], want_json_error: bool) {
     );
     let shown: String = String::from_utf8_lossy(body).chars().take(120).collect();
     match facts(endpoint, body, true) {
-        Err(ApiError::InvalidJson(_)) => assert!(want_json_error, "{shown:?}"),
-        Err(ApiError::BadRequest(_)) => assert!(!want_json_error, "{shown:?}"),
+        Err(FactsError::InvalidJson(_)) => assert!(want_json_error, "{shown:?}"),
+        Err(FactsError::BadRequest(_)) => assert!(!want_json_error, "{shown:?}"),
         other => panic!("expected a 400 for {shown:?}, got {other:?}"),
     }
 }
@@ -171,7 +171,7 @@ fn rejects_bad_bodies_cleanly() {
         (Endpoint::Generate, deep_list.as_bytes()),
     ] {
         match facts(e, b, true) {
-            Err(ApiError::InvalidJson(m)) => assert_eq!(m, "nesting deeper than 128 levels"),
+            Err(FactsError::InvalidJson(m)) => assert_eq!(m, "nesting deeper than 128 levels"),
             other => panic!("{other:?}"),
         }
     }

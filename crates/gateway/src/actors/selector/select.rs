@@ -1,0 +1,237 @@
+//! Answering `Select` and `Explain`: the index lookup (and the chain index's, for token
+//! requests to workers with live KV events), the decision on its answer, the record that
+//! follows, and `Failed`, which takes a failed dispatch's record back.
+
+use std::time::Duration;
+
+use actix::prelude::*;
+use kvgate_policies::{Decision, MatchSource, PrefixMatches, RoutingText, WorkerId};
+use tracing::trace;
+
+use super::decide::Dispatched;
+use super::{Explain, Failed, Hold, Select, SelectError, Selected, SelectorActor};
+use crate::actors::events::{ChainAnswer, EventsActor, MatchChain};
+use crate::actors::index::{ForgetPrefix, IndexActor, MatchPrefix, RecordPrefix};
+
+/// How long what the gateway routed to a target counts as held there even where its
+/// engine's KV events do not say so yet: an engine publishes a prompt's blocks when its
+/// prefill ends, so a burst on a new prefix would otherwise find no holder until then and
+/// start it on every engine. Longer than a prefill waits and runs on a busy engine;
+/// past it the events alone tell (an eviction since included).
+const ROUTED_LATELY: Duration = Duration::from_secs(10);
+
+/// What a lookup found: the index's matches, what each target was routed lately, for a
+/// token request the chain index's answer for the workers whose KV events are live, and
+/// the lookup's ticket for the record that follows.
+type Found = (
+    PrefixMatches,
+    Vec<(WorkerId, usize)>,
+    Option<ChainAnswer>,
+    Option<u64>,
+);
+
+/// Asks the index for `ask`'s matches and, for a token request, the events actor for the
+/// blocks each live worker's engine holds (both at once).
+fn lookup(
+    index: &Addr<IndexActor>,
+    events: Option<&Addr<EventsActor>>,
+    ask: MatchPrefix,
+) -> impl std::future::Future<Output = Result<Found, MailboxError>> + 'static {
+    let chain = match (&ask.facts.key, events) {
+        (RoutingText::Tokens(_), Some(e)) => Some(e.send(MatchChain {
+            facts: ask.facts.clone(),
+        })),
+        _ => None,
+    };
+    let ask = MatchPrefix {
+        recent: chain.is_some().then_some(ROUTED_LATELY),
+        ..ask
+    };
+    let matched = index.send(ask);
+    async move {
+        let (m, lately, ticket) = matched.await?;
+        let c = match chain {
+            Some(c) => c.await.ok(),
+            None => None,
+        };
+        Ok((m, lately, c, ticket))
+    }
+}
+
+impl SelectorActor {
+    /// Lays exact chain holdings (blocks × block size, in tokens) over a token tree's
+    /// matches: per rank for a rank target, the worker's best rank for a whole worker;
+    /// what a target was routed lately (`lately`, [`ROUTED_LATELY`]) counts too, as its
+    /// engine has not published it yet.
+    fn overlay(
+        &self,
+        m: &mut PrefixMatches,
+        lately: &[(WorkerId, usize)],
+        c: Option<&ChainAnswer>,
+    ) {
+        let Some(c) = c else {
+            return;
+        };
+        if m.source != MatchSource::TokenTree {
+            return;
+        }
+        for (v, meta) in self.views.iter().zip(&self.meta) {
+            let mut live = false;
+            let mut best = 0usize;
+            for &(w, rank, blocks, block_size) in &c.per_rank {
+                if w == meta.worker && meta.rank.is_none_or(|r| r == rank) {
+                    live = true;
+                    best = best.max(blocks * block_size as usize);
+                }
+            }
+            if !live {
+                continue;
+            }
+            if let Some((_, n)) = lately.iter().find(|(t, _)| *t == v.id) {
+                best = best.max(*n);
+            }
+            m.per_worker.retain(|(x, _)| *x != v.id);
+            let held = best.min(m.input_len);
+            if held > 0 {
+                m.per_worker.push((v.id, held));
+            }
+        }
+    }
+}
+
+impl Handler<Select> for SelectorActor {
+    // Atomic: no other selection runs between the index lookup and the record, so a
+    // burst of one prefix sees its own earlier decisions (the fused match-then-insert).
+    type Result = AtomicResponse<Self, Result<Selected, SelectError>>;
+
+    fn handle(&mut self, msg: Select, ctx: &mut Context<Self>) -> Self::Result {
+        let me = ctx.address();
+        let span = msg.span;
+        let queued = msg.enqueued_at.elapsed();
+        if let Some(h) = &self.mailbox_wait {
+            h.observe(queued.as_secs_f64());
+        }
+        trace!(parent: &span, queued_us = queued.as_micros() as u64, "select");
+        // An unknown model is refused before the index hop, so it never creates an index.
+        if let Some(m) = &msg.facts.model
+            && !self.by_model.contains_key(m.as_str())
+        {
+            let e = if self.views.is_empty() {
+                SelectError::NoWorkers
+            } else {
+                self.unknown_model(m)
+            };
+            return AtomicResponse::new(Box::pin(fut::ready(Err(e))));
+        }
+        let Some(index) = self.index_for(&msg.facts) else {
+            let _enter = span.enter();
+            // Without an index nothing is recorded, so nothing warms and nothing holds.
+            let attempt = msg.attempt;
+            let r = match self
+                .guarded(|s| s.dispatch(me, &msg.facts, None, &msg.exclude, false, attempt))
+            {
+                Ok(Dispatched::Go(d)) => Ok(Selected::Go(d)),
+                Ok(Dispatched::Hold(_)) => Err(SelectError::NoHealthy),
+                Err(e) => Err(e),
+            };
+            return AtomicResponse::new(Box::pin(fut::ready(r)));
+        };
+        let model = self.model_key(&msg.facts);
+        let exclude = msg.exclude;
+        let may_hold = msg.may_hold;
+        let attempt = msg.attempt;
+        let facts = msg.facts;
+        let ask = lookup(
+            index,
+            self.events.as_ref().filter(|_| self.events_live),
+            MatchPrefix {
+                model: model.clone(),
+                facts: facts.clone(),
+                count: msg.first,
+                recent: None,
+            },
+        );
+        AtomicResponse::new(Box::pin(ask.into_actor(self).map(move |answer, act, _| {
+            let _enter = span.enter();
+            let (matches, ticket) = match answer {
+                Ok((mut m, lately, chain, ticket)) => {
+                    act.overlay(&mut m, &lately, chain.as_ref());
+                    (Some(m), ticket)
+                }
+                // The index is gone (shutdown).
+                Err(_) => return Err(SelectError::NoHealthy),
+            };
+            let dispatched = act.guarded(|s| {
+                s.dispatch(me, &facts, matches.as_ref(), &exclude, may_hold, attempt)
+            })?;
+            let d = match dispatched {
+                Dispatched::Go(d) => d,
+                Dispatched::Hold(ready) => {
+                    return Ok(Selected::Hold(Hold {
+                        ready,
+                        max: act.holds.max,
+                    }));
+                }
+            };
+            if d.decision.record_prefix
+                && let Some(index) = &act.index
+            {
+                // do_send keeps order with the next lookup, which this actor sends later.
+                index.do_send(RecordPrefix {
+                    model,
+                    facts,
+                    worker: d.target,
+                    ticket,
+                });
+            }
+            Ok(Selected::Go(d))
+        })))
+    }
+}
+
+impl Handler<Explain> for SelectorActor {
+    type Result = AtomicResponse<Self, Result<Decision, SelectError>>;
+
+    fn handle(&mut self, msg: Explain, _: &mut Context<Self>) -> Self::Result {
+        let seq = self.seq.wrapping_add(1);
+        let Some(index) = self.index_for(&msg.facts) else {
+            let r = self
+                .guarded(|s| s.decide(&msg.facts, None, &[], seq))
+                .map(|c| c.decision);
+            return AtomicResponse::new(Box::pin(fut::ready(r)));
+        };
+        let ask = lookup(
+            index,
+            self.events.as_ref().filter(|_| self.events_live),
+            MatchPrefix {
+                model: self.model_key(&msg.facts),
+                facts: msg.facts.clone(),
+                count: false,
+                recent: None,
+            },
+        );
+        let msg_facts = msg.facts;
+        AtomicResponse::new(Box::pin(ask.into_actor(self).map(move |answer, act, _| {
+            let (mut matches, lately, chain, _) = answer.map_err(|_| SelectError::NoHealthy)?;
+            act.overlay(&mut matches, &lately, chain.as_ref());
+            act.guarded(|s| s.decide(&msg_facts, Some(&matches), &[], seq))
+                .map(|c| c.decision)
+        })))
+    }
+}
+
+impl Handler<Failed> for SelectorActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Failed, _: &mut Context<Self>) {
+        let Failed { recorded, facts } = msg;
+        if let Some(index) = &self.index {
+            index.do_send(ForgetPrefix {
+                model: recorded.model,
+                facts,
+                worker: recorded.target,
+                keep: recorded.keep,
+            });
+        }
+    }
+}

@@ -1,0 +1,90 @@
+//! Which headers cross the gateway each way, and the data-parallel rank added to a body.
+
+use actix_web::HttpResponseBuilder;
+use actix_web::http::header::{self, HeaderName, HeaderValue};
+
+/// The policies' routing-key headers, as typed names (see `FORWARDED`).
+pub(crate) static ROUTING_KEY_NAMES: [HeaderName; 2] = [
+    HeaderName::from_static(kvgate_policies::ROUTING_KEY_HEADERS[0]),
+    HeaderName::from_static(kvgate_policies::ROUTING_KEY_HEADERS[1]),
+];
+// A header added to the policies' list must be added above too.
+const _: () = assert!(kvgate_policies::ROUTING_KEY_HEADERS.len() == ROUTING_KEY_NAMES.len());
+
+/// Request headers passed to workers; everything else stays at the gateway. Typed names:
+/// a lookup by `&str` parses the name first, nine times per request.
+pub(super) static FORWARDED: [HeaderName; 9] = [
+    header::CONTENT_TYPE,
+    header::ACCEPT,
+    header::AUTHORIZATION,
+    HeaderName::from_static("x-correlation-id"),
+    HeaderName::from_static("traceparent"),
+    HeaderName::from_static("tracestate"),
+    HeaderName::from_static(kvgate_policies::ROUTING_KEY_HEADERS[0]),
+    HeaderName::from_static(kvgate_policies::ROUTING_KEY_HEADERS[1]),
+    header::USER_AGENT,
+];
+
+/// Response headers the gateway does not relay: the hop-by-hop ones (RFC 9110 §7.6.1),
+/// and the framing and identity headers the gateway's own server writes for its answer.
+fn set_by_this_hop(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "proxy-connection"
+            | "te"
+            | "trailer"
+            | "trailers"
+            | "transfer-encoding"
+            | "upgrade"
+            | "content-length"
+            | "date"
+            | "server"
+    )
+}
+
+/// Copies the worker's response headers, less those set by this hop and those the
+/// worker's `Connection` header names as hop-by-hop for its connection.
+pub(super) fn copy_response_headers(
+    from: Vec<(HeaderName, HeaderValue)>,
+    to: &mut HttpResponseBuilder,
+) {
+    // Header names are lowercase; the tokens are made so to compare.
+    let named: Vec<String> = from
+        .iter()
+        .filter(|(n, _)| n == header::CONNECTION)
+        .flat_map(|(_, v)| v.as_bytes().split(|b| *b == b','))
+        .map(|t| String::from_utf8_lossy(t.trim_ascii()).to_ascii_lowercase())
+        .collect();
+    for (name, value) in from {
+        let listed = named.iter().any(|t| t == name.as_str());
+        if !set_by_this_hop(&name) && !listed {
+            to.append_header((name, value));
+        }
+    }
+}
+
+/// Where and what to add to a JSON object body so the engine serves it on data-parallel
+/// rank `rank` (SGLang's `routed_dp_rank`): right after the opening brace. `None` when the
+/// body names a rank already (`routed_dp_rank`, or the older `data_parallel_rank`): the
+/// client's own choice stands. A quote inside a JSON string is escaped, so only a member
+/// name matches.
+pub(crate) fn rank_member(body: &[u8], rank: u32) -> Option<(usize, Vec<u8>)> {
+    let named = |key: &[u8]| memchr::memmem::find(body, key).is_some();
+    if named(b"\"routed_dp_rank\"") || named(b"\"data_parallel_rank\"") {
+        return None;
+    }
+    let open = body.iter().position(|b| !b.is_ascii_whitespace())?;
+    if body[open] != b'{' {
+        return None;
+    }
+    let empty = body[open + 1..]
+        .iter()
+        .find(|b| !b.is_ascii_whitespace())
+        .is_some_and(|b| *b == b'}');
+    let member = format!("\"routed_dp_rank\":{rank}{}", if empty { "" } else { "," });
+    Some((open + 1, member.into_bytes()))
+}

@@ -1,0 +1,89 @@
+//! What every HTTP handler shares: the gateway's state, the request id, and reading a
+//! body within its limit.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use actix::Addr;
+use actix_web::{HttpRequest, web};
+use bytes::{Bytes, BytesMut};
+use futures_util::StreamExt;
+
+use crate::actors::events::EventsActor;
+use crate::actors::index::IndexActor;
+use crate::actors::registry::RegistryActor;
+use crate::actors::selector::SelectorActor;
+use crate::actors::tokenizers::Tokenizers;
+use crate::http::auth::{AllowList, Keys};
+use crate::http::error::ApiError;
+use crate::metrics::Metrics;
+use crate::pipeline::Pipeline;
+
+/// Shared by every HTTP worker thread.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    /// Admission, decisions, retries and the decision log, shared with any other front
+    /// door.
+    pub pipeline: Pipeline,
+    pub selector: Addr<SelectorActor>,
+    pub registry: Addr<RegistryActor>,
+    pub index: Addr<IndexActor>,
+    pub max_payload_size: usize,
+    pub request_timeout: Duration,
+    pub first_token_timeout: Duration,
+    pub body_timeout: Duration,
+    pub keys: Keys,
+    pub allow: AllowList,
+    /// Longest drain of a worker removed through the API, and of the gateway at SIGTERM.
+    pub grace: Duration,
+    pub lifecycle: Arc<Lifecycle>,
+    /// Whether the policy reads the prompt; without it the routing text is not built.
+    pub reads_prompt: bool,
+    pub metrics: Arc<Metrics>,
+    /// The KV-event subscriptions and the chain index.
+    pub events: Addr<EventsActor>,
+    /// The models' tokenizers, for text requests to workers with KV events.
+    pub tokenizers: Arc<Tokenizers>,
+}
+
+/// Whether the gateway is on its way out (SIGTERM): readiness says so at once.
+#[derive(Debug, Default)]
+pub struct Lifecycle {
+    pub shutting_down: AtomicBool,
+}
+
+/// The request id of this request, set by the middleware in `server.rs`.
+#[derive(Debug, Clone)]
+pub struct RequestId(pub Arc<str>);
+
+/// Reads the body up to the limit; a declared length over it is refused before reading.
+pub(crate) async fn read_body(
+    req: &HttpRequest,
+    mut payload: web::Payload,
+    limit: usize,
+) -> Result<Bytes, ApiError> {
+    let declared = req
+        .headers()
+        .get(actix_web::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if let Some(len) = declared
+        && len > limit as u64
+    {
+        return Err(ApiError::PayloadTooLarge { size: len, limit });
+    }
+    // The declared length sizes the buffer once: no regrowth, no copies, no slack.
+    let mut buf = BytesMut::with_capacity(declared.map_or(0, |n| n as usize));
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|e| ApiError::BadRequest(format!("reading the body: {e}")))?;
+        if buf.len() + chunk.len() > limit {
+            return Err(ApiError::PayloadTooLarge {
+                size: (buf.len() + chunk.len()) as u64,
+                limit,
+            });
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok(buf.freeze())
+}

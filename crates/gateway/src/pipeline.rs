@@ -1,0 +1,264 @@
+//! The dispatch pipeline, the same for every front door: admission, then a decision (the
+//! prefill hold waited out, a restarted selector asked again), its booking and its entry in
+//! the decision log, and for a front door that proxies itself another decision elsewhere
+//! when an attempt fails before any byte reached the client.
+//!
+//! A request's facts come in once, shared (`Arc`), and stay with the request through
+//! every hold, retry and re-ask: nothing here parses or tokenizes again. What a failed
+//! attempt leaves behind (its record in the prefix index) the selector takes back
+//! ([`Failed`]); its slot goes back when its [`Booking`](crate::actors::selector::Booking)
+//! drops.
+//!
+//! ```text
+//! front door ── admit ──► Ticket
+//!            ── run(job, send) ──► attempt ─► select ─(Hold: wait)─► select ─► Dispatch
+//!                                     │                                         │
+//!                                     └── decision log (AnswerNote) ◄── send ◄──┘
+//!                                          on a retryable failure: Failed, backoff, next
+//! ```
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use actix::{Addr, MailboxError};
+use kvgate_core::Endpoint;
+use kvgate_policies::{RequestFacts, WorkerId};
+use tracing::{Instrument, Span, warn};
+
+use crate::actors::selector::{Dispatch, Failed, Select, SelectError, Selected, SelectorActor};
+use crate::config::RetryConfig;
+use crate::metrics::Metrics;
+
+mod admission;
+mod decisions;
+
+pub use admission::{Admission, AdmitError, Ticket};
+pub use decisions::{AnswerNote, DECISION_LOG_SIZE, Decided, DecisionSink, is_text};
+
+/// Why a request got no worker.
+#[derive(Debug, thiserror::Error)]
+pub enum DispatchError {
+    #[error(transparent)]
+    Select(#[from] SelectError),
+    /// The selector is gone (the gateway is stopping).
+    #[error("the selector is unavailable: {0}")]
+    Gone(#[from] MailboxError),
+}
+
+/// One client request as the pipeline carries it through its attempts.
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// Parsed once; every ask and record of the request shares them.
+    pub facts: Arc<RequestFacts>,
+    pub endpoint: Endpoint,
+    pub request_id: Arc<str>,
+    /// When the request arrived, for the decision log's timings.
+    pub arrived: Instant,
+}
+
+/// One attempt: the worker chosen, and the note its answer fills in for the decision log.
+#[derive(Debug)]
+pub struct Attempt {
+    pub dispatch: Dispatch,
+    pub note: AnswerNote,
+    /// 1 for the first attempt.
+    pub number: u32,
+}
+
+/// An attempt that failed, as the front door that made it tells it.
+pub trait AttemptFailure: std::fmt::Display {
+    /// Whether another worker may serve the request (nothing reached the client, and the
+    /// failure was the worker's, not the request's).
+    fn retryable(&self) -> bool;
+}
+
+/// How a run ended without an answer.
+#[derive(Debug)]
+pub enum RunError<F> {
+    /// No worker could be chosen, and no attempt had been made.
+    Dispatch(DispatchError),
+    /// The last attempt's failure: no retry was left, or no other worker could be chosen.
+    Failed(F),
+}
+
+/// The pipeline's handle, one per gateway, cloned into each front door.
+#[derive(Debug, Clone)]
+pub struct Pipeline {
+    selector: Addr<SelectorActor>,
+    admission: Arc<Admission>,
+    decisions: DecisionSink,
+    metrics: Arc<Metrics>,
+    retry: RetryConfig,
+    /// The policy's text-to-token estimate, for the predicted cached tokens.
+    bytes_per_token: f64,
+}
+
+impl Pipeline {
+    pub fn new(
+        selector: Addr<SelectorActor>,
+        admission: Arc<Admission>,
+        decisions: DecisionSink,
+        metrics: Arc<Metrics>,
+        retry: RetryConfig,
+        bytes_per_token: f64,
+    ) -> Pipeline {
+        Pipeline {
+            selector,
+            admission,
+            decisions,
+            metrics,
+            retry,
+            bytes_per_token,
+        }
+    }
+
+    /// A place in the gateway for a request from `client` (its key) or `peer`.
+    pub async fn admit(
+        &self,
+        client: Option<String>,
+        peer: Option<IpAddr>,
+    ) -> Result<Ticket, AdmitError> {
+        self.admission.admit(client, peer).await
+    }
+
+    pub fn decisions(&self) -> &DecisionSink {
+        &self.decisions
+    }
+
+    /// The policy's text-to-token estimate.
+    pub fn bytes_per_token(&self) -> f64 {
+        self.bytes_per_token
+    }
+
+    /// A worker for attempt `number` of `job`, `exclude` left out: the hold waited out
+    /// within one budget, a selector that restarted on this request asked once more. The
+    /// dispatch is counted and logged; its [`AnswerNote`] goes with the answer.
+    pub async fn attempt(
+        &self,
+        job: &Job,
+        exclude: &[WorkerId],
+        number: u32,
+    ) -> Result<Attempt, DispatchError> {
+        let mut d = match self.select(job, exclude, number).await {
+            // The selector rebuilt its state after a failed decision: once more, on the
+            // fresh state (a second failure is this request's own answer).
+            Err(DispatchError::Select(SelectError::Restarted)) => {
+                self.select(job, exclude, number).await?
+            }
+            other => other?,
+        };
+        self.metrics.dispatched(d.decision.path, number);
+        let note = self.decisions.decided(
+            &mut d.decision,
+            Decided {
+                request_id: &job.request_id,
+                model: d.model.clone(),
+                endpoint: job.endpoint,
+                attempt: number,
+                worker_url: d.url.clone(),
+                text: is_text(&job.facts.key),
+                bytes_per_token: self.bytes_per_token,
+                arrived: job.arrived,
+                stream: job.facts.stream,
+            },
+        );
+        Ok(Attempt {
+            dispatch: d,
+            note,
+            number,
+        })
+    }
+
+    /// Asks the selector, waiting out each hold within one budget; keeps the selector's
+    /// span joined to the caller's across the mailbox.
+    async fn select(
+        &self,
+        job: &Job,
+        exclude: &[WorkerId],
+        number: u32,
+    ) -> Result<Dispatch, DispatchError> {
+        let span = Span::current();
+        let mut may_hold = true;
+        // One budget for all holds of a request: its choice may move to another engine that
+        // is itself still computing the prefix (a group spreading over several engines).
+        let mut until: Option<actix_rt::time::Instant> = None;
+        loop {
+            let answer = self
+                .selector
+                .send(Select {
+                    facts: job.facts.clone(),
+                    exclude: exclude.to_vec(),
+                    span: span.clone(),
+                    enqueued_at: Instant::now(),
+                    may_hold,
+                    first: until.is_none() && number <= 1,
+                    attempt: number,
+                })
+                .instrument(span.clone())
+                .await??;
+            let hold = match answer {
+                Selected::Go(d) => return Ok(d),
+                Selected::Hold(h) => h,
+            };
+            let end = *until.get_or_insert_with(|| actix_rt::time::Instant::now() + hold.max);
+            // Whether it warmed, ended or timed out, the next ask goes ahead; once the
+            // budget is spent it may not hold again.
+            let left = end.saturating_duration_since(actix_rt::time::Instant::now());
+            let _ = actix_rt::time::timeout(left, hold.ready).await;
+            may_hold = actix_rt::time::Instant::now() < end;
+        }
+    }
+
+    /// Runs `job` to an answer: an attempt, handed to `send`; on a retryable failure, with
+    /// attempts and time left, the failed worker is left out and another attempt follows
+    /// after a backoff. Nothing of a failed attempt stays in the index.
+    pub async fn run<T, F, Fut, E>(
+        &self,
+        job: &Job,
+        deadline: Instant,
+        mut send: F,
+    ) -> Result<T, RunError<E>>
+    where
+        F: FnMut(Attempt) -> Fut,
+        Fut: std::future::Future<Output = Result<T, E>>,
+        E: AttemptFailure,
+    {
+        let mut exclude: Vec<WorkerId> = Vec::new();
+        let mut last: Option<E> = None;
+        let mut number = 1;
+        loop {
+            let mut a = match self.attempt(job, &exclude, number).await {
+                Ok(a) => a,
+                // Every worker left was tried: the client gets the last failure.
+                Err(e) => return Err(last.map_or(RunError::Dispatch(e), RunError::Failed)),
+            };
+            let (worker, url) = (a.dispatch.worker, a.dispatch.url.clone());
+            let recorded = a.dispatch.recorded.take();
+            let failure = match send(a).await {
+                Ok(answer) => return Ok(answer),
+                Err(f) => f,
+            };
+            if let Some(recorded) = recorded {
+                self.selector.do_send(Failed {
+                    recorded,
+                    facts: job.facts.clone(),
+                });
+            }
+            let out_of_time = Instant::now() >= deadline;
+            if !failure.retryable() || number >= self.retry.attempts() || out_of_time {
+                if failure.retryable() {
+                    warn!(request_id = %job.request_id, worker = %url, attempt = number, error = %failure, "attempt failed; no retry left");
+                }
+                return Err(RunError::Failed(failure));
+            }
+            warn!(request_id = %job.request_id, worker = %url, attempt = number, error = %failure, "attempt failed; trying another worker");
+            exclude.push(worker);
+            number += 1;
+            let wait = self.retry.backoff(number, &mut rand::thread_rng());
+            let left = deadline.saturating_duration_since(Instant::now());
+            actix_rt::time::sleep(wait.min(left)).await;
+            last = Some(failure);
+        }
+    }
+}

@@ -1,0 +1,164 @@
+//! What an answer tells about its decision: the time to its first byte, its status, and
+//! the cached tokens the engine reported, filled in as the answer is relayed.
+
+use std::sync::LazyLock;
+use std::time::Instant;
+
+use kvgate_core::Endpoint;
+
+use super::{DecisionSink, Ended, Slot};
+
+/// Collects what a response shows of its decision and reports it when dropped, however the
+/// response ended.
+#[derive(Debug)]
+pub struct AnswerNote {
+    pub(super) sink: DecisionSink,
+    pub(super) slot: Slot,
+    pub(super) started: Instant,
+    pub(super) arrived: Instant,
+    pub(super) first_byte: Option<Instant>,
+    pub(super) last_chunk: Option<Instant>,
+    pub(super) predicted: Option<u64>,
+    pub(super) cached: Option<u64>,
+    pub(super) status: Option<u16>,
+    pub(super) endpoint: Endpoint,
+    pub(super) stream: bool,
+    /// The answer came whole ([`AnswerNote::body`]): its first byte is timed at its end.
+    pub(super) whole: bool,
+    pub(super) failed: bool,
+    pub(super) abandoned: bool,
+    /// The answer went to the client (the attempt was not given up for another).
+    pub(super) relayed: bool,
+}
+
+impl AnswerNote {
+    pub fn status(&mut self, status: u16) {
+        self.status = Some(status);
+    }
+
+    /// The answer is the client's: this attempt will not be retried elsewhere.
+    pub fn relayed(&mut self) {
+        self.relayed = true;
+    }
+
+    pub fn failed(&mut self) {
+        self.failed = true;
+    }
+
+    /// The client went away before the answer ended.
+    pub fn abandoned(&mut self) {
+        self.abandoned = true;
+    }
+
+    /// A chunk of a relayed answer as it passes: the first one times the first byte, and
+    /// any `"cached_tokens"` in it is read.
+    pub fn chunk(&mut self, b: &[u8]) {
+        let now = Instant::now();
+        match self.last_chunk {
+            None => self.first_byte = Some(now),
+            Some(last) if self.stream => self
+                .sink
+                .0
+                .metrics
+                .route(self.endpoint)
+                .between_chunks
+                .observe(now.duration_since(last).as_secs_f64()),
+            Some(_) => {}
+        }
+        self.last_chunk = Some(now);
+        if let Some(n) = cached_tokens(b) {
+            self.cached = Some(n);
+        }
+    }
+
+    /// An answer read whole before it is relayed: its first byte and its end are the
+    /// same moment, read once when the note is dropped.
+    pub fn body(&mut self, b: &[u8]) {
+        self.whole = true;
+        self.cached = cached_tokens(b);
+    }
+}
+
+impl Drop for AnswerNote {
+    fn drop(&mut self) {
+        let now = Instant::now();
+        let outcome = match (self.failed, self.status) {
+            (true, _) | (false, None) => "failed",
+            _ if self.abandoned => "abandoned",
+            (false, Some(s)) if (200..300).contains(&s) => "ok",
+            (false, Some(_)) => "error",
+        };
+        let first_byte = match self.first_byte {
+            Some(t) => Some(t),
+            None if self.whole => Some(now),
+            None => None,
+        };
+        let answer = Ended {
+            outcome,
+            status: self.status,
+            first_byte,
+            end: now,
+            cached: self.cached,
+        };
+        self.sink.ring().answer(self.slot, answer);
+        if !self.relayed {
+            return;
+        }
+        let m = &self.sink.0.metrics;
+        let r = m.route(self.endpoint);
+        r.duration
+            .observe(now.duration_since(self.arrived).as_secs_f64());
+        if self.stream
+            && let Some(t) = first_byte
+        {
+            r.ttft.observe(t.duration_since(self.started).as_secs_f64());
+        }
+        if outcome == "ok" {
+            m.cache_report(self.cached.is_some());
+            if let Some(c) = self.cached {
+                m.reported_cached.inc_by(c);
+                m.predicted_cached.inc_by(self.predicted.unwrap_or(0));
+            }
+        }
+    }
+}
+
+/// How far from its end an answer is searched first: engines put their usage last
+/// (OpenAI's `usage`, SGLang's `meta_info`, a stream's last event) unless logprobs or
+/// token ids follow it.
+pub(super) const TAIL: usize = 1024;
+
+/// Where the last match in `b` starts: one call for an answer with none or one (an
+/// iterator costs more than the search of a short answer).
+fn last_key(finder: &memchr::memmem::Finder<'_>, b: &[u8]) -> Option<usize> {
+    let mut at = finder.find(b)?;
+    while let Some(i) = finder.find(&b[at + 1..]) {
+        at += 1 + i;
+    }
+    Some(at)
+}
+
+/// The value of the last `"cached_tokens": N` in a JSON text. A quote inside a JSON string
+/// is escaped, so generated text that mentions the key does not match.
+pub fn cached_tokens(b: &[u8]) -> Option<u64> {
+    const KEY: &[u8] = b"\"cached_tokens\"";
+    // Built once (building one costs more than searching a short answer), and forward:
+    // the forward search is vectorised, the reverse one four times slower per byte.
+    static FINDER: LazyLock<memchr::memmem::Finder<'static>> =
+        LazyLock::new(|| memchr::memmem::Finder::new(KEY));
+    // The tail first: a long answer that reports its usage is not searched whole. The
+    // rest ends where a key starting before the tail would end.
+    let tail = b.len().saturating_sub(TAIL);
+    let at = match last_key(&FINDER, &b[tail..]) {
+        Some(i) => tail + i,
+        None if tail == 0 => return None,
+        None => last_key(&FINDER, &b[..tail + KEY.len() - 1])?,
+    };
+    let rest = &b[at + KEY.len()..];
+    let rest = rest
+        .trim_ascii_start()
+        .strip_prefix(b":")?
+        .trim_ascii_start();
+    let digits = rest.iter().take_while(|c| c.is_ascii_digit()).count();
+    std::str::from_utf8(rest.get(..digits)?).ok()?.parse().ok()
+}
