@@ -144,20 +144,24 @@ fn each_crate_links_only_what_its_role_allows() {
         .map(|(p, _)| p)
         .collect();
     assert_eq!(direct_sled, ["kvgate-store"]);
-    // Embedders can leave the simulator out: it is an optional dependency of the gateway.
-    let gateway = meta["packages"]
+    // Embedders get the library alone: the binary's CLI, log subscriber, error type and
+    // simulated engines are the binary crate's.
+    assert_links_none(
+        &g,
+        "kvgate-gateway",
+        &["kvgate-engine-sim", "clap", "anyhow", "tracing-subscriber"],
+    );
+    let binary = meta["packages"]
         .as_array()
         .into_iter()
         .flatten()
-        .find(|p| p["name"] == "kvgate-gateway")
-        .expect("the gateway package");
-    let sim = gateway["dependencies"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|d| d["name"] == "kvgate-engine-sim" && d["kind"].is_null())
-        .expect("the simulator dependency");
-    assert_eq!(sim["optional"], true);
+        .find(|p| p["name"] == "kvgate")
+        .expect("the binary package");
+    assert_eq!(
+        binary["targets"][0]["kind"][0], "bin",
+        "{}",
+        binary["targets"]
+    );
 }
 
 /// Source files of `dir`, relative to it, without the unit-test files.
@@ -205,4 +209,180 @@ fn the_codemap_names_every_source_file() {
         missing.is_empty(),
         "not in docs/architecture.md: {missing:?}"
     );
+}
+
+/// A crate's modules (`a::b`, the root as "") and the modules each one names through
+/// `crate::` or `super::` paths, outside comments and test code.
+fn module_graph(src: &std::path::Path) -> (BTreeSet<String>, BTreeSet<(String, String)>) {
+    let mut files = Vec::new();
+    sources(src, "", &mut files);
+    let module_of = |f: &str| {
+        let mut parts: Vec<&str> = f.trim_end_matches(".rs").split('/').collect();
+        if matches!(parts.last(), Some(&("lib" | "main" | "mod"))) {
+            parts.pop();
+        }
+        parts.join("::")
+    };
+    let modules: BTreeSet<String> = files.iter().map(|f| module_of(f)).collect();
+    // The longest module that is a prefix of `path`.
+    let resolve = |path: &[&str]| {
+        (0..=path.len())
+            .rev()
+            .map(|k| path[..k].join("::"))
+            .find(|m| modules.contains(m))
+    };
+    let mut edges = BTreeSet::new();
+    for f in &files {
+        let here = module_of(f);
+        let text = std::fs::read_to_string(src.join(f)).expect("source file");
+        // Test modules come last in a file; what they use is not the module's.
+        let code = text.split("#[cfg(test)]").next().unwrap_or("");
+        for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
+            for (start, _) in line
+                .match_indices("crate::")
+                .chain(line.match_indices("super::"))
+            {
+                let before = line[..start].chars().last();
+                if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+                    continue;
+                }
+                let tail: Vec<&str> = line[start..]
+                    .split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+                    .next()
+                    .unwrap_or("")
+                    .split("::")
+                    .filter(|s| !s.is_empty())
+                    .collect();
+                let mut path: Vec<&str> = if tail.first() == Some(&"crate") {
+                    Vec::new()
+                } else if here.is_empty() {
+                    continue;
+                } else {
+                    here.split("::").collect()
+                };
+                let mut rest = &tail[..];
+                if rest.first() == Some(&"crate") {
+                    rest = &rest[1..];
+                }
+                while rest.first() == Some(&"super") {
+                    path.pop();
+                    rest = &rest[1..];
+                }
+                path.extend_from_slice(rest);
+                if let Some(to) = resolve(&path)
+                    && to != here
+                {
+                    edges.insert((here.clone(), to));
+                }
+            }
+        }
+    }
+    (modules, edges)
+}
+
+/// Whether one module is the other's ancestor (a parent uses its children and they use
+/// what it holds for them: that is one room, not a circle).
+fn related(a: &str, b: &str) -> bool {
+    a.is_empty()
+        || b.is_empty()
+        || a.starts_with(&format!("{b}::"))
+        || b.starts_with(&format!("{a}::"))
+}
+
+/// The module circles of a crate: groups of modules, none an ancestor of another, that
+/// reach each other.
+fn circles(src: &std::path::Path) -> Vec<Vec<String>> {
+    let (modules, edges) = module_graph(src);
+    let next = |m: &str| -> Vec<String> {
+        edges
+            .iter()
+            .filter(|(a, b)| a == m && !related(a, b))
+            .map(|(_, b)| b.clone())
+            .collect()
+    };
+    let reach = |from: &str| {
+        let mut seen = BTreeSet::new();
+        let mut todo = next(from);
+        while let Some(m) = todo.pop() {
+            if seen.insert(m.clone()) {
+                todo.extend(next(&m));
+            }
+        }
+        seen
+    };
+    let reached: HashMap<&String, BTreeSet<String>> =
+        modules.iter().map(|m| (m, reach(m))).collect();
+    let mut out: Vec<Vec<String>> = Vec::new();
+    for m in &modules {
+        let group: Vec<String> = (reached[m].iter())
+            .filter(|o| reached.get(o).is_some_and(|r| r.contains(m)))
+            .cloned()
+            .collect();
+        if !group.is_empty() && !out.iter().any(|g| g.contains(m)) {
+            out.push(group);
+        }
+    }
+    out
+}
+
+#[test]
+fn no_crate_has_a_module_circle() {
+    let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
+    for c in std::fs::read_dir(root.join("crates"))
+        .expect("crates")
+        .flatten()
+    {
+        let found = circles(&c.path().join("src"));
+        assert!(
+            found.is_empty(),
+            "{}: modules that use each other: {found:?}",
+            c.file_name().to_string_lossy()
+        );
+    }
+}
+
+/// The gateway's top-level modules from the front door down. A module uses only those in
+/// the layers below its own (docs/architecture.md, "Layers of the gateway crate").
+const GATEWAY_LAYERS: &[&[&str]] = &[
+    &["server"],
+    &["http"],
+    &["pipeline"],
+    &["facts"],
+    &["actors"],
+    &["upstream", "metrics"],
+    &["config", "alloc"],
+];
+
+#[test]
+fn the_gateway_layers_point_one_way() {
+    let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
+    let (modules, edges) = module_graph(&root.join("crates/gateway/src"));
+    let top = |m: &str| m.split("::").next().unwrap_or("").to_owned();
+    let layer = |m: &str| {
+        GATEWAY_LAYERS
+            .iter()
+            .position(|l| l.contains(&top(m).as_str()))
+    };
+    for m in modules.iter().filter(|m| !m.is_empty()) {
+        assert!(layer(m).is_some(), "{m} is in no layer of GATEWAY_LAYERS");
+    }
+    let upward: Vec<String> = edges
+        .iter()
+        .filter(|(a, b)| !a.is_empty() && !b.is_empty() && top(a) != top(b))
+        .filter(|(a, b)| layer(a) >= layer(b))
+        .map(|(a, b)| format!("{a} -> {b}"))
+        .collect();
+    assert!(upward.is_empty(), "uses that do not point down: {upward:?}");
+}
+
+#[test]
+fn the_circle_check_sees_a_circle() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let src = dir.path();
+    std::fs::write(src.join("lib.rs"), "mod a;\nmod b;\n").expect("write");
+    std::fs::write(src.join("a.rs"), "use crate::b::B;\npub struct A;\n").expect("write");
+    std::fs::write(src.join("b.rs"), "pub struct B(super::a::A);\n").expect("write");
+    assert_eq!(circles(src), vec![vec!["a".to_owned(), "b".to_owned()]]);
+    std::fs::write(src.join("b.rs"), "pub struct B;\n").expect("write");
+    assert!(circles(src).is_empty());
 }

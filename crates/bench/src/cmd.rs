@@ -19,7 +19,7 @@ fn kvgate_bin(given: Option<&PathBuf>) -> anyhow::Result<PathBuf> {
     match given.cloned().or_else(release_kvgate) {
         Some(bin) => Ok(bin),
         None => bail!(
-            "no release kvgate beside this binary: build it (cargo build --release -p kvgate-gateway --bin kvgate) or give --kvgate-bin"
+            "no release kvgate beside this binary: build it (cargo build --release -p kvgate) or give --kvgate-bin"
         ),
     }
 }

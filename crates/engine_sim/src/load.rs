@@ -10,7 +10,6 @@ use kvgate_core::clock::unix_now;
 use kvgate_kv_events::LoadStat;
 use serde::Serialize;
 
-use crate::engine::Engine;
 use crate::scheduler::Snapshot;
 use crate::{Flavor, SimConfig};
 
@@ -49,14 +48,13 @@ struct RankLoad {
 pub(crate) const SGLANG_VERSION: &str = "0.5.23";
 
 /// The body for all ranks, or only `dp_rank`.
-pub(crate) fn loads(engine: &Engine, dp_rank: Option<usize>) -> LoadsBody {
+pub(crate) fn loads(cfg: &SimConfig, snapshots: &[Snapshot], dp_rank: Option<usize>) -> LoadsBody {
     let now = unix_now();
-    let loads = engine
-        .snapshots()
+    let loads = snapshots
         .iter()
         .enumerate()
         .filter(|(rank, _)| dp_rank.is_none_or(|r| r == *rank))
-        .map(|(rank, s)| rank_load(&engine.cfg, rank, s, now))
+        .map(|(rank, s)| rank_load(cfg, rank, s, now))
         .collect();
     LoadsBody {
         timestamp: iso8601(SystemTime::UNIX_EPOCH + Duration::from_secs_f64(now)),
@@ -175,14 +173,13 @@ const VLLM_SERIES: &[Series] = &[
 ];
 
 /// `GET /metrics` in the flavour's names, one series per rank.
-pub(crate) fn metrics(engine: &Engine) -> String {
-    let (prefix, rank_label, table) = match engine.cfg.flavor {
+pub(crate) fn metrics(cfg: &SimConfig, snapshots: &[Snapshot]) -> String {
+    let (prefix, rank_label, table) = match cfg.flavor {
         Flavor::Sglang => ("sglang_", "dp_rank", SGLANG_SERIES),
         Flavor::SglangLegacy => ("sglang:", "dp_rank", SGLANG_SERIES),
         Flavor::Vllm => ("vllm:", "engine", VLLM_SERIES),
     };
-    let snapshots = engine.snapshots();
-    let model = &engine.cfg.model;
+    let model = &cfg.model;
     let mut out = String::new();
     for (name, value) in table {
         // prometheus_client names a counter family without its `_total` suffix.
@@ -192,7 +189,7 @@ pub(crate) fn metrics(engine: &Engine) -> String {
         };
         let _ = writeln!(out, "# TYPE {prefix}{family} {kind}");
         for (rank, s) in snapshots.iter().enumerate() {
-            let v = value(&engine.cfg, s);
+            let v = value(cfg, s);
             let labels = format!("model_name=\"{model}\",{rank_label}=\"{rank}\"");
             let _ = writeln!(out, "{prefix}{name}{{{labels}}} {v}");
         }

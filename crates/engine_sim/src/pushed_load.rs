@@ -13,16 +13,13 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use kvgate_kv_events::encode_load_message;
-use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 use zeromq::{PubSocket, SocketSend, ZmqMessage};
 
 use crate::SimConfig;
 use crate::events::bind_ranks;
 use crate::load;
 use crate::scheduler::{Rank, Snapshot};
-
-/// Where a rank's scheduler sends the snapshot to push.
-pub(crate) type LoadOutbox = UnboundedSender<Snapshot>;
 
 /// Binds every rank's load socket on `host`, wires each rank to its publisher and spawns
 /// the publishers on the current (actix) runtime; returns the port base bound, `None` when

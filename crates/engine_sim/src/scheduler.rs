@@ -30,9 +30,11 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use crate::SimConfig;
 use crate::cache::{NodeId, PrefixCache};
 use crate::events::{Outbox, Publish};
-use crate::pushed_load::LoadOutbox;
 use crate::throughput::GenThroughput;
 use crate::vocab::Vocab;
+
+/// Where a rank's scheduler sends the snapshot to push.
+pub(crate) type LoadOutbox = tokio::sync::mpsc::UnboundedSender<Snapshot>;
 
 /// What the scheduler tells a request's handler, in order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -55,6 +55,8 @@ pub struct GatewayConfig {
     pub worker_urls: Vec<String>,
     /// Where persistent state lives.
     pub data_dir: PathBuf,
+    /// The log filter (`info`, `debug`, per-module directives); the binary reads it,
+    /// the library only carries it.
     pub log_level: String,
     pub log_json: bool,
     /// Largest request body accepted, in bytes (413 above it).
@@ -276,9 +278,6 @@ impl GatewayConfig {
         }
         if self.demo && self.demo_engines == 0 {
             return invalid("demo_engines", "must be at least 1");
-        }
-        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log_level) {
-            return invalid("log_level", e.to_string());
         }
         self.policy.validate()?;
         self.poller.validate().map_err(|e| ConfigError::Invalid {

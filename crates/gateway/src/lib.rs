@@ -24,9 +24,8 @@
 //! gw.stop();
 //! ```
 //!
-//! The `demo` feature (on by default, for the `kvgate` binary's `--demo`) links the
-//! simulated engines of `kvgate-engine-sim`; embedders turn it off with
-//! `default-features = false`.
+//! The `kvgate` binary (`crates/kvgate`) wraps this library with flags, a log subscriber,
+//! signal handling and `--demo`'s simulated engines; the library links none of them.
 
 mod actors;
 mod alloc;

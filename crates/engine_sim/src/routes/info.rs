@@ -122,7 +122,7 @@ pub(super) async fn loads(
             e.ranks.len()
         )));
     }
-    let body = load::loads(&e, q.dp_rank);
+    let body = load::loads(&e.cfg, &e.snapshots(), q.dp_rank);
     Ok(match q.format.as_deref() {
         Some("prometheus") => HttpResponse::Ok()
             .content_type(ContentType::plaintext())
@@ -142,5 +142,5 @@ pub(super) async fn metrics(e: Data<Engine>) -> HttpResponse {
     hang_if_loads_hang(&e).await;
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4")
-        .body(load::metrics(&e))
+        .body(load::metrics(&e.cfg, &e.snapshots()))
 }

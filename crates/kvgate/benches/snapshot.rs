@@ -13,7 +13,7 @@
 //! A third set of lookups per round runs beside a busy thread and no write: the writer
 //! thread keeps a core busy, and on this VM that alone changes wake-up latency.
 //!
-//! `cargo bench -p kvgate-gateway --bench snapshot`. Knobs (environment): `PROMPTS`
+//! `cargo bench -p kvgate --bench snapshot`. Knobs (environment): `PROMPTS`
 //! (1000000), `PREFIX_GROUPS` (4096), `WORKERS` (16), `LOOKUPS` (20000), `ROUNDS` (5);
 //! `KEEP_STORE=1` keeps the data dir and prints where it is.
 

@@ -1,4 +1,6 @@
-//! The `kvgate` binary: flags on top of env on top of the config file.
+//! The `kvgate` binary: flags on top of env on top of the config file, onto
+//! `kvgate-gateway`; the log subscriber, the signals, and `--demo`'s simulated engines.
+//! The library links none of these (clap, anyhow, tracing-subscriber, the simulator).
 
 use std::collections::HashMap;
 
@@ -8,11 +10,22 @@ use tracing_subscriber::EnvFilter;
 
 mod cli;
 
-fn init_logging(cfg: &GatewayConfig) {
-    let filter = EnvFilter::try_from_env("RUST_LOG")
-        // The HTTP server's own start/stop lines are noise at info.
-        .or_else(|_| EnvFilter::try_new(format!("{},actix_server=warn", cfg.log_level)))
-        .unwrap_or_else(|_| EnvFilter::new("info"));
+/// The log filter: `RUST_LOG` when set, else `--log-level`, refused by name when it is
+/// not a filter.
+fn log_filter(cfg: &GatewayConfig) -> anyhow::Result<EnvFilter> {
+    if let Ok(f) = EnvFilter::try_from_env("RUST_LOG") {
+        return Ok(f);
+    }
+    EnvFilter::try_new(&cfg.log_level)
+        .map_err(|e| anyhow::anyhow!("config: invalid value for 'log_level': {e}"))?;
+    // The HTTP server's own start/stop lines are noise at info.
+    Ok(
+        EnvFilter::try_new(format!("{},actix_server=warn", cfg.log_level))
+            .unwrap_or_else(|_| EnvFilter::new("info")),
+    )
+}
+
+fn init_logging(cfg: &GatewayConfig, filter: EnvFilter) {
     use std::io::IsTerminal;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -46,7 +59,8 @@ fn main() -> anyhow::Result<()> {
     let (file, overrides) = cli::parse(&matches);
     let env: HashMap<String, String> = std::env::vars().collect();
     let mut cfg = GatewayConfig::load(file.as_deref(), &env, overrides)?;
-    init_logging(&cfg);
+    let filter = log_filter(&cfg)?;
+    init_logging(&cfg, filter);
 
     let fleet = demo_fleet(&mut cfg)?;
 
@@ -68,7 +82,6 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// The simulated engines of `--demo`, added to the configured workers.
-#[cfg(feature = "demo")]
 fn demo_fleet(cfg: &mut GatewayConfig) -> anyhow::Result<Option<kvgate_engine_sim::SimFleet>> {
     if !cfg.demo {
         return Ok(None);
@@ -80,23 +93,6 @@ fn demo_fleet(cfg: &mut GatewayConfig) -> anyhow::Result<Option<kvgate_engine_si
     .context("starting the simulated engines")?;
     cfg.worker_urls.extend(fleet.urls());
     Ok(Some(fleet))
-}
-
-/// Without the `demo` feature there is no simulator to start.
-#[cfg(not(feature = "demo"))]
-fn demo_fleet(cfg: &mut GatewayConfig) -> anyhow::Result<Option<NoFleet>> {
-    if cfg.demo {
-        anyhow::bail!("--demo needs a kvgate built with the `demo` feature (on by default)");
-    }
-    Ok(None)
-}
-
-#[cfg(not(feature = "demo"))]
-struct NoFleet;
-
-#[cfg(not(feature = "demo"))]
-impl NoFleet {
-    fn stop(self) {}
 }
 
 fn print_demo(gw: &Gateway, cfg: &GatewayConfig) {

@@ -1,0 +1,137 @@
+//! The listeners: the gateway's HTTP server (actix-http's HTTP/1 service over `Intake`
+//! connections, the routing actors started by its first thread) and the keyless
+//! `--prometheus-port` one.
+
+use crate::config::GatewayConfig;
+use crate::http::intake::Intake;
+use crate::http::state::AppState;
+use crate::upstream::Pool;
+use actix_http::error::DispatchError;
+use actix_http::{Extensions, HttpService};
+use actix_service::{IntoServiceFactory, ServiceFactoryExt, fn_service, map_config};
+use actix_web::dev::AppConfig;
+use actix_web::dev::Server;
+use actix_web::{HttpServer, web};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::TcpStream;
+
+use super::StartError;
+use super::wiring::RoutingStart;
+
+/// Idle upstream connections are dropped before the engines' own keep-alive (uvicorn's
+/// default is 5 s) would close them under a request.
+pub(super) const UPSTREAM_KEEP_ALIVE: Duration = Duration::from_secs(3);
+
+/// The HTTP server over `listener`, with the routing actors started by its first thread.
+/// The `--prometheus-port` listener: `GET /metrics` alone, on one thread.
+pub(super) fn metrics_server(
+    cfg: &GatewayConfig,
+    state: web::Data<AppState>,
+) -> Result<Option<(Server, SocketAddr)>, StartError> {
+    let Some(port) = cfg.prometheus_port else {
+        return Ok(None);
+    };
+    let bind = format!("{}:{port}", cfg.prometheus_host);
+    let listener = std::net::TcpListener::bind(&bind).map_err(|source| StartError::Bind {
+        addr: bind.clone(),
+        source,
+    })?;
+    let addr = listener.local_addr().map_err(|source| StartError::Bind {
+        addr: bind.clone(),
+        source,
+    })?;
+    let server = HttpServer::new(move || {
+        actix_web::App::new()
+            .app_data(state.clone())
+            .route(
+                "/metrics",
+                web::get().to(crate::http::inspect::open_metrics),
+            )
+            .default_service(web::to(crate::http::routes::not_found))
+    })
+    .workers(1)
+    .disable_signals()
+    .listen(listener)
+    .map_err(|source| StartError::Bind { addr: bind, source })?
+    .run();
+    Ok(Some((server, addr)))
+}
+
+pub(super) fn http_server(
+    cfg: &GatewayConfig,
+    listener: std::net::TcpListener,
+    state: web::Data<AppState>,
+    routing: RoutingStart,
+) -> Result<Server, StartError> {
+    let routing_start = Arc::new(Mutex::new(Some(routing)));
+    let connect_timeout = cfg.connect_timeout;
+    let header_read_timeout = cfg.header_read_timeout;
+    let limit = cfg.max_payload_size;
+    let addr = listener
+        .local_addr()
+        .map_or_else(|_| format!("{}:{}", cfg.host, cfg.port), |a| a.to_string());
+    let local = listener.local_addr().ok();
+    let builder = Server::build()
+        .shutdown_timeout(cfg.shutdown_grace_period.as_secs().max(1))
+        .disable_signals();
+    let builder = match cfg.http_workers {
+        Some(n) => builder.workers(n),
+        None => builder,
+    };
+    // Ends idle keep-alive connections when the server stops.
+    let stopping = builder.graceful_shutdown_signal();
+    let builder = builder
+        .listen("kvgate", listener, move || {
+            // The first worker to build its app hosts the routing actors; later calls
+            // (other workers, a restarted service) find them started.
+            let start = match routing_start.lock() {
+                Ok(mut g) => g.take(),
+                Err(p) => p.into_inner().take(),
+            };
+            if let Some(r) = start {
+                r.run_here();
+            }
+            // One upstream pool per HTTP thread.
+            let pool = Pool::new(connect_timeout, UPSTREAM_KEEP_ALIVE);
+            pool.spawn_sweeper();
+            let app = crate::http::app::app(state.clone(), pool)
+                .into_factory()
+                .map_err(|e| e.error_response());
+            let stopping = stopping.clone();
+            let mut http = HttpService::<Intake, _, _>::build()
+                .graceful_shutdown_signal(move || {
+                    let s = stopping.clone();
+                    async move { s.notified().await }
+                })
+                .client_request_timeout(header_read_timeout)
+                // A client that closes its socket ends the request (and the upstream one)
+                // even while the answer has not started: no engine keeps generating for
+                // nobody.
+                .h1_allow_half_closed(false)
+                .client_disconnect_timeout(Duration::from_secs(1))
+                .on_connect_ext(|io: &Intake, ext: &mut Extensions| {
+                    ext.insert(io.bodies());
+                });
+            if let Some(a) = local {
+                http = http.local_addr(a);
+            }
+            // actix-web builds its own with the listener's address, through a constructor
+            // it does not export; the default's placeholder host and address are read only
+            // by `connection_info()` without a Host header and `app_config()`, which no
+            // route here uses.
+            let http = http.h1(map_config(app, |_| AppConfig::default()));
+            fn_service(move |io: TcpStream| {
+                let peer = io.peer_addr().ok();
+                // Streamed tokens are small writes: with Nagle's algorithm each waited for
+                // the client's delayed ACK of the one before (+28 ms TTFT measured at two
+                // streams).
+                let _ = io.set_nodelay(true);
+                std::future::ready(Ok::<_, DispatchError>((Intake::new(io, limit), peer)))
+            })
+            .and_then(http)
+        })
+        .map_err(|source| StartError::Bind { addr, source })?;
+    Ok(builder.run())
+}

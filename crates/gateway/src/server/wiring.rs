@@ -1,0 +1,254 @@
+//! The actors' wiring at startup: the store opened once, the routing actors built and
+//! restored before any request reaches them, the control actors started, the startup
+//! workers registered.
+
+use crate::actors::events::{EventsActor, SelectorLink, SnapshotSettings};
+use crate::actors::index::{FleetSettled, IndexActor, IndexConfig};
+use crate::actors::registry::{
+    AddWorker, PollerLink, RegistryActor, RegistryConfig, RegistryError, WorkerSource,
+};
+use crate::actors::selector::SelectorActor;
+use crate::actors::tokenizers::{TokenizerActor, Tokenizers};
+use crate::config::GatewayConfig;
+use crate::http::auth::AllowList;
+use crate::metrics::Metrics;
+use actix::dev::channel::AddressReceiver;
+use actix::{Actor, Addr, Arbiter, Context};
+use actix_service::ServiceFactoryExt;
+use kvgate_core::WorkerUrl;
+use kvgate_policies::CacheIndex;
+use kvgate_poller::LoadPoller;
+use kvgate_store::{EventsImage, Image, Persister, RegistryImage};
+use std::sync::Arc;
+use std::time::Instant;
+use tracing::{error, info, warn};
+
+/// Default mailbox depth before `started` raises it; only startup messages queue here.
+pub(super) const MAILBOX: usize = 16;
+
+/// The routing actors, built and waiting for the thread they will run on. A dispatch is
+/// HTTP handler → selector → index and back; on one thread those hops are queue pushes,
+/// where across threads each one is a wake-up that costs more than the decision itself.
+pub(super) struct RoutingStart {
+    pub(super) index: (IndexActor, AddressReceiver<IndexActor>),
+    pub(super) selector: (SelectorActor, AddressReceiver<SelectorActor>),
+}
+
+impl RoutingStart {
+    /// Starts both actors on the current arbiter.
+    pub(super) fn run_here(self) {
+        let (index, rx) = self.index;
+        Context::with_receiver(rx).run(index);
+        let (selector, rx) = self.selector;
+        Context::with_receiver(rx).run(selector);
+    }
+}
+
+/// The store, read once at startup, and the writer thread that owns it afterwards.
+pub(super) struct Persistence {
+    pub(super) persister: Option<Persister>,
+    pub(super) writer: Option<std::thread::JoinHandle<()>>,
+    pub(super) image: Option<Image>,
+    pub(super) events: Option<EventsImage>,
+    pub(super) registry: RegistryImage,
+}
+
+/// Opens the store under `data_dir`. A store that cannot be used is reported once and
+/// never stops the gateway: it then runs without persistence.
+pub(super) fn open_store(cfg: &GatewayConfig) -> Persistence {
+    let kvgate_store::Opened {
+        store,
+        image,
+        events,
+        registry,
+        problems,
+    } = kvgate_store::open_or_reset(&cfg.data_dir);
+    for p in problems {
+        error!("{p}");
+    }
+    let (persister, writer) = match store.map(kvgate_store::spawn) {
+        Some(Ok((p, w))) => (Some(p), Some(w)),
+        Some(Err(e)) => {
+            error!(error = %e, "cannot start the store writer; running without persistence");
+            (None, None)
+        }
+        None => (None, None),
+    };
+    Persistence {
+        persister,
+        writer,
+        image,
+        events,
+        registry,
+    }
+}
+
+/// Builds the routing actors, restored from the stored snapshot before any request can
+/// reach them. They start on the first HTTP thread; their addresses exist already.
+pub(super) fn routing_actors(
+    cfg: &GatewayConfig,
+    epoch: Instant,
+    persister: Option<Persister>,
+    image: Option<Image>,
+    metrics: &Metrics,
+) -> (RoutingStart, Addr<IndexActor>, Addr<SelectorActor>) {
+    let (index_tx, index_rx) = actix::dev::channel::channel::<IndexActor>(MAILBOX);
+    let (selector_tx, selector_rx) = actix::dev::channel::channel::<SelectorActor>(MAILBOX);
+    let index = Addr::new(index_tx);
+    let selector = Addr::new(selector_tx);
+    let index_cfg = IndexConfig::from_policy(&cfg.policy, &cfg.snapshot);
+    let mut index_actor = IndexActor::new(index_cfg, epoch, persister)
+        .with_snapshot_histogram(metrics.snapshot_seconds.clone());
+    if let Some(img) = image {
+        index_actor.restore(img);
+    }
+    let selector_actor =
+        SelectorActor::new(cfg.policy.clone(), cfg.seed, epoch, Some(index.clone()))
+            .with_prefill_hold(cfg.prefill_hold)
+            .with_circuit_breaker(cfg.circuit)
+            .with_mailbox_histogram(metrics.selector_wait.clone());
+    let start = RoutingStart {
+        index: (index_actor, index_rx),
+        selector: (selector_actor, selector_rx),
+    };
+    (start, index, selector)
+}
+
+/// Starts the load poller and the registry on the control arbiter.
+pub(super) fn control_actors(
+    cfg: &GatewayConfig,
+    epoch: Instant,
+    control: &Arbiter,
+    routing: (&Addr<IndexActor>, &Addr<SelectorActor>),
+    persister: Option<Persister>,
+    (image, events_image): (RegistryImage, Option<EventsImage>),
+    metrics: &Arc<Metrics>,
+) -> (
+    Addr<RegistryActor>,
+    Addr<LoadPoller>,
+    Addr<EventsActor>,
+    Arc<Tokenizers>,
+) {
+    let metrics = metrics.clone();
+    let (index, selector) = routing;
+    let sink = selector.clone().recipient();
+    let mut poller_cfg = cfg.poller.clone();
+    if poller_cfg.api_key.is_none() {
+        poller_cfg.api_key = (cfg.access.worker_api_key.as_ref()).map(|k| k.expose().to_owned());
+    }
+    let poller = LoadPoller::start_in_arbiter(&control.handle(), move |_| {
+        LoadPoller::new(poller_cfg, epoch, sink)
+    });
+    let reg_cfg = RegistryConfig {
+        health: cfg.health.clone(),
+        worker_key: cfg.access.worker_api_key.clone(),
+        // Checked by `validate`: a value that does not parse was refused then.
+        kv_events: cfg.events.publisher().ok().flatten(),
+    };
+    // Its subscriber tasks run on this arbiter's runtime, beside the poller's.
+    let max_blocks = cfg.events.kv_events_max_blocks;
+    let to_selector = SelectorLink {
+        loads: selector.clone().recipient(),
+        live: selector.clone().recipient(),
+    };
+    let snapshots = SnapshotSettings {
+        persister: persister.clone(),
+        interval: cfg.snapshot.interval,
+    };
+    let routed = index.clone().recipient();
+    let events = EventsActor::start_in_arbiter(&control.handle(), move |_| {
+        EventsActor::new(Some(max_blocks), Some(to_selector))
+            .with_snapshots(snapshots, events_image)
+            .with_prefix_index(routed)
+    });
+    let tokenizers = Arc::new(Tokenizers::new(cfg.events.tokenizer_path.clone()));
+    let loader = TokenizerActor {
+        tokenizers: tokenizers.clone(),
+    };
+    let loader = TokenizerActor::start_in_arbiter(&control.handle(), move |_| loader);
+    let subscribers = vec![
+        selector.clone().recipient(),
+        index.clone().recipient(),
+        events.clone().recipient(),
+        loader.recipient(),
+    ];
+    let link = PollerLink {
+        targets: poller.clone().recipient(),
+        now: poller.clone().recipient(),
+    };
+    let registry = RegistryActor::start_in_arbiter(&control.handle(), move |_| {
+        RegistryActor::new(reg_cfg, subscribers, Some(link), persister, image).with_metrics(metrics)
+    });
+    (registry, poller, events, tokenizers)
+}
+
+/// The workers to register at start: the configured ones less those the admin API
+/// removed, plus those it added.
+pub(super) fn startup_workers(
+    cfg: &GatewayConfig,
+    image: &RegistryImage,
+) -> Vec<(String, WorkerSource)> {
+    let mut startup = Vec::new();
+    for u in &cfg.worker_urls {
+        let norm = WorkerUrl::parse(u).map_or_else(|_| u.clone(), |w| w.to_string());
+        if image.removed.contains(&norm) {
+            info!(worker = %norm, "not registered: it was removed through the admin API");
+        } else {
+            startup.push((u.clone(), WorkerSource::Config));
+        }
+    }
+    for u in &image.added {
+        startup.push((u.clone(), WorkerSource::Api));
+    }
+    startup
+}
+
+/// Registers the startup workers (each probed before its answer), then tells the index
+/// that restored entries of workers that did not come back can go.
+pub(super) async fn register(
+    registry: &Addr<RegistryActor>,
+    (index, events): (&Addr<IndexActor>, &Addr<EventsActor>),
+    workers: Vec<(String, WorkerSource)>,
+    allow: &AllowList,
+) {
+    let adds = workers.into_iter().map(|(url, source)| {
+        let registry = registry.clone();
+        async move {
+            // A worker the API added before the restart is checked against today's list.
+            if source == WorkerSource::Api
+                && let Ok(u) = WorkerUrl::parse(&url)
+                && !allow.allows(&u).await
+            {
+                warn!(worker = %url, "not registered again: outside --worker-allow");
+                return;
+            }
+            let r = registry
+                .send(AddWorker {
+                    url: url.clone(),
+                    source,
+                    api_key: None,
+                })
+                .await;
+            match r {
+                Ok(Ok(_)) | Ok(Err(RegistryError::Exists(_))) => {}
+                Ok(Err(e)) => warn!(worker = %url, error = %e, "worker not registered"),
+                Err(e) => warn!(worker = %url, error = %e, "registry unavailable"),
+            }
+        }
+    });
+    futures_util::future::join_all(adds).await;
+    index.do_send(FleetSettled);
+    events.do_send(FleetSettled);
+}
+
+/// Says at start what the configuration leaves unrouted by prefix, rather than let it
+/// pass silently.
+pub(super) fn warn_about_blind_spots(cfg: &GatewayConfig) {
+    if cfg.policy.kind.needs_prefix_matches() && cfg.policy.cache_index == CacheIndex::Hash {
+        warn!(
+            "--cache-index hash matches token prompts only: /v1/chat/completions, and text \
+             prompts on /v1/completions and /generate, are routed by load with no prefix \
+             affinity (use --cache-index tree for them)"
+        );
+    }
+}
