@@ -1,8 +1,11 @@
+use std::task::Waker;
 use std::time::Duration;
 
+use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
+use super::head::MAX_HEAD;
 use super::*;
 
 const LIMIT: usize = 1 << 20;
