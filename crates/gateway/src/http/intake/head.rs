@@ -42,7 +42,9 @@ pub(super) fn look(
     let mut headers = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut []);
     let head = match req.parse_with_uninit_headers(input, &mut headers) {
-        Ok(httparse::Status::Complete(n)) => n,
+        // Bounded whole as it is in parts, so that how a head is cut into reads does not
+        // change what is done with it.
+        Ok(httparse::Status::Complete(n)) if n <= MAX_HEAD => n,
         Ok(httparse::Status::Partial) if input.len() < MAX_HEAD => return Look::Partial,
         // Too long, too many headers, or not HTTP/1 as httparse reads it: actix-http's to
         // answer.

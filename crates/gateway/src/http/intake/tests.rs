@@ -128,6 +128,41 @@ fn what_is_not_taken_passes_with_its_body_or_ends_the_parsing() {
     raw(&long);
 }
 
+/// Heads around the length limit, whole and cut where the reads of a long head end: the
+/// same decision either way (a head over the limit that came whole in one read was taken).
+#[test]
+fn a_head_over_the_length_limit_passes_through_whole_as_in_parts() {
+    for len in [MAX_HEAD - 1, MAX_HEAD, MAX_HEAD + 1, MAX_HEAD + 5000] {
+        let start = "POST /generate HTTP/1.1\r\ncontent-length: 2\r\nx-long: ";
+        let end = "\r\n\r\n";
+        let fill = len - start.len() - end.len();
+        let mut input = format!("{start}{}{end}", "a".repeat(fill)).into_bytes();
+        assert_eq!(input.len(), len);
+        input.extend_from_slice(b"{}");
+        let whole = || {
+            if len <= MAX_HEAD {
+                Look::Take { head: len, body: 2 }
+            } else {
+                Look::Raw
+            }
+        };
+        assert_eq!(
+            look(&input, &mut BytesMut::new(), 16, 1, true),
+            whole(),
+            "a head of {len} bytes"
+        );
+        for cut in [16 * 1024, 32 * 1024, MAX_HEAD - 1, MAX_HEAD, MAX_HEAD + 1] {
+            let expected = match cut {
+                _ if cut >= len => whole(),
+                _ if cut >= MAX_HEAD => Look::Raw,
+                _ => Look::Partial,
+            };
+            let part = look(&input[..cut], &mut BytesMut::new(), 16, 1, true);
+            assert_eq!(part, expected, "a head of {len} bytes cut at {cut}");
+        }
+    }
+}
+
 /// Marks every body as asked for, as its handler would.
 fn want_all(bodies: &Bodies) {
     for (_, e) in bodies.entries.borrow_mut().iter_mut() {
