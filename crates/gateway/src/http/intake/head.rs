@@ -99,7 +99,8 @@ pub(super) fn look(
 
 /// Puts `head` on `out` with its `content-length` (and any `x-kvgate-body`) lines dropped
 /// and `content-length: 0` and the token added after its last header line; `None` when
-/// the head is not laid out as expected (part of it may be on `out`).
+/// the head is not laid out as expected or the two lines would take it over the header
+/// limit (part of it may be on `out`).
 fn rewrite(
     head: &[u8],
     headers: &[httparse::Header<'_>],
@@ -110,6 +111,7 @@ fn rewrite(
     let line_end = |from: usize| memchr::memchr(b'\n', &head[from..]).map(|i| from + i + 1);
     // The request line's end, then each header line's.
     let mut at = line_end(0)?;
+    let mut kept = 0;
     out.reserve(head.len() + 48);
     out.extend_from_slice(&head[..at]);
     for h in headers {
@@ -122,8 +124,13 @@ fn rewrite(
             || h.name.eq_ignore_ascii_case(BODY_TOKEN.as_str());
         if !drop {
             out.extend_from_slice(&head[start..end]);
+            kept += 1;
         }
         at = end;
+    }
+    // actix-http would refuse a head of more headers than it parses.
+    if kept + 2 > MAX_HEADERS {
+        return None;
     }
     out.extend_from_slice(b"content-length: 0\r\nx-kvgate-body: ");
     write!(out, "{token}\r\n").ok()?;
