@@ -85,7 +85,11 @@ pub(super) fn look(
         return Look::Pass { head, body };
     }
     let before = out.len();
-    match rewrite(&input[..head], req.headers, token, out) {
+    // httparse skips blank lines before the request line.
+    let line = req.method.map_or(0, |m| {
+        (m.as_ptr() as usize).saturating_sub(input.as_ptr() as usize)
+    });
+    match rewrite(&input[..head], line, req.headers, token, out) {
         Some(()) => Look::Take {
             head,
             body: body as usize,
@@ -97,20 +101,21 @@ pub(super) fn look(
     }
 }
 
-/// Puts `head` on `out` with its `content-length` (and any `x-kvgate-body`) lines dropped
-/// and `content-length: 0` and the token added after its last header line; `None` when
-/// the head is not laid out as expected or the two lines would take it over the header
-/// limit (part of it may be on `out`).
+/// Puts `head` (its request line at `line`) on `out` with its `content-length` (and any
+/// `x-kvgate-body`) lines dropped and `content-length: 0` and the token added after its
+/// last header line; `None` when the head is not laid out as expected or the two lines
+/// would take it over the header limit (part of it may be on `out`).
 fn rewrite(
     head: &[u8],
+    line: usize,
     headers: &[httparse::Header<'_>],
     token: u64,
     out: &mut BytesMut,
 ) -> Option<()> {
     let base = head.as_ptr() as usize;
-    let line_end = |from: usize| memchr::memchr(b'\n', &head[from..]).map(|i| from + i + 1);
+    let line_end = |from: usize| memchr::memchr(b'\n', head.get(from..)?).map(|i| from + i + 1);
     // The request line's end, then each header line's.
-    let mut at = line_end(0)?;
+    let mut at = line_end(line)?;
     let mut kept = 0;
     out.reserve(head.len() + 48);
     out.extend_from_slice(&head[..at]);

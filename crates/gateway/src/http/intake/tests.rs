@@ -205,6 +205,32 @@ fn a_head_with_no_room_for_the_two_headers_passes() {
     assert!(matches!(l, Look::Take { .. }), "{l:?}");
 }
 
+/// httparse skips blank lines before a request line, as RFC 9112 lets a server do: such a
+/// head is taken like any other, its blank lines kept (it used to pass).
+#[test]
+fn blank_lines_before_the_request_line_are_kept_and_the_body_taken() {
+    for lead in ["\r\n", "\n", "\r\n\r\n"] {
+        let r =
+            format!("{lead}POST /generate HTTP/1.1\r\nhost: gw\r\ncontent-length: 2\r\n\r\n{{}}");
+        let mut out = BytesMut::new();
+        let l = look(r.as_bytes(), &mut out, LIMIT, 4, true);
+        assert_eq!(
+            l,
+            Look::Take {
+                head: r.len() - 2,
+                body: 2
+            },
+            "{lead:?}"
+        );
+        assert_eq!(
+            String::from_utf8(out.to_vec()).unwrap(),
+            format!(
+                "{lead}POST /generate HTTP/1.1\r\nhost: gw\r\ncontent-length: 0\r\nx-kvgate-body: 4\r\n\r\n"
+            )
+        );
+    }
+}
+
 /// Marks every body as asked for, as its handler would.
 fn want_all(bodies: &Bodies) {
     for (_, e) in bodies.entries.borrow_mut().iter_mut() {
