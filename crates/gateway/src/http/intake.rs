@@ -3,16 +3,48 @@
 //! actix-http reads a connection 8 KiB at a time and hands a body on as one chunk per
 //! read, which the handler then copies into one buffer: at 256 KiB that is 32 reads, 32
 //! chunks through the payload channel and a copy of the whole body. [`Intake`] wraps each
-//! accepted connection below actix-http. When it reads the head of a `POST` to an
-//! inference route with a `Content-Length` within the payload limit, it reads the body
-//! itself, straight into one buffer of that size, once the handler asks for it (after
-//! admission), and gives actix-http the head with `content-length: 0` and an
-//! `x-kvgate-body` token instead; the handler takes the body by that token ([`claim`]).
-//! A body that came whole with its head's read (a small request) is kept at once, so the
-//! handler's first ask finds it.
-//! Everything else (other routes, chunked bodies, `Expect`,
-//! bodies over the limit, anything it cannot parse) passes through untouched, so actix-http
-//! answers it as before.
+//! accepted connection below actix-http and reads each request head first, with httparse
+//! as actix-http does (its default settings, at most 96 headers), so it is a second
+//! HTTP/1 parser on the request path; this is its contract.
+//!
+//! **Takes** the body of a head that httparse reads whole, within 64 KiB, when all hold:
+//! - the method is `POST` and the path, before any `?`, is `/v1/chat/completions`,
+//!   `/v1/completions` or `/generate`;
+//! - exactly one `Content-Length`, its value (as httparse trims it) ASCII digits only,
+//!   leading zeros allowed, from 1 to the payload limit;
+//! - no `Transfer-Encoding`, `Upgrade` or `Expect` header;
+//! - at most 94 headers besides its `content-length` and `x-kvgate-body` lines, so that
+//!   the rewrite stays within 96;
+//! - no earlier body of the connection is still waiting for its handler to take it.
+//!
+//! **Rewrites** a taken head only so: every `content-length` and `x-kvgate-body` line
+//! (any case) is dropped, and `content-length: 0` and `x-kvgate-body: <token>` are added
+//! after the last header line. Blank lines before the request line, the request line,
+//! the other lines (bytes, order, CRLF or bare LF ends) and the blank line are kept.
+//!
+//! **Hands over** the body (the `Content-Length` bytes after the head) to the handler
+//! that [`claim()`]s the token, whole, in one buffer, when it asks ([`BodyClaim::body`]).
+//! Until then no more of it is read than came with the head, or up to 64 KiB once the
+//! handler holds it ([`BodyClaim::hold`]) so a client that leaves is seen. A claim
+//! dropped unread drops the rest of the body; a connection that ends first gives
+//! [`BodyLost`]. A client's own token on a head passed as sent names no body it can know
+//! of (tokens start at random per connection).
+//!
+//! **Passes byte for byte**, and reads the next head after the body (pipelining):
+//! any other head httparse reads whole within 64 KiB, with no `Content-Length` or one
+//! valid one, and that body (other routes and methods, bodies empty or over the limit,
+//! `Expect: 100-continue`, an earlier body still waiting, no room for the two lines).
+//!
+//! **Stops**, passing everything from there on byte for byte, unread, for actix-http to
+//! answer or refuse: a head httparse refuses (obs-fold, bare CR, bad tokens, more than
+//! 96 headers) or still partial at 64 KiB; one longer than 64 KiB; `CONNECT`; any
+//! `Transfer-Encoding` (chunked or not) or `Upgrade`; a `Content-Length` repeated (even
+//! equal), listed (`5, 5`), signed, empty, not ASCII digits or over `u64`.
+//!
+//! It never answers or refuses a request itself. How a head is cut into reads does not
+//! change what is done with it (only whether an earlier body is still waiting when it is
+//! whole does). The properties in `intake/tests/` check all of this against a model
+//! built on httparse.
 
 use std::io;
 use std::pin::Pin;
@@ -107,7 +139,7 @@ impl Intake {
         }
     }
 
-    /// The connection's bodies, for its extensions (where [`claim`] finds them).
+    /// The connection's bodies, for its extensions (where [`claim()`] finds them).
     pub fn bodies(&self) -> Rc<Bodies> {
         self.bodies.clone()
     }

@@ -9,7 +9,8 @@ use bytes::BytesMut;
 use super::BODY_TOKEN;
 use crate::http::parse::Endpoint;
 
-/// Heads longer than this are left to actix-http (which refuses them).
+/// A head longer than this passes through, and all after it (actix-http reads it with a
+/// limit of its own).
 pub(super) const MAX_HEAD: usize = 64 * 1024;
 /// Headers parsed per head; a head with more passes through.
 const MAX_HEADERS: usize = 96;
