@@ -8,6 +8,9 @@ use tokio::net::TcpListener;
 use super::head::MAX_HEAD;
 use super::*;
 
+mod heads;
+mod model;
+
 const LIMIT: usize = 1 << 20;
 
 fn chat(body: &[u8], extra: &str) -> Vec<u8> {
