@@ -59,9 +59,12 @@ use tokio::net::TcpStream;
 mod claim;
 mod head;
 
-#[expect(
-    unused_imports,
-    reason = "the error of `BodyClaim::body`, kept at its path though no caller names it"
+#[cfg_attr(
+    not(test),
+    expect(
+        unused_imports,
+        reason = "the error of `BodyClaim::body`, kept at its path though no caller names it"
+    )
 )]
 pub use claim::BodyLost;
 pub use claim::{Bodies, BodyClaim, claim};
@@ -102,10 +105,11 @@ enum Mode {
     Raw,
 }
 
-/// An accepted connection as actix-http reads it (see the module's text).
+/// An accepted connection as actix-http reads it (see the module's text). Generic over
+/// its socket only so that tests can script reads.
 #[derive(Debug)]
-pub struct Intake {
-    io: TcpStream,
+pub struct Intake<IO = TcpStream> {
+    io: IO,
     limit: usize,
     /// Read from the socket, not yet looked at.
     input: BytesMut,
@@ -121,9 +125,9 @@ pub struct Intake {
     past_the_end: usize,
 }
 
-impl Intake {
+impl<IO> Intake<IO> {
     /// Wraps `io`; bodies up to `limit` bytes (the payload limit) are read here.
-    pub fn new(io: TcpStream, limit: usize) -> Intake {
+    pub fn new(io: IO, limit: usize) -> Intake<IO> {
         Intake {
             io,
             limit,
@@ -268,7 +272,7 @@ impl Intake {
     }
 }
 
-impl AsyncRead for Intake {
+impl<IO: AsyncRead + Unpin> AsyncRead for Intake<IO> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -336,7 +340,7 @@ impl AsyncRead for Intake {
     }
 }
 
-impl AsyncWrite for Intake {
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Intake<IO> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,

@@ -10,6 +10,7 @@ use super::*;
 
 mod heads;
 mod model;
+mod stream;
 
 const LIMIT: usize = 1 << 20;
 

@@ -362,6 +362,46 @@ fn head_of(wild: bool) -> impl Strategy<Value = Bytes> {
             },
         )
 }
+/// A head the intake follows the framing of (one valid length or none, no
+/// `Transfer-Encoding`, nothing httparse refuses), whether it takes its body or not: the
+/// stuff of pipelined streams.
+pub(super) fn framed_head() -> impl Strategy<Value = Bytes> {
+    let one = |s: &'static str| Just(s.to_owned());
+    let line = prop_oneof![
+        3 => prop_oneof![one("host: gw"), one("Host: kvgate")],
+        6 => ("[a-z][a-z0-9-]{0,8}", "[ -~]{0,12}").prop_map(|(n, v)| format!("x-{n}: {v}")),
+        1 => prop_oneof![one("expect: 100-continue"), one("connection: close")],
+        1 => (0u64..1000).prop_map(|t| format!("x-kvgate-body: {t}")),
+    ];
+    let length = prop_oneof![
+        8 => (0u64..=300).prop_map(|n| n.to_string()),
+        2 => (0u64..=3000).prop_map(|n| n.to_string()),
+        1 => (0u64..=300).prop_map(|n| format!("00{n}")),
+    ];
+    (
+        (method(false), target(false), version(false), eol(false)),
+        prop::collection::vec((line, eol(false)), 0..5),
+        (
+            prop::option::weighted(0.9, (length_name(), length, eol(false))),
+            any::<prop::sample::Index>(),
+        ),
+        eol(false),
+    )
+        .prop_map(|((m, t, v, e), mut lines, (length, at), last)| {
+            if let Some((name, value, e)) = length {
+                let at = at.index(lines.len() + 1);
+                lines.insert(at, (format!("{name}: {value}"), e));
+            }
+            let mut h = format!("{m} {t} {v}{e}");
+            for (line, e) in lines {
+                h.push_str(&line);
+                h.push_str(e);
+            }
+            h.push_str(last);
+            Bytes::from(h)
+        })
+}
+
 /// Bytes that may follow a head in a stream: nothing, another request, or noise.
 pub(super) fn after() -> impl Strategy<Value = Bytes> {
     prop_oneof![
