@@ -260,12 +260,11 @@ async fn shared_prefix_pair(hold: Duration) -> (u64, f64) {
             post_json(&url, &body).await.status.as_u16()
         })
     };
+    // Its first token comes out of its prefill: the engine is then in a decode step.
     wait_for(10, "the engine decoding", || {
-        h.fleet.engine(0).stats().requests == 1
+        h.fleet.engine(0).stats().generated_tokens >= 1
     })
     .await;
-    // Well inside the first decode step.
-    actix_rt::time::sleep(Duration::from_millis(100)).await;
     let system = "You answer questions about the kvgate prefill hold, carefully. ".repeat(30);
     let pair = (0..2).map(|i| {
         let url = url.clone();

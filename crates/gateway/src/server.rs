@@ -7,8 +7,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use actix::{Actor, Addr, Arbiter};
-use actix_service::{IntoServiceFactory, ServiceFactoryExt};
+use actix::{Addr, Arbiter};
 use actix_web::dev::{Server, ServerHandle};
 use actix_web::web;
 use thiserror::Error;

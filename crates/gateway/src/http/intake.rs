@@ -3,42 +3,78 @@
 //! actix-http reads a connection 8 KiB at a time and hands a body on as one chunk per
 //! read, which the handler then copies into one buffer: at 256 KiB that is 32 reads, 32
 //! chunks through the payload channel and a copy of the whole body. [`Intake`] wraps each
-//! accepted connection below actix-http. When it reads the head of a `POST` to an
-//! inference route with a `Content-Length` within the payload limit, it reads the body
-//! itself, straight into one buffer of that size, once the handler asks for it (after
-//! admission), and gives actix-http the head with `content-length: 0` and an
-//! `x-kvgate-body` token instead; the handler takes the body by that token ([`claim`]).
-//! A body that came whole with its head's read (a small request) is kept at once, so the
-//! handler's first ask finds it.
-//! Everything else (other routes, chunked bodies, `Expect`,
-//! bodies over the limit, anything it cannot parse) passes through untouched, so actix-http
-//! answers it as before.
+//! accepted connection below actix-http and reads each request head first, with httparse
+//! as actix-http does (its default settings, at most 96 headers), so it is a second
+//! HTTP/1 parser on the request path; this is its contract.
+//!
+//! **Takes** the body of a head that httparse reads whole, within 64 KiB, when all hold:
+//! - the method is `POST` and the path, before any `?`, is `/v1/chat/completions`,
+//!   `/v1/completions` or `/generate`;
+//! - exactly one `Content-Length`, its value (as httparse trims it) ASCII digits only,
+//!   leading zeros allowed, from 1 to the payload limit;
+//! - no `Transfer-Encoding`, `Upgrade` or `Expect` header;
+//! - at most 94 headers besides its `content-length` and `x-kvgate-body` lines, so that
+//!   the rewrite stays within 96;
+//! - no earlier body of the connection is still waiting for its handler to take it.
+//!
+//! **Rewrites** a taken head only so: every `content-length` and `x-kvgate-body` line
+//! (any case) is dropped, and `content-length: 0` and `x-kvgate-body: <token>` are added
+//! after the last header line. Blank lines before the request line, the request line,
+//! the other lines (bytes, order, CRLF or bare LF ends) and the blank line are kept.
+//!
+//! **Hands over** the body (the `Content-Length` bytes after the head) to the handler
+//! that [`claim()`]s the token, whole, in one buffer, when it asks ([`BodyClaim::body`]).
+//! Until then no more of it is read than came with the head, or up to 64 KiB once the
+//! handler holds it ([`BodyClaim::hold`]) so a client that leaves is seen. A claim
+//! dropped unread drops the rest of the body; a connection that ends first gives
+//! [`BodyLost`]. A client's own token on a head passed as sent names no body it can know
+//! of (tokens start at random per connection).
+//!
+//! **Passes byte for byte**, and reads the next head after the body (pipelining):
+//! any other head httparse reads whole within 64 KiB, with no `Content-Length` or one
+//! valid one, and that body (other routes and methods, bodies empty or over the limit,
+//! `Expect: 100-continue`, an earlier body still waiting, no room for the two lines).
+//!
+//! **Stops**, passing everything from there on byte for byte, unread, for actix-http to
+//! answer or refuse: a head httparse refuses (obs-fold, bare CR, bad tokens, more than
+//! 96 headers) or still partial at 64 KiB; one longer than 64 KiB; `CONNECT`; any
+//! `Transfer-Encoding` (chunked or not) or `Upgrade`; a `Content-Length` repeated (even
+//! equal), listed (`5, 5`), signed, empty, not ASCII digits or over `u64`.
+//!
+//! It never answers or refuses a request itself. How a head is cut into reads does not
+//! change what is done with it (only whether an earlier body is still waiting when it is
+//! whole does). The properties in `intake/tests/` check all of this against a model
+//! built on httparse.
 
-use std::cell::RefCell;
-use std::fmt::Write as _;
-use std::future::poll_fn;
 use std::io;
-use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::rc::Rc;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 
-use actix_web::HttpRequest;
 use actix_web::http::header::HeaderName;
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{Buf, BufMut, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-use kvgate_core::Endpoint;
+mod claim;
+mod head;
+
+#[cfg_attr(
+    not(test),
+    expect(
+        unused_imports,
+        reason = "the error of `BodyClaim::body`, kept at its path though no caller names it"
+    )
+)]
+pub use claim::BodyLost;
+pub use claim::{Bodies, BodyClaim, claim};
+use claim::{Entry, Want};
+use head::{Look, look};
 
 /// The header that carries a body's token to the handler. A client's own is dropped from
 /// any head whose body is taken here, and one on any other request matches no body.
 pub static BODY_TOKEN: HeaderName = HeaderName::from_static("x-kvgate-body");
 
-/// Heads longer than this are left to actix-http (which refuses them).
-const MAX_HEAD: usize = 64 * 1024;
-/// Headers parsed per head; a head with more passes through.
-const MAX_HEADERS: usize = 96;
 /// What each read of a head asks for.
 const HEAD_READ: usize = 16 * 1024;
 /// Read of a body whose handler holds it but has not asked for it yet (a request waiting
@@ -49,157 +85,6 @@ const PARKED: usize = 64 * 1024;
 /// the socket is drained: the next head's read waits for the socket instead of failing
 /// with `EAGAIN`. What a pipelining client sent past the body moves on to `input`.
 const BODY_SLACK: usize = 1024;
-
-/// How far a body's handler has got with it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Want {
-    /// No handler yet: nothing of the body is read past what came with its head
-    /// (actix-http is still on the head).
-    Unclaimed,
-    /// Its handler holds it ([`BodyClaim::hold`]) and waits for admission: up to `PARKED`
-    /// of it is read, so that a client that leaves meanwhile is seen.
-    Held,
-    /// Asked for: read whole, straight into a buffer of its size.
-    Wanted,
-}
-
-#[derive(Debug)]
-enum Entry {
-    /// Not whole yet; a request waiting for admission holds no more of its body than
-    /// actix-http would.
-    Pending {
-        waker: Option<Waker>,
-        want: Want,
-    },
-    Ready(Bytes),
-    /// The client went away (or failed) before the whole body came.
-    Lost,
-}
-
-/// Bodies read for the handlers of one connection, by token.
-#[derive(Debug, Default)]
-pub struct Bodies {
-    entries: RefCell<Vec<(u64, Entry)>>,
-}
-
-impl Bodies {
-    fn set(&self, token: u64, to: Entry) {
-        let mut entries = self.entries.borrow_mut();
-        if let Some((_, e)) = entries.iter_mut().find(|(t, _)| *t == token)
-            && let Entry::Pending { waker, .. } = std::mem::replace(e, to)
-            && let Some(w) = waker
-        {
-            w.wake();
-        }
-    }
-
-    fn contains(&self, token: u64) -> bool {
-        self.entries.borrow().iter().any(|(t, _)| *t == token)
-    }
-
-    /// How far `token`'s handler has got with its body; `None` once it let it go.
-    fn want(&self, token: u64) -> Option<Want> {
-        self.entries
-            .borrow()
-            .iter()
-            .find(|(t, _)| *t == token)
-            .map(|(_, e)| match e {
-                Entry::Pending { want, .. } => *want,
-                Entry::Ready(_) | Entry::Lost => Want::Wanted,
-            })
-    }
-
-    /// Moves `token` on to `to` (never back), waking the connection's task so that the
-    /// intake reads on.
-    fn advance_to(&self, token: u64, to: Want, cx: &mut Context<'_>) {
-        let mut entries = self.entries.borrow_mut();
-        if let Some((_, Entry::Pending { want, .. })) =
-            entries.iter_mut().find(|(t, _)| *t == token)
-            && *want != Want::Wanted
-            && *want != to
-        {
-            *want = to;
-            cx.waker().wake_by_ref();
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.entries.borrow().is_empty()
-    }
-}
-
-/// A handler's claim on its request's body; dropped unread (the request was refused
-/// before its body was needed), the body goes with it.
-#[derive(Debug)]
-pub struct BodyClaim {
-    bodies: Rc<Bodies>,
-    token: u64,
-}
-
-/// The client closed its connection, or it failed, before its body had come whole.
-#[derive(Debug, thiserror::Error)]
-#[error("the connection ended before the body had come whole")]
-pub struct BodyLost;
-
-/// The claim on `req`'s body when [`Intake`] read it; `None` when the body is actix-http's
-/// payload as usual.
-pub fn claim(req: &HttpRequest) -> Option<BodyClaim> {
-    let token: u64 = req
-        .headers()
-        .get(&BODY_TOKEN)?
-        .to_str()
-        .ok()?
-        .parse()
-        .ok()?;
-    let bodies = req.conn_data::<Rc<Bodies>>()?;
-    bodies.contains(token).then(|| BodyClaim {
-        bodies: bodies.clone(),
-        token,
-    })
-}
-
-impl BodyClaim {
-    /// Says the handler holds the body: until [`body`](Self::body) asks for it, the intake
-    /// reads a little of it, enough to see a client that leaves.
-    pub async fn hold(&self) {
-        poll_fn(|cx| {
-            self.bodies.advance_to(self.token, Want::Held, cx);
-            Poll::Ready(())
-        })
-        .await;
-    }
-
-    /// The whole body, once it has come.
-    pub async fn body(self) -> Result<Bytes, BodyLost> {
-        poll_fn(|cx| {
-            self.bodies.advance_to(self.token, Want::Wanted, cx);
-            let mut entries = self.bodies.entries.borrow_mut();
-            let Some(i) = entries.iter().position(|(t, _)| *t == self.token) else {
-                return Poll::Ready(Err(BodyLost));
-            };
-            match &mut entries[i].1 {
-                Entry::Pending { waker, .. } => {
-                    *waker = Some(cx.waker().clone());
-                    Poll::Pending
-                }
-                Entry::Ready(_) | Entry::Lost => match entries.swap_remove(i).1 {
-                    Entry::Ready(b) => Poll::Ready(Ok(b)),
-                    _ => Poll::Ready(Err(BodyLost)),
-                },
-            }
-        })
-        .await
-    }
-}
-
-impl Drop for BodyClaim {
-    fn drop(&mut self) {
-        self.bodies
-            .entries
-            .borrow_mut()
-            .retain(|(t, _)| *t != self.token);
-    }
-}
 
 #[derive(Debug)]
 enum Mode {
@@ -220,119 +105,11 @@ enum Mode {
     Raw,
 }
 
-/// What a head asks of the intake.
-#[derive(Debug, PartialEq, Eq)]
-enum Look {
-    /// Not whole yet.
-    Partial,
-    /// Everything from here on passes through.
-    Raw,
-    /// The head (`head` bytes) and a body of `body` bytes pass through.
-    Pass { head: usize, body: u64 },
-    /// The head (`head` bytes) went on rewritten; the body (`body` bytes) is read here.
-    Take { head: usize, body: usize },
-}
-
-const INFERENCE: [Endpoint; 3] = [Endpoint::Chat, Endpoint::Completions, Endpoint::Generate];
-
-/// Reads the head at the start of `input`: whether its body is taken (the head rewritten
-/// for `token` onto `out`), passes, or the connection passes through from here on.
-fn look(input: &[u8], out: &mut BytesMut, limit: usize, token: u64, may_take: bool) -> Look {
-    // Left uninitialised: zeroing 96 headers would cost more than parsing a short head.
-    let mut headers = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
-    let mut req = httparse::Request::new(&mut []);
-    let head = match req.parse_with_uninit_headers(input, &mut headers) {
-        Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) if input.len() < MAX_HEAD => return Look::Partial,
-        // Too long, too many headers, or not HTTP/1 as httparse reads it: actix-http's to
-        // answer.
-        _ => return Look::Raw,
-    };
-    let mut length: Option<u64> = None;
-    let mut lengths = 0;
-    let mut expect = false;
-    for h in req.headers.iter() {
-        let name = h.name;
-        if name.eq_ignore_ascii_case("transfer-encoding") || name.eq_ignore_ascii_case("upgrade") {
-            return Look::Raw;
-        }
-        if name.eq_ignore_ascii_case("content-length") {
-            lengths += 1;
-            length = std::str::from_utf8(h.value)
-                .ok()
-                .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
-                .and_then(|v| v.parse().ok());
-        } else if name.eq_ignore_ascii_case("expect") {
-            expect = true;
-        }
-    }
-    let body = match (lengths, length) {
-        (0, _) => 0,
-        (1, Some(n)) => n,
-        // Lengths that disagree or do not parse: actix-http refuses the request.
-        _ => return Look::Raw,
-    };
-    if req.method == Some("CONNECT") {
-        return Look::Raw;
-    }
-    let path = req.path.unwrap_or("");
-    let path = path.split_once('?').map_or(path, |(p, _)| p);
-    let inference = req.method == Some("POST") && INFERENCE.iter().any(|e| e.path() == path);
-    let fits = usize::try_from(body).is_ok_and(|n| n > 0 && n <= limit);
-    if !(inference && fits && may_take && !expect) {
-        return Look::Pass { head, body };
-    }
-    let before = out.len();
-    match rewrite(&input[..head], req.headers, token, out) {
-        Some(()) => Look::Take {
-            head,
-            body: body as usize,
-        },
-        None => {
-            out.truncate(before);
-            Look::Pass { head, body }
-        }
-    }
-}
-
-/// Puts `head` on `out` with its `content-length` (and any `x-kvgate-body`) lines dropped
-/// and `content-length: 0` and the token added after its last header line; `None` when
-/// the head is not laid out as expected (part of it may be on `out`).
-fn rewrite(
-    head: &[u8],
-    headers: &[httparse::Header<'_>],
-    token: u64,
-    out: &mut BytesMut,
-) -> Option<()> {
-    let base = head.as_ptr() as usize;
-    let line_end = |from: usize| memchr::memchr(b'\n', &head[from..]).map(|i| from + i + 1);
-    // The request line's end, then each header line's.
-    let mut at = line_end(0)?;
-    out.reserve(head.len() + 48);
-    out.extend_from_slice(&head[..at]);
-    for h in headers {
-        let start = (h.name.as_ptr() as usize).checked_sub(base)?;
-        if start != at {
-            return None;
-        }
-        let end = line_end(start)?;
-        let drop = h.name.eq_ignore_ascii_case("content-length")
-            || h.name.eq_ignore_ascii_case(BODY_TOKEN.as_str());
-        if !drop {
-            out.extend_from_slice(&head[start..end]);
-        }
-        at = end;
-    }
-    out.extend_from_slice(b"content-length: 0\r\nx-kvgate-body: ");
-    write!(out, "{token}\r\n").ok()?;
-    out.extend_from_slice(&head[at..]);
-    Some(())
-}
-
-/// An accepted connection as actix-http reads it (see the module's text).
+/// An accepted connection as actix-http reads it (see the module's text). Generic over
+/// its socket only so that tests can script reads.
 #[derive(Debug)]
-pub struct Intake {
-    io: TcpStream,
+pub struct Intake<IO = TcpStream> {
+    io: IO,
     limit: usize,
     /// Read from the socket, not yet looked at.
     input: BytesMut,
@@ -348,9 +125,9 @@ pub struct Intake {
     past_the_end: usize,
 }
 
-impl Intake {
+impl<IO> Intake<IO> {
     /// Wraps `io`; bodies up to `limit` bytes (the payload limit) are read here.
-    pub fn new(io: TcpStream, limit: usize) -> Intake {
+    pub fn new(io: IO, limit: usize) -> Intake<IO> {
         Intake {
             io,
             limit,
@@ -366,7 +143,7 @@ impl Intake {
         }
     }
 
-    /// The connection's bodies, for its extensions (where [`claim`] finds them).
+    /// The connection's bodies, for its extensions (where [`claim()`] finds them).
     pub fn bodies(&self) -> Rc<Bodies> {
         self.bodies.clone()
     }
@@ -458,13 +235,7 @@ impl Intake {
                         Look::Take { head, body } => {
                             self.next_token = token.wrapping_add(1);
                             self.input.advance(head);
-                            self.bodies.entries.borrow_mut().push((
-                                token,
-                                Entry::Pending {
-                                    waker: None,
-                                    want: Want::Unclaimed,
-                                },
-                            ));
+                            self.bodies.open(token);
                             self.mode = Mode::Body {
                                 token,
                                 body: BytesMut::new(),
@@ -501,7 +272,7 @@ impl Intake {
     }
 }
 
-impl AsyncRead for Intake {
+impl<IO: AsyncRead + Unpin> AsyncRead for Intake<IO> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -569,7 +340,7 @@ impl AsyncRead for Intake {
     }
 }
 
-impl AsyncWrite for Intake {
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Intake<IO> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,

@@ -14,7 +14,6 @@ use crate::http::auth::AllowList;
 use crate::metrics::Metrics;
 use actix::dev::channel::AddressReceiver;
 use actix::{Actor, Addr, Arbiter, Context};
-use actix_service::ServiceFactoryExt;
 use kvgate_core::WorkerUrl;
 use kvgate_policies::CacheIndex;
 use kvgate_poller::LoadPoller;

@@ -66,6 +66,12 @@ impl Pool {
         self.0.idle.checkout(authority)
     }
 
+    /// Gives a connection back, as a body read to its end does.
+    #[cfg(test)]
+    pub(super) fn checkin(&self, authority: &str, conn: TcpStream) {
+        self.0.idle.checkin(authority, conn);
+    }
+
     /// Sweeps the idle connections every keep-alive period (see [`IdleConns`]).
     pub fn spawn_sweeper(&self) {
         self.0.idle.spawn_sweeper();

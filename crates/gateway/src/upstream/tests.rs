@@ -6,7 +6,7 @@ use std::net::{Shutdown, TcpListener};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix_web::http::StatusCode;
 use bytes::Bytes;
@@ -132,6 +132,16 @@ const OK: &[u8] =
 
 fn pool() -> Pool {
     Pool::new(Duration::from_secs(2), Duration::from_secs(30))
+}
+
+/// Polls `done` every 5 ms until it holds; fails after 10 s naming `what`. For waiting on
+/// state, never for asserting time.
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 async fn post_ok(pool: &Pool, url: &WorkerUrl) -> Bytes {
@@ -484,7 +494,16 @@ async fn closed_or_expired_idle_connections_are_not_reused() {
         .shut
         .recv_timeout(Duration::from_secs(10))
         .expect("the server closes");
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Checkout sees a close only once the runtime has seen the socket readable: until it
+    // has, the connection is put back as it was.
+    let authority = server.url.authority();
+    if let Some(conn) = p.checkout(authority) {
+        tokio::time::timeout(Duration::from_secs(10), conn.readable())
+            .await
+            .expect("the close reaches the idle connection")
+            .expect("readable");
+        p.checkin(authority, conn);
+    }
     // Reusing it would fail the request; checkout sees the EOF and connects again.
     post_ok(&p, &server.url).await;
     assert_eq!(server.connections.load(Ordering::SeqCst), 2);
@@ -658,9 +677,11 @@ async fn idle_connections_past_the_keep_alive_are_closed_without_traffic() {
     p.spawn_sweeper();
     post_ok(&p, &server.url).await;
     assert_eq!(p.idle_count(&server.url), 1);
-    // No further request: the sweeper alone closes it.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(p.idle_count(&server.url), 0);
+    // No further request (`idle_count` prunes nothing): the sweeper alone closes it.
+    until("the sweeper to close the idle connection", || {
+        p.idle_count(&server.url) == 0
+    })
+    .await;
     assert!(
         p.workers_held() == 0,
         "a worker with no connections is forgotten"
@@ -674,11 +695,17 @@ async fn idle_connections_past_the_keep_alive_are_closed_without_traffic() {
 #[actix_rt::test]
 async fn expired_connections_are_dropped_at_checkout() {
     let server = serve(|_, _| Reply::once(OK));
-    let p = Pool::new(Duration::from_secs(2), Duration::from_millis(100));
+    let keep_alive = Duration::from_millis(100);
+    let p = Pool::new(Duration::from_secs(2), keep_alive);
     // Two at once: two connections, both pooled.
     futures_util::future::join(post_ok(&p, &server.url), post_ok(&p, &server.url)).await;
     assert_eq!(p.idle_count(&server.url), 2);
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    // Expiry reads the system clock, not tokio's: wait for it to pass the keep-alive.
+    let pooled = Instant::now();
+    until("the idle connections to pass the keep-alive", || {
+        pooled.elapsed() > keep_alive
+    })
+    .await;
     post_ok(&p, &server.url).await;
     assert_eq!(server.connections.load(Ordering::SeqCst), 3);
     assert_eq!(

@@ -1,9 +1,16 @@
+use std::task::Waker;
 use std::time::Duration;
 
+use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
+use super::head::MAX_HEAD;
 use super::*;
+
+mod heads;
+mod model;
+mod stream;
 
 const LIMIT: usize = 1 << 20;
 
@@ -123,6 +130,109 @@ fn what_is_not_taken_passes_with_its_body_or_ends_the_parsing() {
     );
     let long = format!("GET / HTTP/1.1\r\nx: {}", "a".repeat(MAX_HEAD));
     raw(&long);
+}
+
+/// Heads around the length limit, whole and cut where the reads of a long head end: the
+/// same decision either way (a head over the limit that came whole in one read was taken).
+#[test]
+fn a_head_over_the_length_limit_passes_through_whole_as_in_parts() {
+    for len in [MAX_HEAD - 1, MAX_HEAD, MAX_HEAD + 1, MAX_HEAD + 5000] {
+        let start = "POST /generate HTTP/1.1\r\ncontent-length: 2\r\nx-long: ";
+        let end = "\r\n\r\n";
+        let fill = len - start.len() - end.len();
+        let mut input = format!("{start}{}{end}", "a".repeat(fill)).into_bytes();
+        assert_eq!(input.len(), len);
+        input.extend_from_slice(b"{}");
+        let whole = || {
+            if len <= MAX_HEAD {
+                Look::Take { head: len, body: 2 }
+            } else {
+                Look::Raw
+            }
+        };
+        assert_eq!(
+            look(&input, &mut BytesMut::new(), 16, 1, true),
+            whole(),
+            "a head of {len} bytes"
+        );
+        for cut in [16 * 1024, 32 * 1024, MAX_HEAD - 1, MAX_HEAD, MAX_HEAD + 1] {
+            let expected = match cut {
+                _ if cut >= len => whole(),
+                _ if cut >= MAX_HEAD => Look::Raw,
+                _ => Look::Partial,
+            };
+            let part = look(&input[..cut], &mut BytesMut::new(), 16, 1, true);
+            assert_eq!(part, expected, "a head of {len} bytes cut at {cut}");
+        }
+    }
+}
+
+/// The two lines a taken head gets must leave it within the 96 headers actix-http parses
+/// (it refused a rewritten head of 96 headers with 400).
+#[test]
+fn a_head_with_no_room_for_the_two_headers_passes() {
+    let head = |fillers: usize, extra: &str| {
+        let mut r = String::from("POST /generate HTTP/1.1\r\n");
+        for i in 0..fillers {
+            r.push_str(&format!("x-{i}: v\r\n"));
+        }
+        r.push_str(extra);
+        r.push_str("content-length: 2\r\n\r\n{}");
+        r
+    };
+    let decide = |r: &str| {
+        let mut out = BytesMut::new();
+        let l = look(r.as_bytes(), &mut out, LIMIT, 1, true);
+        (l, out)
+    };
+    let (l, out) = decide(&head(94, ""));
+    assert!(matches!(l, Look::Take { body: 2, .. }), "{l:?}");
+    let mut headers = [httparse::EMPTY_HEADER; 96];
+    let parsed = httparse::Request::new(&mut headers).parse(&out);
+    assert!(
+        matches!(parsed, Ok(httparse::Status::Complete(_))),
+        "{parsed:?}"
+    );
+    let r = head(95, "");
+    assert_eq!(
+        decide(&r),
+        (
+            Look::Pass {
+                head: r.len() - 2,
+                body: 2
+            },
+            BytesMut::new()
+        )
+    );
+    // A client's own token line makes room.
+    let (l, _) = decide(&head(94, "x-kvgate-body: 5\r\n"));
+    assert!(matches!(l, Look::Take { .. }), "{l:?}");
+}
+
+/// httparse skips blank lines before a request line, as RFC 9112 lets a server do: such a
+/// head is taken like any other, its blank lines kept (it used to pass).
+#[test]
+fn blank_lines_before_the_request_line_are_kept_and_the_body_taken() {
+    for lead in ["\r\n", "\n", "\r\n\r\n"] {
+        let r =
+            format!("{lead}POST /generate HTTP/1.1\r\nhost: gw\r\ncontent-length: 2\r\n\r\n{{}}");
+        let mut out = BytesMut::new();
+        let l = look(r.as_bytes(), &mut out, LIMIT, 4, true);
+        assert_eq!(
+            l,
+            Look::Take {
+                head: r.len() - 2,
+                body: 2
+            },
+            "{lead:?}"
+        );
+        assert_eq!(
+            String::from_utf8(out.to_vec()).unwrap(),
+            format!(
+                "{lead}POST /generate HTTP/1.1\r\nhost: gw\r\ncontent-length: 0\r\nx-kvgate-body: 4\r\n\r\n"
+            )
+        );
+    }
 }
 
 /// Marks every body as asked for, as its handler would.
