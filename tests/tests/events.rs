@@ -2,6 +2,10 @@
 //! the gateway subscribes (replay included), and token requests go to the engine whose
 //! events say it holds their blocks, including prefixes cached before the gateway started
 //! and never routed by it.
+#![expect(
+    clippy::disallowed_methods,
+    reason = "clients running beside the test's own requests, joined or dropped by the test"
+)]
 
 use kvgate_engine_sim::{SimConfig, SimFleet, engine_of};
 use kvgate_gateway::Gateway;

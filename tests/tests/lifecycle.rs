@@ -1,4 +1,8 @@
 //! Workers that restart, leave and come back while requests are in flight.
+#![expect(
+    clippy::disallowed_methods,
+    reason = "clients running beside the test's own requests, joined or dropped by the test"
+)]
 
 use std::time::Duration;
 

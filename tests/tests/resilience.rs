@@ -1,5 +1,9 @@
 //! Engines that die, freeze, slow down or refuse, under load: no request that could be
 //! saved is lost, and the fleet view says what happened.
+#![expect(
+    clippy::disallowed_methods,
+    reason = "clients running beside the test's own requests, joined or dropped by the test"
+)]
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,4 +1,8 @@
 //! Cache- and load-aware routing end to end: real gateway, simulated engines, real polls.
+#![expect(
+    clippy::disallowed_methods,
+    reason = "clients running beside the test's own requests, joined or dropped by the test"
+)]
 
 use futures_util::StreamExt;
 use kvgate_engine_sim::{SimConfig, Tokenizer};

@@ -101,6 +101,10 @@ impl Engine {
         .bind(("127.0.0.1", 0))
         .unwrap();
         let port = server.addrs()[0].port();
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "a test engine on the test's runtime, gone with it"
+        )]
         actix_rt::spawn(server.run());
         Engine {
             url: format!("http://127.0.0.1:{port}"),

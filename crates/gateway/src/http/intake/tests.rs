@@ -249,6 +249,7 @@ fn want_all(bodies: &Bodies) {
 async fn through(sent: Vec<u8>, limit: usize) -> (Vec<u8>, Rc<Bodies>) {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
+    #[expect(clippy::disallowed_methods, reason = "a test peer the test joins")]
     let client = tokio::spawn(async move {
         let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
         // In pieces, so heads and bodies are split across reads.
@@ -445,6 +446,7 @@ async fn a_claim_waits_for_its_body_and_one_dropped_unread_lets_it_go() {
     // The rest of the body arrives while the claim waits; the intake reads it as
     // actix-http would, by being polled for more.
     let rest = sent[h + 100..].to_vec();
+    #[expect(clippy::disallowed_methods, reason = "a test peer the test joins")]
     let writer = tokio::spawn(async move {
         c.write_all(&rest).await.unwrap();
         c
