@@ -2,11 +2,14 @@
 //! for how long, and how fast each client may send them. Shared by every front door and
 //! every HTTP thread.
 
-use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::Mutex;
+use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use governor::clock::{Clock as _, DefaultClock};
+use governor::state::keyed::DefaultKeyedStateStore;
+use governor::{Quota, RateLimiter};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -25,8 +28,12 @@ pub enum AdmitError {
     RateLimited { retry_after: u64 },
 }
 
-/// Clients whose buckets are remembered; past it, full (idle) buckets are forgotten.
+/// Clients whose buckets are remembered; past it, the buckets of clients that have been
+/// idle long enough to refill are forgotten (they would start full anyway).
 const MAX_BUCKETS: usize = 65_536;
+
+/// The per-client token buckets (`governor`'s keyed limiter: GCRA, one state per key).
+type Buckets = RateLimiter<String, DefaultKeyedStateStore<String>, DefaultClock>;
 
 #[derive(Debug)]
 pub struct Admission {
@@ -36,14 +43,7 @@ pub struct Admission {
     waiting: AtomicUsize,
     /// Inference requests inside the gateway now (admitted or waiting), for draining.
     in_flight: std::sync::Arc<AtomicUsize>,
-    rate: Option<f64>,
-    buckets: Mutex<HashMap<String, Bucket>>,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Bucket {
-    tokens: f64,
-    at: Instant,
+    buckets: Option<Buckets>,
 }
 
 /// A request's place in the gateway: its slot (if slots are limited) and its count in
@@ -60,6 +60,15 @@ impl Drop for Ticket {
     }
 }
 
+/// Buckets refilled at `rate` requests per second, each holding a second's worth and at
+/// least one request; `None` for a rate no quota can express (checked at load).
+fn buckets(rate: f64) -> Option<Buckets> {
+    let period = Duration::try_from_secs_f64(1.0 / rate).ok()?;
+    let burst = NonZeroU32::new(rate.max(1.0).min(f64::from(u32::MAX)) as u32)?;
+    let quota = Quota::with_period(period)?.allow_burst(burst);
+    Some(RateLimiter::keyed(quota))
+}
+
 /// Whole seconds, at least 1, for a `Retry-After` header.
 fn secs_up(d: Duration) -> u64 {
     d.as_secs_f64().ceil().max(1.0) as u64
@@ -73,8 +82,7 @@ impl Admission {
             queue_timeout: cfg.queue_timeout,
             waiting: AtomicUsize::new(0),
             in_flight: std::sync::Arc::new(AtomicUsize::new(0)),
-            rate: cfg.rate_limit_tokens_per_second,
-            buckets: Mutex::new(HashMap::new()),
+            buckets: cfg.rate_limit_tokens_per_second.and_then(buckets),
         }
     }
 
@@ -122,44 +130,59 @@ impl Admission {
     }
 
     fn take_token(&self, client: Option<String>, peer: Option<IpAddr>) -> Result<(), AdmitError> {
-        let Some(rate) = self.rate else {
+        let Some(buckets) = &self.buckets else {
             return Ok(());
         };
         let key = client
             .or_else(|| peer.map(|p| p.to_string()))
             .unwrap_or_default();
-        let now = Instant::now();
-        let mut buckets = match self.buckets.lock() {
-            Ok(b) => b,
-            Err(p) => p.into_inner(),
-        };
-        if buckets.len() >= MAX_BUCKETS && !buckets.contains_key(&key) {
-            // Forget the full buckets (idle clients); if every one is busy, the oldest half.
-            let cap = rate.max(1.0);
-            buckets.retain(|_, b| b.tokens + rate * now.duration_since(b.at).as_secs_f64() < cap);
-            if buckets.len() >= MAX_BUCKETS {
-                let mut ages: Vec<Instant> = buckets.values().map(|b| b.at).collect();
-                ages.sort_unstable();
-                let cut = ages[ages.len() / 2];
-                buckets.retain(|_, b| b.at > cut);
-            }
+        if buckets.len() >= MAX_BUCKETS {
+            buckets.retain_recent();
+            buckets.shrink_to_fit();
         }
-        // A bucket holds a second's worth, and at least one request.
-        let cap = rate.max(1.0);
-        let b = buckets.entry(key).or_insert(Bucket {
-            tokens: cap,
-            at: now,
-        });
-        b.tokens = (b.tokens + rate * now.duration_since(b.at).as_secs_f64()).min(cap);
-        b.at = now;
-        if b.tokens >= 1.0 {
-            b.tokens -= 1.0;
-            Ok(())
-        } else {
-            let wait = Duration::from_secs_f64((1.0 - b.tokens) / rate);
-            Err(AdmitError::RateLimited {
+        buckets.check_key(&key).map_err(|not_until| {
+            let wait = not_until.wait_time_from(DefaultClock::default().now());
+            AdmitError::RateLimited {
                 retry_after: secs_up(wait),
-            })
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limited(rate: f64) -> Admission {
+        Admission::new(&AdmissionConfig {
+            rate_limit_tokens_per_second: Some(rate),
+            ..AdmissionConfig::default()
+        })
+    }
+
+    #[actix_rt::test]
+    async fn a_client_gets_a_seconds_worth_then_waits_and_others_are_apart() {
+        let a = limited(3.0);
+        let key = || Some("sk-a".to_owned());
+        for _ in 0..3 {
+            assert!(a.admit(key(), None).await.is_ok());
+        }
+        assert_eq!(
+            a.admit(key(), None).await.err(),
+            Some(AdmitError::RateLimited { retry_after: 1 })
+        );
+        // Another key, and a keyless client by its address, have buckets of their own.
+        assert!(a.admit(Some("sk-b".into()), None).await.is_ok());
+        assert!(a.admit(None, Some([10, 0, 0, 1].into())).await.is_ok());
+    }
+
+    #[actix_rt::test]
+    async fn a_fractional_rate_holds_one_request_and_says_how_long_to_wait() {
+        let a = limited(0.25);
+        assert!(a.admit(None, Some([10, 0, 0, 2].into())).await.is_ok());
+        match a.admit(None, Some([10, 0, 0, 2].into())).await {
+            Err(AdmitError::RateLimited { retry_after }) => assert!((3..=4).contains(&retry_after)),
+            other => panic!("{other:?}"),
         }
     }
 }
