@@ -1,5 +1,9 @@
 //! Support for kvgate's end-to-end tests: a simulated fleet, a gateway in front of it on
 //! loopback, and a small HTTP client. Every server binds 127.0.0.1 on an OS-picked port.
+#![expect(
+    clippy::expect_used,
+    reason = "the suite's helpers: a panic there is a failed test"
+)]
 
 pub mod raw;
 

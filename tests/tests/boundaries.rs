@@ -1,5 +1,9 @@
 //! The dependency graph is the architecture: what each crate may link, checked on the
 //! workspace's own `cargo metadata`.
+#![expect(
+    clippy::expect_used,
+    reason = "test code: a helper's panic is a failed test"
+)]
 
 use std::collections::{BTreeSet, HashMap};
 use std::process::Command;

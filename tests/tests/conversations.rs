@@ -2,6 +2,10 @@
 //! the first turns spread over the fleet, and every later turn goes back to the engine
 //! that holds its conversation, while the first turns' answers may still be decoding and
 //! before any engine reports a live decode rate.
+#![expect(
+    clippy::expect_used,
+    reason = "test code: a helper's panic is a failed test"
+)]
 
 use kvgate_engine_sim::{SimConfig, engine_of};
 use kvgate_tests::{Harness, post_json, sse_events};

@@ -2,6 +2,10 @@
 //! front of simulated engines, every worker has its row, and the numbers move after
 //! traffic. A screenshot is kept in the target dir. Without Chromium the test says so and
 //! passes, unless `CI_BROWSER_TEST` is set (as `.ci/run` sets it): there it fails.
+#![expect(
+    clippy::expect_used,
+    reason = "test code: a helper's panic is a failed test"
+)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

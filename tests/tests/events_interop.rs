@@ -3,6 +3,10 @@
 //! batch arrives, in order, the first half by replay, and the gateway's holdings equal
 //! those of the stream applied directly to a chain index. Without pyzmq the test says so
 //! and passes, unless `CI_ZMQ_INTEROP` is set (as `.ci/run` sets it): there it fails.
+#![expect(
+    clippy::expect_used,
+    reason = "test code: a helper's panic is a failed test"
+)]
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};

@@ -2,6 +2,10 @@
 //! restart (sled snapshot with each rank's sequence, then replay from there), holdings of
 //! an engine that restarted meanwhile are dropped, and an engine restarted between two
 //! health checks is seen in its publisher's sequence starting again from 0.
+#![expect(
+    clippy::expect_used,
+    reason = "test code: a helper's panic is a failed test"
+)]
 
 use kvgate_engine_sim::{SimConfig, SimFleet};
 use kvgate_gateway::{Gateway, GatewayConfig};

@@ -4,6 +4,10 @@
 //! gateway loads the same tokenizer from the path the engines advertise, renders each
 //! chat with its chat template and sends it where its blocks are. Without a tokenizer the
 //! text goes to the approximate index, and explain says why.
+#![expect(
+    clippy::expect_used,
+    reason = "test code: a helper's panic is a failed test"
+)]
 
 use std::path::PathBuf;
 

@@ -1,6 +1,10 @@
 //! Inference bodies read at the socket (`http/intake.rs`), seen from a client's raw
 //! connection: pipelined requests, chunked bodies, `Expect: 100-continue` and a client's own
 //! `x-kvgate-body` header all reach the engine as sent, each answered in order.
+#![expect(
+    clippy::expect_used,
+    reason = "test code: a helper's panic is a failed test"
+)]
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

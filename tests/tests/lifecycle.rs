@@ -1,5 +1,9 @@
 //! Workers that restart, leave and come back while requests are in flight.
 #![expect(
+    clippy::expect_used,
+    reason = "test code: a helper's panic is a failed test"
+)]
+#![expect(
     clippy::disallowed_methods,
     reason = "clients running beside the test's own requests, joined or dropped by the test"
 )]

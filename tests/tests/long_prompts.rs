@@ -1,5 +1,9 @@
 //! Long prompts through the proxy path: bodies reach the worker byte for byte, the routing
 //! text is the unescaped content, and long answers are relayed whole.
+#![expect(
+    clippy::expect_used,
+    reason = "test code: a helper's panic is a failed test"
+)]
 
 use kvgate_policies::{RequestFacts, RoutingText};
 use kvgate_tests::raw::{RawUpstream, Script};

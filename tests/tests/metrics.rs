@@ -2,6 +2,10 @@
 //! route, status class and model, decisions by path, streamed-token histograms, the
 //! poller's view per worker and rank, the index, and predicted against reported cached
 //! tokens. And `--prometheus-port`, a keyless listener beside a keyed gateway.
+#![expect(
+    clippy::expect_used,
+    reason = "test code: a helper's panic is a failed test"
+)]
 
 use kvgate_engine_sim::SimConfig;
 use kvgate_gateway::Secret;

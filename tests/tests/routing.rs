@@ -1,5 +1,9 @@
 //! Cache- and load-aware routing end to end: real gateway, simulated engines, real polls.
 #![expect(
+    clippy::expect_used,
+    reason = "test code: a helper's panic is a failed test"
+)]
+#![expect(
     clippy::disallowed_methods,
     reason = "clients running beside the test's own requests, joined or dropped by the test"
 )]

@@ -1,5 +1,9 @@
 //! Keys, the admin boundary, the worker allow-list, the keys sent to workers, and
 //! overload answered with 429 and `Retry-After`.
+#![expect(
+    clippy::expect_used,
+    reason = "test code: a helper's panic is a failed test"
+)]
 
 use std::time::Duration;
 

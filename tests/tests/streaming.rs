@@ -1,5 +1,9 @@
 //! SSE relay: byte for byte, disconnects abort upstream, broken upstreams end with an error
 //! event; and what of a request reaches the worker.
+#![expect(
+    clippy::expect_used,
+    reason = "test code: a helper's panic is a failed test"
+)]
 
 use std::io::{Read, Write};
 use std::time::Duration;

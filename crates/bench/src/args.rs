@@ -12,13 +12,13 @@ use crate::run::workload::PolicyChoice;
 /// Workload and proxy-overhead benchmarks for kvgate.
 #[derive(Debug, Parser)]
 #[command(name = "kvgate-bench", version, about)]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     pub cmd: Cmd,
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Cmd {
+pub(crate) enum Cmd {
     /// Each policy on a fresh simulated fleet and gateway, on the same seeded workload.
     Workload(WorkloadArgs),
     /// Requests/s and added latency of a proxy hop to a fixed-response upstream.
@@ -34,7 +34,7 @@ pub enum Cmd {
 }
 
 #[derive(Debug, Args)]
-pub struct InflightArgs {
+pub(crate) struct InflightArgs {
     /// Each request's user message, in KiB.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=65536))]
     pub body_kib: u64,
@@ -56,7 +56,7 @@ pub struct InflightArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct SoakArgs {
+pub(crate) struct SoakArgs {
     /// Length of the run, in seconds.
     #[arg(long, default_value_t = 600)]
     pub duration_secs: u64,
@@ -81,7 +81,7 @@ pub struct SoakArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct ChartArgs {
+pub(crate) struct ChartArgs {
     #[arg(long, default_value = "bench-out/results.json")]
     pub results: PathBuf,
     #[arg(long, default_value = "bench-out")]
@@ -89,7 +89,7 @@ pub struct ChartArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct WorkloadArgs {
+pub(crate) struct WorkloadArgs {
     /// shared-prefix, multi-turn, burst, unique, or all.
     #[arg(long, default_value = "all")]
     pub workload: String,
@@ -200,7 +200,7 @@ pub struct WorkloadArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct ProxyArgs {
+pub(crate) struct ProxyArgs {
     /// Seconds of saturation load per target, in all.
     #[arg(long, default_value_t = 10)]
     pub duration_secs: u64,

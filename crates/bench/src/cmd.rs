@@ -2,8 +2,8 @@
 //! benchmark's settings, and its outputs written (the stdout table, JSON, SVG, and with
 //! `--markdown` the page's tables).
 
-pub mod proxy;
-pub mod workload;
+pub(crate) mod proxy;
+pub(crate) mod workload;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -24,7 +24,7 @@ fn kvgate_bin(given: Option<&PathBuf>) -> anyhow::Result<PathBuf> {
     }
 }
 
-pub fn soak(a: SoakArgs) -> anyhow::Result<()> {
+pub(crate) fn soak(a: SoakArgs) -> anyhow::Result<()> {
     if !(a.rate.is_finite() && a.rate > 0.0) || a.engines < 2 || a.restart_every_secs == 0 {
         bail!("--rate must be positive, --engines at least 2, --restart-every-secs at least 1");
     }
@@ -46,7 +46,7 @@ pub fn soak(a: SoakArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn inflight(a: InflightArgs) -> anyhow::Result<()> {
+pub(crate) fn inflight(a: InflightArgs) -> anyhow::Result<()> {
     let kvgate_bin = kvgate_bin(a.kvgate_bin.as_ref())?;
     if a.requests == 0 || a.rounds == 0 || a.hold_secs == 0 {
         bail!("--requests, --rounds and --hold-secs must be at least 1");
@@ -67,7 +67,7 @@ pub fn inflight(a: InflightArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn redraw(a: ChartArgs) -> anyhow::Result<()> {
+pub(crate) fn redraw(a: ChartArgs) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&a.results)
         .with_context(|| format!("reading {}", a.results.display()))?;
     let rows: Vec<RunReport> = serde_json::from_str(&text).context("parsing results")?;

@@ -23,7 +23,7 @@ const NONE: &str = "–";
 
 /// One generated table.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Block {
+pub(crate) struct Block {
     /// What generated the table and what it shows; a block's identity within a file.
     pub title: String,
     pub header: Vec<String>,
@@ -33,7 +33,7 @@ pub struct Block {
 
 /// What a new run does to the block of the same title already in the file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Merge {
+pub(crate) enum Merge {
     /// Replaces it.
     Replace,
     /// Appends its values to the cells of the row whose first `keys` cells match.
@@ -41,7 +41,7 @@ pub enum Merge {
 }
 
 /// Merges `blocks` into the file at `path` (created when missing).
-pub fn update(path: &Path, blocks: Vec<Block>) -> anyhow::Result<()> {
+pub(crate) fn update(path: &Path, blocks: Vec<Block>) -> anyhow::Result<()> {
     let old = match std::fs::read_to_string(path) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
@@ -51,7 +51,7 @@ pub fn update(path: &Path, blocks: Vec<Block>) -> anyhow::Result<()> {
 }
 
 /// `existing` (a file this module wrote) with `new` merged in, rendered.
-pub fn merge(existing: &str, new: Vec<Block>) -> String {
+pub(crate) fn merge(existing: &str, new: Vec<Block>) -> String {
     let mut blocks = parse(existing);
     for b in new {
         match blocks.iter_mut().find(|old| old.title == b.title) {
@@ -175,7 +175,7 @@ fn render(blocks: &[Block]) -> String {
 }
 
 /// `48 012`: a whole number in groups of three, as the page writes them.
-pub fn thousands(v: f64) -> String {
+pub(crate) fn thousands(v: f64) -> String {
     let n = v.round();
     let digits = format!("{}", n.abs());
     let mut out = String::new();
@@ -205,7 +205,7 @@ fn split(r: &RunReport) -> String {
 /// `kvgate-bench workload`: per workload, this run's policies as a table; and the
 /// tables that list one value per run: hit ÷ ideal (workloads with something to share),
 /// the split and TTFT p99, one row per workload and setting, one column per target.
-pub fn workload(rows: &[RunReport], setting: &str) -> Vec<Block> {
+pub(crate) fn workload(rows: &[RunReport], setting: &str) -> Vec<Block> {
     let mut kinds: Vec<WorkloadKind> = Vec::new();
     for r in rows {
         if !kinds.contains(&r.workload) {
@@ -315,7 +315,7 @@ fn per_run(
 
 /// `kvgate-bench proxy` at one body size: each target's req/s and added p50 (`direct`, the
 /// zero they are measured from, left out), and kvgate against smg; one value per run.
-pub fn proxy(rows: &[ProxyRow], body: &str) -> Block {
+pub(crate) fn proxy(rows: &[ProxyRow], body: &str) -> Block {
     let mut table: Vec<Vec<String>> = rows
         .iter()
         .filter(|r| r.target != "direct")
@@ -354,7 +354,7 @@ pub fn proxy(rows: &[ProxyRow], body: &str) -> Block {
 
 /// `kvgate-bench proxy --sweep-kib`: a row per size, a column per target; each cell its
 /// req/s, kvgate's as a fraction of nginx's, the added p50 and CPU time per request.
-pub fn curve(points: &[CurvePoint], unique: bool) -> Block {
+pub(crate) fn curve(points: &[CurvePoint], unique: bool) -> Block {
     let names = curve::targets(points);
     let mut header = vec!["body".to_owned()];
     header.extend(names.iter().cloned());
@@ -409,7 +409,7 @@ fn curve_cell(r: &ProxyRow, nginx: Option<f64>) -> String {
 }
 
 /// `kvgate-bench soak`: what was sent, what was lost, and the gateway's memory, in one row.
-pub fn soak(r: &SoakReport) -> Block {
+pub(crate) fn soak(r: &SoakReport) -> Block {
     let rss: Vec<String> = r
         .rss_every_minute_kib
         .iter()

@@ -1,8 +1,8 @@
 //! The binary's side: starting fleets, gateways and child servers, and driving load.
 
-pub mod child;
-pub mod driver;
-pub mod inflight;
-pub mod proxy;
-pub mod soak;
-pub mod workload;
+pub(crate) mod child;
+pub(crate) mod driver;
+pub(crate) mod inflight;
+pub(crate) mod proxy;
+pub(crate) mod soak;
+pub(crate) mod workload;

@@ -1,4 +1,8 @@
 //! kvgatectl against a real gateway and simulated engines.
+#![expect(
+    clippy::expect_used,
+    reason = "test code: a helper's panic is a failed test"
+)]
 
 use std::process::Command;
 

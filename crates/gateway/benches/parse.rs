@@ -5,6 +5,10 @@
 //! loop at an escape on every line.
 //!
 //! `cargo bench -p kvgate-gateway --bench parse`
+#![expect(
+    clippy::expect_used,
+    reason = "test code: a helper's panic is a failed test"
+)]
 
 use std::hint::black_box;
 

@@ -4,8 +4,8 @@
 //! snapshots). They know no HTTP types; the load poller, the fourth actor, is its own
 //! crate (`kvgate-poller`).
 
-pub mod events;
-pub mod index;
-pub mod registry;
-pub mod selector;
-pub mod tokenizers;
+pub(crate) mod events;
+pub(crate) mod index;
+pub(crate) mod registry;
+pub(crate) mod selector;
+pub(crate) mod tokenizers;

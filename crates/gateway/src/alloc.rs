@@ -7,7 +7,10 @@
 /// per request: a fifth of the gateway's CPU at 256 KiB (`docs/benchmarks.md`). An
 /// operator's own `GLIBC_TUNABLES` wins; elsewhere than glibc this does nothing.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-#[allow(unsafe_code)]
+#[expect(
+    unsafe_code,
+    reason = "mallopt is a C call; its arguments are constants"
+)]
 pub fn keep_freed_memory() {
     if std::env::var_os("GLIBC_TUNABLES").is_some() {
         return;

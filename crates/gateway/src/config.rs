@@ -21,10 +21,12 @@ mod retry;
 mod section;
 mod snapshot;
 
-pub use access::{AccessConfig, Allowed};
+pub use access::AccessConfig;
+pub(crate) use access::Allowed;
 pub use admission::AdmissionConfig;
 pub use circuit::CircuitConfig;
-pub use events::{EventsConfig, EventsSection};
+pub(crate) use events::EventsConfig;
+pub use events::EventsSection;
 pub use health::HealthConfig;
 pub use retry::RetryConfig;
 pub use section::Section;

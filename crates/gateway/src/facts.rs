@@ -32,7 +32,7 @@ pub enum FactsError {
 
 mod fast;
 mod plain;
-pub mod tokens;
+pub(crate) mod tokens;
 
 #[derive(Deserialize)]
 struct ChatBody<'a> {
@@ -136,7 +136,7 @@ fn json_error(e: serde_json::Error) -> FactsError {
 
 /// Deepest nesting accepted; deeper documents are refused before parsing, so neither the
 /// gateway nor the engine behind it ever walks them.
-pub const MAX_JSON_DEPTH: usize = 128;
+pub(crate) const MAX_JSON_DEPTH: usize = 128;
 
 /// Bytes that change the depth outside strings, or start one.
 const STRUCTURAL: [bool; 256] = {

@@ -2,12 +2,12 @@
 //! worker's answer, and maps every error the gateway itself answers with to one
 //! OpenAI-style JSON body.
 
-pub mod app;
-pub mod auth;
-pub mod error;
-pub mod inference;
-pub mod inspect;
-pub mod intake;
-pub mod proxy;
-pub mod routes;
-pub mod state;
+pub(crate) mod app;
+pub(crate) mod auth;
+pub(crate) mod error;
+pub(crate) mod inference;
+pub(crate) mod inspect;
+pub(crate) mod intake;
+pub(crate) mod proxy;
+pub(crate) mod routes;
+pub(crate) mod state;

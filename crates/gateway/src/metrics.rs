@@ -23,7 +23,7 @@ use kvgate_core::Endpoint;
 mod scrape;
 
 use scrape::Gauges;
-pub use scrape::{Fleet, FleetWorker};
+pub(crate) use scrape::{Fleet, FleetWorker};
 
 /// Seconds, for LLM latencies: 5 ms to 10 min.
 const LATENCY_BUCKETS: [f64; 16] = [
@@ -42,24 +42,24 @@ pub struct RequestLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RouteLabels {
+pub(crate) struct RouteLabels {
     pub route: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct DecisionLabels {
+pub(crate) struct DecisionLabels {
     pub policy: &'static str,
     pub path: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TransitionLabels {
+pub(crate) struct TransitionLabels {
     pub worker: String,
     pub to: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReportLabels {
+pub(crate) struct ReportLabels {
     pub reported: &'static str,
 }
 

@@ -33,8 +33,8 @@ use crate::metrics::Metrics;
 mod admission;
 mod decisions;
 
-pub use admission::{Admission, AdmitError, Ticket};
-pub use decisions::{AnswerNote, DECISION_LOG_SIZE, Decided, DecisionSink, is_text};
+pub(crate) use admission::{Admission, AdmitError, Ticket};
+pub(crate) use decisions::{AnswerNote, DECISION_LOG_SIZE, Decided, DecisionSink, is_text};
 
 /// Why a request got no worker.
 #[derive(Debug, thiserror::Error)]
@@ -48,7 +48,7 @@ pub enum DispatchError {
 
 /// One client request as the pipeline carries it through its attempts.
 #[derive(Debug, Clone)]
-pub struct Job {
+pub(crate) struct Job {
     /// Parsed once; every ask and record of the request shares them.
     pub facts: Arc<RequestFacts>,
     pub endpoint: Endpoint,
@@ -59,7 +59,7 @@ pub struct Job {
 
 /// One attempt: the worker chosen, and the note its answer fills in for the decision log.
 #[derive(Debug)]
-pub struct Attempt {
+pub(crate) struct Attempt {
     pub dispatch: Dispatch,
     pub note: AnswerNote,
     /// 1 for the first attempt.
@@ -67,7 +67,7 @@ pub struct Attempt {
 }
 
 /// An attempt that failed, as the front door that made it tells it.
-pub trait AttemptFailure: std::fmt::Display {
+pub(crate) trait AttemptFailure: std::fmt::Display {
     /// Whether another worker may serve the request (nothing reached the client, and the
     /// failure was the worker's, not the request's).
     fn retryable(&self) -> bool;
@@ -75,7 +75,7 @@ pub trait AttemptFailure: std::fmt::Display {
 
 /// How a run ended without an answer.
 #[derive(Debug)]
-pub enum RunError<F> {
+pub(crate) enum RunError<F> {
     /// No worker could be chosen, and no attempt had been made.
     Dispatch(DispatchError),
     /// The last attempt's failure: no retry was left, or no other worker could be chosen.
@@ -84,7 +84,7 @@ pub enum RunError<F> {
 
 /// The pipeline's handle, one per gateway, cloned into each front door.
 #[derive(Debug, Clone)]
-pub struct Pipeline {
+pub(crate) struct Pipeline {
     selector: Addr<SelectorActor>,
     admission: Arc<Admission>,
     decisions: DecisionSink,
@@ -95,7 +95,7 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    pub fn new(
+    pub(crate) fn new(
         selector: Addr<SelectorActor>,
         admission: Arc<Admission>,
         decisions: DecisionSink,
@@ -114,7 +114,7 @@ impl Pipeline {
     }
 
     /// A place in the gateway for a request from `client` (its key) or `peer`.
-    pub async fn admit(
+    pub(crate) async fn admit(
         &self,
         client: Option<String>,
         peer: Option<IpAddr>,
@@ -122,19 +122,19 @@ impl Pipeline {
         self.admission.admit(client, peer).await
     }
 
-    pub fn decisions(&self) -> &DecisionSink {
+    pub(crate) fn decisions(&self) -> &DecisionSink {
         &self.decisions
     }
 
     /// The policy's text-to-token estimate.
-    pub fn bytes_per_token(&self) -> f64 {
+    pub(crate) fn bytes_per_token(&self) -> f64 {
         self.bytes_per_token
     }
 
     /// A worker for attempt `number` of `job`, `exclude` left out: the hold waited out
     /// within one budget, a selector that restarted on this request asked once more. The
     /// dispatch is counted and logged; its [`AnswerNote`] goes with the answer.
-    pub async fn attempt(
+    pub(crate) async fn attempt(
         &self,
         job: &Job,
         exclude: &[WorkerId],
@@ -213,7 +213,7 @@ impl Pipeline {
     /// Runs `job` to an answer: an attempt, handed to `send`; on a retryable failure, with
     /// attempts and time left, the failed worker is left out and another attempt follows
     /// after a backoff. Nothing of a failed attempt stays in the index.
-    pub async fn run<T, F, Fut, E>(
+    pub(crate) async fn run<T, F, Fut, E>(
         &self,
         job: &Job,
         deadline: Instant,

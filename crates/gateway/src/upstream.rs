@@ -25,8 +25,8 @@ mod idle;
 mod pool;
 mod read;
 
-pub use body::{Body, Response};
-pub use pool::Pool;
+pub(crate) use body::{Body, Response};
+pub(crate) use pool::Pool;
 
 /// What can go wrong between the gateway and a worker.
 #[derive(Debug, Error)]

@@ -469,7 +469,7 @@ const FLAGS: &[(&str, &str, Kind, &str)] = &[
 ];
 
 /// The environment variable of a config key: `policy.kind` is `KVGATE_POLICY__KIND`.
-pub fn env_var(key: &str) -> String {
+pub(crate) fn env_var(key: &str) -> String {
     format!("KVGATE_{}", key.replace('.', "__").to_ascii_uppercase())
 }
 
@@ -487,7 +487,7 @@ fn shown(v: &serde_json::Value) -> String {
 }
 
 /// The whole command: `--config` and every flag of the table.
-pub fn command() -> clap::Command {
+pub(crate) fn command() -> clap::Command {
     let defaults = serde_json::to_value(GatewayConfig::default()).unwrap_or_default();
     let flags = FLAGS.iter().map(|(flag, key, kind, help)| {
         let default = key
@@ -528,7 +528,7 @@ pub fn command() -> clap::Command {
 }
 
 /// The config file's path, and the flags given, as config-key overrides.
-pub fn parse(m: &clap::ArgMatches) -> (Option<PathBuf>, Overrides) {
+pub(crate) fn parse(m: &clap::ArgMatches) -> (Option<PathBuf>, Overrides) {
     let mut o: Overrides = Vec::new();
     for (flag, key, kind, _) in FLAGS {
         let v: Option<config::Value> = match kind {

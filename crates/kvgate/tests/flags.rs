@@ -1,4 +1,8 @@
 //! The binary's flags, environment and config file, as a user runs them.
+#![expect(
+    clippy::expect_used,
+    reason = "test code: a helper's panic is a failed test"
+)]
 
 use std::io::Write;
 use std::process::Command;

@@ -1,5 +1,9 @@
 //! Warm restarts through the real `kvgate` binary: SIGTERM and kill -9, the engines'
 //! start times, damaged stores, and the registry.
+#![expect(
+    clippy::expect_used,
+    reason = "test code: a helper's panic is a failed test"
+)]
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;

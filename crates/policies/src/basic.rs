@@ -6,12 +6,12 @@ use crate::decision::{Decision, DecisionPath};
 use crate::input::SelectInput;
 
 /// The eligible worker at position `seq mod n` among the eligible ones.
-pub fn round_robin(input: &SelectInput<'_>) -> Decision {
+pub(crate) fn round_robin(input: &SelectInput<'_>) -> Decision {
     nth_eligible(input, |n| input.seq % n, DecisionPath::RoundRobin)
 }
 
 /// A uniform draw among eligible workers.
-pub fn random(input: &SelectInput<'_>, rng: &mut dyn RngCore) -> Decision {
+pub(crate) fn random(input: &SelectInput<'_>, rng: &mut dyn RngCore) -> Decision {
     nth_eligible(input, |n| rng.next_u64() % n, DecisionPath::Random)
 }
 

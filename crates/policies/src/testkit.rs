@@ -13,25 +13,25 @@ use crate::{CreditLedger, Decision, PolicyConfig, select};
 use crate::{SelectInput, WorkerId};
 
 /// Worker `i`: id `i`, url `http://w{i}`.
-pub fn w(i: u64) -> WorkerView {
+pub(crate) fn w(i: u64) -> WorkerView {
     WorkerView::new(WorkerId(i), format!("http://w{i}:8000"))
 }
 
 /// Workers 1..=n.
-pub fn fleet(n: u64) -> Vec<WorkerView> {
+pub(crate) fn fleet(n: u64) -> Vec<WorkerView> {
     (1..=n).map(w).collect()
 }
 
-pub fn id(i: u64) -> WorkerId {
+pub(crate) fn id(i: u64) -> WorkerId {
     WorkerId(i)
 }
 
-pub fn rng(seed: u64) -> SmallRng {
+pub(crate) fn rng(seed: u64) -> SmallRng {
     SmallRng::seed_from_u64(seed)
 }
 
 /// Builder-style setters for tests.
-pub trait With {
+pub(crate) trait With {
     fn flight(self, n: u64) -> Self;
     fn load(self, l: WorkerLoad) -> Self;
     fn credit(self, tokens: u64, requests: u64) -> Self;
@@ -58,7 +58,7 @@ impl With for WorkerView {
 }
 
 /// One rank.
-pub fn rank(running: u64, queued_tokens: u64, usage: f64, g: f64) -> RankLoad {
+pub(crate) fn rank(running: u64, queued_tokens: u64, usage: f64, g: f64) -> RankLoad {
     RankLoad {
         num_running_reqs: running,
         num_waiting_uncached_tokens: queued_tokens,
@@ -68,7 +68,7 @@ pub fn rank(running: u64, queued_tokens: u64, usage: f64, g: f64) -> RankLoad {
     }
 }
 
-pub fn report(ranks: Vec<RankLoad>) -> WorkerLoad {
+pub(crate) fn report(ranks: Vec<RankLoad>) -> WorkerLoad {
     WorkerLoad {
         ranks,
         sampled_at: Duration::ZERO,
@@ -76,31 +76,31 @@ pub fn report(ranks: Vec<RankLoad>) -> WorkerLoad {
 }
 
 /// "Busy report (q, u, g)": one rank, running 1, q waiting tokens, usage u, throughput g.
-pub fn busy(q: u64, u: f64, g: f64) -> WorkerLoad {
+pub(crate) fn busy(q: u64, u: f64, g: f64) -> WorkerLoad {
     report(vec![rank(1, q, u, g)])
 }
 
 /// An idle rank whose stale gauge reads `g`.
-pub fn idle(g: f64) -> WorkerLoad {
+pub(crate) fn idle(g: f64) -> WorkerLoad {
     report(vec![rank(0, 0, 0.0, g)])
 }
 
 /// A report whose queue is only a waiting-request count.
-pub fn waiting(reqs: u64) -> WorkerLoad {
+pub(crate) fn waiting(reqs: u64) -> WorkerLoad {
     report(vec![RankLoad {
         num_waiting_reqs: reqs,
         ..RankLoad::default()
     }])
 }
 
-pub fn text(s: &str) -> RequestFacts {
+pub(crate) fn text(s: &str) -> RequestFacts {
     RequestFacts {
         key: RoutingText::Text(s.into()),
         ..RequestFacts::default()
     }
 }
 
-pub fn tokens(n: u32) -> RequestFacts {
+pub(crate) fn tokens(n: u32) -> RequestFacts {
     RequestFacts {
         key: RoutingText::Tokens((0..n).collect()),
         ..RequestFacts::default()
@@ -108,7 +108,7 @@ pub fn tokens(n: u32) -> RequestFacts {
 }
 
 /// Matches of a text-tree index.
-pub fn text_matches(input_len: usize, per_worker: &[(u64, usize)]) -> PrefixMatches {
+pub(crate) fn text_matches(input_len: usize, per_worker: &[(u64, usize)]) -> PrefixMatches {
     PrefixMatches {
         input_len,
         per_worker: per_worker.iter().map(|&(i, n)| (WorkerId(i), n)).collect(),
@@ -117,7 +117,7 @@ pub fn text_matches(input_len: usize, per_worker: &[(u64, usize)]) -> PrefixMatc
 }
 
 /// One decision.
-pub fn pick(
+pub(crate) fn pick(
     cfg: &PolicyConfig,
     workers: &[WorkerView],
     req: &RequestFacts,
@@ -133,7 +133,7 @@ pub fn pick(
 
 /// `n` consecutive decisions like the selector makes them: each chosen worker is credited
 /// through a ledger (no report arrives in between) and, if `bump`, gets one more in flight.
-pub fn run(
+pub(crate) fn run(
     cfg: &PolicyConfig,
     workers: &mut [WorkerView],
     req: &RequestFacts,
@@ -172,7 +172,7 @@ pub fn run(
 }
 
 /// How many times each worker (by id number) was picked.
-pub fn counts(picks: &[WorkerId]) -> BTreeMap<u64, usize> {
+pub(crate) fn counts(picks: &[WorkerId]) -> BTreeMap<u64, usize> {
     let mut m = BTreeMap::new();
     for p in picks {
         *m.entry(p.0).or_insert(0) += 1;

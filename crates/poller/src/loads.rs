@@ -8,7 +8,7 @@ use crate::error::ParseError;
 
 /// More data-parallel ranks than any engine runs: a longer list is refused while it is
 /// read, so a small body of `{}`s cannot become millions of stored ranks.
-pub const MAX_RANKS: usize = 1024;
+pub(crate) const MAX_RANKS: usize = 1024;
 
 #[derive(Deserialize)]
 struct Body {

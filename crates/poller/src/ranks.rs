@@ -75,7 +75,7 @@ fn vllm_metric(name: &str) -> Option<Metric> {
 /// Whether a sample named `name` is one [`metrics_to_ranks`] reads: the filter for
 /// [`parse_prometheus_where`](crate::parse_prometheus_where), so the rest of a scrape is
 /// never stored.
-pub fn is_load_metric(name: &str) -> bool {
+pub(crate) fn is_load_metric(name: &str) -> bool {
     sglang_gauge(name).is_some() || vllm_metric(name).is_some()
 }
 

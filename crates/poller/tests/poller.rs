@@ -1,5 +1,8 @@
 //! The poller actor against fake engines served by actix-web on loopback.
-
+#![expect(
+    clippy::expect_used,
+    reason = "test code: a helper's panic is a failed test"
+)]
 #![expect(
     clippy::unwrap_used,
     reason = "test helpers: a broken harness should panic"

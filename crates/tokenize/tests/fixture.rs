@@ -1,5 +1,9 @@
 //! The ids Hugging Face transformers computes for the fixture's tokenizer and chat template
 //! (`tests/fixtures/tokenizer/expected.json`, made by `make_fixture.py` there), against ours.
+#![expect(
+    clippy::expect_used,
+    reason = "test code: a helper's panic is a failed test"
+)]
 
 use std::path::PathBuf;
 

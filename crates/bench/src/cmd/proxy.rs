@@ -10,7 +10,7 @@ use crate::run::proxy::curve::{self, CurvePoint};
 use crate::run::proxy::{self, BodySpec, ProxySettings};
 use crate::{machine, markdown, release_kvgate, write};
 
-pub fn run(a: ProxyArgs) -> anyhow::Result<()> {
+pub(crate) fn run(a: ProxyArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     if a.sweep_kib.is_empty() {
         one_size(&a)

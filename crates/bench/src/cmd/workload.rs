@@ -16,7 +16,7 @@ use crate::run::driver::{Arrival, PromptForm};
 use crate::run::workload::{Settings, Target, run_target};
 use crate::{machine, markdown, run as runner, write};
 
-pub fn run(a: WorkloadArgs) -> anyhow::Result<()> {
+pub(crate) fn run(a: WorkloadArgs) -> anyhow::Result<()> {
     let kinds: Vec<WorkloadKind> = match a.workload.as_str() {
         "all" => WorkloadKind::ALL.to_vec(),
         w => vec![w.parse()?],

@@ -13,7 +13,7 @@ use kvgate_bench::{RawClient, socket_addr};
 
 /// A running child server. Dropping it stops it.
 #[derive(Debug)]
-pub struct ChildServer {
+pub(crate) struct ChildServer {
     name: String,
     child: Child,
     url: String,
@@ -23,7 +23,7 @@ impl ChildServer {
     /// The `kvgate` binary `bin` on a free loopback port in front of `workers`, with its
     /// state in `data`, logging warnings to `log`, `extra` flags added; ready once
     /// `/readiness` answers.
-    pub fn kvgate(
+    pub(crate) fn kvgate(
         bin: &Path,
         workers: &[String],
         data: &Path,
@@ -57,7 +57,7 @@ impl ChildServer {
     }
 
     /// Starts `program args...` with stdout and stderr in `log`; `url` is where it listens.
-    pub fn spawn(
+    pub(crate) fn spawn(
         name: &str,
         program: &Path,
         args: &[String],
@@ -82,17 +82,17 @@ impl ChildServer {
         })
     }
 
-    pub fn url(&self) -> &str {
+    pub(crate) fn url(&self) -> &str {
         &self.url
     }
 
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 
     /// Waits until one of `paths` answers 200, or fails when the child exits or `timeout`
     /// passes.
-    pub fn wait_ready(&mut self, paths: &[&str], timeout: Duration) -> anyhow::Result<()> {
+    pub(crate) fn wait_ready(&mut self, paths: &[&str], timeout: Duration) -> anyhow::Result<()> {
         let addr = socket_addr(&self.url).context("child URL has no socket address")?;
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
@@ -139,13 +139,13 @@ impl Drop for ChildServer {
 }
 
 /// A port that was free a moment ago on 127.0.0.1.
-pub fn free_port() -> anyhow::Result<u16> {
+pub(crate) fn free_port() -> anyhow::Result<u16> {
     let l = TcpListener::bind("127.0.0.1:0").context("binding a probe port")?;
     Ok(l.local_addr()?.port())
 }
 
 /// The first executable named `name` on `PATH`.
-pub fn which(name: &str) -> Option<PathBuf> {
+pub(crate) fn which(name: &str) -> Option<PathBuf> {
     use std::os::unix::fs::PermissionsExt as _;
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)
@@ -157,7 +157,7 @@ pub fn which(name: &str) -> Option<PathBuf> {
 }
 
 /// A process's resident memory, from `/proc`.
-pub fn rss_kib(pid: u32) -> Option<u64> {
+pub(crate) fn rss_kib(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()
@@ -168,7 +168,7 @@ pub fn rss_kib(pid: u32) -> Option<u64> {
 
 /// CPU time (ns) the threads of a process and of its direct children (nginx's workers)
 /// have run, from `/proc/PID/task/*/schedstat`.
-pub fn cpu_ns(pid: u32) -> Option<u64> {
+pub(crate) fn cpu_ns(pid: u32) -> Option<u64> {
     let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
     let mut total = 0;
     for t in tasks.flatten() {

@@ -14,7 +14,7 @@ use tokio::sync::Semaphore;
 
 /// How requests are released.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Arrival {
+pub(crate) enum Arrival {
     /// At most this many requests in flight; the next goes when one finishes.
     Closed(usize),
     /// Sessions start as a seeded Poisson process at this rate (per second); a session's
@@ -24,7 +24,7 @@ pub enum Arrival {
 
 /// How a request carries its prompt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum PromptForm {
+pub(crate) enum PromptForm {
     /// `/v1/chat/completions` with the messages: the gateway sees text.
     Chat,
     /// `/generate` with `input_ids`: the same chat rendered and encoded by the client with
@@ -38,7 +38,7 @@ const OPEN_LOOP_LIMIT: usize = 1024;
 
 /// One request as the client saw it.
 #[derive(Debug, Clone, Default)]
-pub struct Record {
+pub(crate) struct Record {
     pub ok: bool,
     /// When it was sent, from the start of the replay.
     pub sent_at: Duration,
@@ -58,7 +58,7 @@ pub struct Record {
 
 /// What the engine said it did, from the stream's `usage` chunk.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Usage {
+pub(crate) struct Usage {
     pub prompt_tokens: u64,
     /// `prompt_tokens_details.cached_tokens`; `None` when the engine does not report it.
     pub cached_tokens: Option<u64>,
@@ -66,7 +66,7 @@ pub struct Usage {
 
 /// Everything a replay measured.
 #[derive(Debug)]
-pub struct Replay {
+pub(crate) struct Replay {
     pub records: Vec<Record>,
     pub wall: Duration,
     /// The wall-clock cap stopped it.
@@ -74,7 +74,7 @@ pub struct Replay {
 }
 
 /// Where and how a replay sends its requests.
-pub struct Wire<'a> {
+pub(crate) struct Wire<'a> {
     /// The gateway's replicas; request `i` of the plan goes to `i % len` (a balancer in
     /// front with no session affinity).
     pub urls: &'a [String],
@@ -85,7 +85,7 @@ pub struct Wire<'a> {
 }
 
 /// Sends every request of `plan` and waits for all answers, or for `max_wall`.
-pub async fn replay(
+pub(crate) async fn replay(
     wire: &Wire<'_>,
     plan: &Plan,
     arrival: Arrival,

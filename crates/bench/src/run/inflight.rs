@@ -15,7 +15,7 @@ use super::child::{ChildServer, rss_kib};
 use super::proxy::BodySpec;
 
 #[derive(Debug, Clone)]
-pub struct InflightSettings {
+pub(crate) struct InflightSettings {
     pub kvgate_bin: PathBuf,
     pub policy: PolicyKind,
     pub kib: usize,
@@ -28,7 +28,7 @@ pub struct InflightSettings {
 
 /// One round: `requests` sent at once, all held by the engine.
 #[derive(Debug, Clone, Serialize)]
-pub struct Round {
+pub(crate) struct Round {
     pub rss_idle_kib: u64,
     pub rss_in_flight_kib: u64,
     pub rss_after_kib: u64,
@@ -39,7 +39,7 @@ pub struct Round {
 }
 
 #[derive(Debug, Clone, Serialize)]
-pub struct InflightReport {
+pub(crate) struct InflightReport {
     pub policy: String,
     pub body_bytes: usize,
     pub requests: usize,
@@ -48,7 +48,7 @@ pub struct InflightReport {
 }
 
 /// Runs the rounds against a release kvgate in front of one simulated engine.
-pub fn run(s: &InflightSettings) -> anyhow::Result<InflightReport> {
+pub(crate) fn run(s: &InflightSettings) -> anyhow::Result<InflightReport> {
     let sim = SimConfig {
         fixed_response: true,
         max_running_requests: s.requests.max(1) * 2,

@@ -14,12 +14,12 @@ use serde::Serialize;
 use super::child::{rss_kib, which};
 
 mod body;
-pub mod curve;
+pub(crate) mod curve;
 mod latency;
 mod load;
 mod targets;
 
-pub use body::BodySpec;
+pub(crate) use body::BodySpec;
 use latency::interleaved_latency;
 use load::{median, saturate_in_rounds};
 use targets::{start_kvgate, start_nginx, start_smg};
@@ -27,7 +27,7 @@ use targets::{start_kvgate, start_nginx, start_smg};
 const PATH: &str = "/v1/chat/completions";
 
 #[derive(Debug, Clone)]
-pub struct ProxySettings {
+pub(crate) struct ProxySettings {
     /// Saturation load per target, in all.
     pub duration: Duration,
     /// The saturation load comes in this many turns per target, the targets' order reversed
@@ -55,7 +55,7 @@ pub struct ProxySettings {
 
 /// One target's figures. Latencies in milliseconds.
 #[derive(Debug, Clone, Serialize)]
-pub struct ProxyRow {
+pub(crate) struct ProxyRow {
     pub target: String,
     pub how: String,
     pub load_tool: String,
@@ -87,7 +87,7 @@ struct Up {
 }
 
 /// The target name of kvgate running `policy`.
-pub fn kvgate_name(policy: PolicyKind) -> String {
+pub(crate) fn kvgate_name(policy: PolicyKind) -> String {
     match policy {
         PolicyKind::RoundRobin => "kvgate".into(),
         p => format!("kvgate-{p}"),
@@ -95,7 +95,7 @@ pub fn kvgate_name(policy: PolicyKind) -> String {
 }
 
 /// Runs every available target against one upstream and returns their rows, direct first.
-pub fn run(s: &ProxySettings) -> anyhow::Result<Vec<ProxyRow>> {
+pub(crate) fn run(s: &ProxySettings) -> anyhow::Result<Vec<ProxyRow>> {
     let sim = SimConfig {
         fixed_response: true,
         ..SimConfig::default()
@@ -201,7 +201,7 @@ pub fn run(s: &ProxySettings) -> anyhow::Result<Vec<ProxyRow>> {
 }
 
 /// The stdout table for the proxy rows.
-pub fn table(rows: &[ProxyRow]) -> String {
+pub(crate) fn table(rows: &[ProxyRow]) -> String {
     let mut s = String::new();
     let w = rows
         .iter()

@@ -16,7 +16,7 @@ use serde::Serialize;
 use super::child::{ChildServer, rss_kib};
 
 #[derive(Debug, Clone)]
-pub struct SoakSettings {
+pub(crate) struct SoakSettings {
     pub duration: Duration,
     pub rate: f64,
     pub engines: usize,
@@ -27,7 +27,7 @@ pub struct SoakSettings {
 
 /// What the run measured.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct SoakReport {
+pub(crate) struct SoakReport {
     pub seconds: f64,
     pub sent: u64,
     pub ok: u64,
@@ -122,7 +122,7 @@ async fn one(client: &awc::Client, url: &str, i: u64, kind: Kind, r: &RefCell<So
 }
 
 /// Runs the soak and writes `soak.json` into the output directory.
-pub fn run(s: &SoakSettings) -> anyhow::Result<SoakReport> {
+pub(crate) fn run(s: &SoakSettings) -> anyhow::Result<SoakReport> {
     if !s.kvgate_bin.is_file() {
         bail!("{} is not a kvgate binary", s.kvgate_bin.display());
     }

@@ -19,7 +19,7 @@ use super::driver::{Arrival, PromptForm, Record, Replay, Wire, replay};
 
 /// A kvgate policy as named on the command line: `cache_aware`, `cache_aware:threshold`...
 #[derive(Debug, Clone, PartialEq)]
-pub struct PolicyChoice {
+pub(crate) struct PolicyChoice {
     pub label: String,
     pub kind: PolicyKind,
     pub mode: Option<CacheMode>,
@@ -55,7 +55,7 @@ impl std::str::FromStr for PolicyChoice {
 
 /// What each run is started with.
 #[derive(Debug, Clone)]
-pub struct Settings {
+pub(crate) struct Settings {
     /// One per engine.
     pub sims: Vec<SimConfig>,
     /// Traffic starts this long after the gateway answers, whatever it knows by then; `None`:
@@ -83,7 +83,7 @@ pub struct Settings {
 
 /// Who routes the run.
 #[derive(Debug, Clone)]
-pub enum Target {
+pub(crate) enum Target {
     /// kvgate with a policy; `events`: in front of engines that publish KV events, so its
     /// exact index is fed (otherwise only its approximate index).
     Kvgate { policy: PolicyChoice, events: bool },
@@ -92,7 +92,7 @@ pub enum Target {
 }
 
 impl Target {
-    pub fn label(&self) -> String {
+    pub(crate) fn label(&self) -> String {
         match self {
             Target::Kvgate { policy, events } if *events => format!("{}+events", policy.label),
             Target::Kvgate { policy, .. } => policy.label.clone(),
@@ -143,7 +143,7 @@ impl Front {
 }
 
 /// Runs `plan` through `target` on a fresh fleet; the answers' `usage` gives the hit rate.
-pub fn run_target(
+pub(crate) fn run_target(
     sys: &actix_rt::SystemRunner,
     target: &Target,
     plan: &Plan,

@@ -16,7 +16,7 @@ use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage
 use crate::scheduling::ids;
 use crate::support::{fast, get_json, one, post, post_json};
 
-pub const TOPIC: &str = "kv";
+pub(crate) const TOPIC: &str = "kv";
 
 fn publishing() -> SimConfig {
     SimConfig {
@@ -121,13 +121,13 @@ async fn replay(port: u16, start: u64) -> Vec<EventMessage> {
 }
 
 /// A subscriber on rank 0 of the engine at `url`, as advertised.
-pub async fn descriptor_port(url: &str) -> SubSocket {
+pub(crate) async fn descriptor_port(url: &str) -> SubSocket {
     let d = descriptor(url).await;
     subscribe(port(&d, "endpoint_port_base")).await
 }
 
 /// Syncs `sub`, runs `traffic`, and returns the first block store published after it.
-pub async fn first_store_after_sync(
+pub(crate) async fn first_store_after_sync(
     url: &str,
     sub: &mut SubSocket,
     traffic: impl Future<Output = ()>,

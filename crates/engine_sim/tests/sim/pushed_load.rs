@@ -1,5 +1,9 @@
 //! Pushed load over real ZMQ sockets: what a SUB socket on a rank's load port receives,
 //! decoded with the gateway's own decoder, against what `/v1/loads` reports.
+#![expect(
+    clippy::expect_used,
+    reason = "test code: a helper's panic is a failed test"
+)]
 
 use std::time::Duration;
 

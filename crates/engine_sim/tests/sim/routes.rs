@@ -67,7 +67,7 @@ async fn v1_loads_has_the_fixture_shape_per_rank() {
     // A consumer's typed view of the fixture reads ours too.
     #[derive(Deserialize)]
     #[serde(deny_unknown_fields)]
-    #[allow(dead_code, reason = "only deserialisation is checked")]
+    #[expect(dead_code, reason = "only deserialisation is checked")]
     struct RankLoad {
         timestamp: f64,
         dp_rank: u32,

@@ -7,12 +7,12 @@ use crate::support::{
     endless, fast, get_json, one, post, post_json, raw_post, read_until, wait_until,
 };
 
-pub async fn cached(url: &str, body: Value) -> u64 {
+pub(crate) async fn cached(url: &str, body: Value) -> u64 {
     let answer = post_json(&format!("{url}/generate"), &body).await;
     answer["meta_info"]["cached_tokens"].as_u64().unwrap()
 }
 
-pub fn ids(start: u32, len: u32) -> Value {
+pub(crate) fn ids(start: u32, len: u32) -> Value {
     json!((start..start + len).collect::<Vec<_>>())
 }
 

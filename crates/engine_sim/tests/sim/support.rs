@@ -10,7 +10,7 @@ use kvgate_engine_sim::{SimConfig, SimFleet};
 use serde_json::Value;
 
 /// A config whose requests finish in a few milliseconds.
-pub fn fast() -> SimConfig {
+pub(crate) fn fast() -> SimConfig {
     SimConfig {
         decode_step_base: Duration::from_millis(2),
         decode_step_per_req: Duration::from_micros(500),
@@ -20,14 +20,14 @@ pub fn fast() -> SimConfig {
 }
 
 /// A config whose requests stay running until aborted.
-pub fn endless() -> SimConfig {
+pub(crate) fn endless() -> SimConfig {
     SimConfig {
         default_max_new_tokens: 30_000,
         ..fast()
     }
 }
 
-pub fn one(cfg: SimConfig) -> (SimFleet, String) {
+pub(crate) fn one(cfg: SimConfig) -> (SimFleet, String) {
     let fleet = SimFleet::start(1, cfg).unwrap();
     let url = fleet.urls()[0].clone();
     (fleet, url)
@@ -39,32 +39,32 @@ fn client() -> awc::Client {
         .finish()
 }
 
-pub async fn get(url: &str) -> (StatusCode, Bytes) {
+pub(crate) async fn get(url: &str) -> (StatusCode, Bytes) {
     let mut resp = client().get(url).send().await.unwrap();
     let body = resp.body().limit(1 << 22).await.unwrap();
     (resp.status(), body)
 }
 
-pub async fn get_json(url: &str) -> Value {
+pub(crate) async fn get_json(url: &str) -> Value {
     let (status, body) = get(url).await;
     assert_eq!(status, StatusCode::OK, "GET {url}: {body:?}");
     serde_json::from_slice(&body).unwrap()
 }
 
-pub async fn post(url: &str, body: &Value) -> (StatusCode, Bytes) {
+pub(crate) async fn post(url: &str, body: &Value) -> (StatusCode, Bytes) {
     let mut resp = client().post(url).send_json(body).await.unwrap();
     let body = resp.body().limit(1 << 22).await.unwrap();
     (resp.status(), body)
 }
 
-pub async fn post_json(url: &str, body: &Value) -> Value {
+pub(crate) async fn post_json(url: &str, body: &Value) -> Value {
     let (status, bytes) = post(url, body).await;
     assert_eq!(status, StatusCode::OK, "POST {url}: {bytes:?}");
     serde_json::from_slice(&bytes).unwrap()
 }
 
 /// The payloads of an SSE body's `data:` lines.
-pub fn sse_data(body: &[u8]) -> Vec<String> {
+pub(crate) fn sse_data(body: &[u8]) -> Vec<String> {
     std::str::from_utf8(body)
         .unwrap()
         .split("\n\n")
@@ -74,7 +74,7 @@ pub fn sse_data(body: &[u8]) -> Vec<String> {
 }
 
 /// Polls `cond` every 5 ms for up to 10 s; panics with `what` if it never holds.
-pub async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+pub(crate) async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     for _ in 0..2_000 {
         if cond() {
             return;
@@ -87,7 +87,7 @@ pub async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
 /// Waits until the monotonic clock has passed `deadline`. Engines time their throughput
 /// windows with that clock on runtimes of their own, out of reach of paused tokio time, so a
 /// test that needs a gap in a window waits until the instant that makes it, and no longer.
-pub async fn wait_past(deadline: Instant) {
+pub(crate) async fn wait_past(deadline: Instant) {
     // Checked against the clock itself, whatever the timer's rounding.
     while Instant::now() < deadline {
         actix_rt::time::sleep_until(deadline.into()).await;
@@ -96,7 +96,7 @@ pub async fn wait_past(deadline: Instant) {
 
 /// Sends a raw HTTP/1.1 POST and returns the open connection, so a test can read
 /// byte-exact answers or hang up.
-pub fn raw_post(url: &str, path: &str, body: &Value) -> TcpStream {
+pub(crate) fn raw_post(url: &str, path: &str, body: &Value) -> TcpStream {
     let addr = url.strip_prefix("http://").unwrap();
     let mut conn = TcpStream::connect(addr).unwrap();
     conn.set_read_timeout(Some(Duration::from_secs(20)))
@@ -112,7 +112,7 @@ pub fn raw_post(url: &str, path: &str, body: &Value) -> TcpStream {
 }
 
 /// Reads until the peer closes (or a read fails, as after a reset).
-pub fn read_to_close(conn: &mut TcpStream) -> String {
+pub(crate) fn read_to_close(conn: &mut TcpStream) -> String {
     let mut out = Vec::new();
     let mut buf = [0u8; 4096];
     while let Ok(n) = conn.read(&mut buf) {
@@ -125,7 +125,7 @@ pub fn read_to_close(conn: &mut TcpStream) -> String {
 }
 
 /// Reads until `needle` has arrived.
-pub fn read_until(conn: &mut TcpStream, needle: &str) -> String {
+pub(crate) fn read_until(conn: &mut TcpStream, needle: &str) -> String {
     let mut out = Vec::new();
     let mut buf = [0u8; 4096];
     while !String::from_utf8_lossy(&out).contains(needle) {

@@ -489,12 +489,12 @@ impl EventsActor {
 }
 
 mod answers;
-pub use answers::{ChainAnswer, EventsLive, GetEventStates, LoadPushed, MatchChain};
+pub(crate) use answers::{ChainAnswer, EventsLive, GetEventStates, LoadPushed, MatchChain};
 mod persist;
 mod subscribe;
 #[cfg(test)]
 mod tests;
 
 use persist::Persistence;
-pub use persist::SnapshotSettings;
+pub(crate) use persist::SnapshotSettings;
 use subscribe::{pushed_load, subscribe};

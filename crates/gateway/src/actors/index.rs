@@ -24,7 +24,8 @@ use crate::config::SnapshotConfig;
 mod messages;
 #[cfg(feature = "fault-injection")]
 pub use messages::InjectPanic;
-pub use messages::{ClearWorker, FleetSettled, ForgetPrefix, MatchPrefix, Ping, RecordPrefix};
+pub(crate) use messages::{ClearWorker, FleetSettled, ForgetPrefix, Ping};
+pub use messages::{MatchPrefix, RecordPrefix};
 mod snapshot;
 mod stats;
 
@@ -257,6 +258,10 @@ impl IndexActor {
         self.abandon_job();
     }
 
+    #[expect(
+        clippy::expect_used,
+        reason = "inserted just above: the lookup cannot miss"
+    )]
     fn model(&mut self, name: &str) -> &mut ModelIndex {
         // Looked up by &str first so the hot path does not allocate the key.
         if !self.models.contains_key(name) {

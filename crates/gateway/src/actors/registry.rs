@@ -20,10 +20,10 @@ use crate::config::{EventsConfig, HealthConfig};
 use crate::metrics::Metrics;
 
 mod admin;
-pub use admin::{AddWorker, DrainWorker, ListWorkers, RemoveWorker, WorkerFailed};
+pub(crate) use admin::{AddWorker, DrainWorker, ListWorkers, RemoveWorker, WorkerFailed};
 mod detect;
 
-pub use detect::ProbeError;
+pub(crate) use detect::ProbeError;
 use detect::{Detected, Probe, detect};
 
 /// What kind of engine answered at registration.

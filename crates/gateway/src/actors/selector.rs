@@ -37,15 +37,16 @@ mod messages;
 mod select;
 
 use circuit::Circuit;
-pub use circuit::{CircuitConfig, CircuitState, Outcome};
+pub(crate) use circuit::{CircuitConfig, CircuitState, Outcome};
 #[cfg(feature = "fault-injection")]
 pub use events::InjectPanic;
-pub use hold::Hold;
+pub(crate) use hold::Hold;
 use hold::Holds;
-pub use messages::{
-    Booking, Dispatch, Explain, Failed, GetViews, GetWorkerStates, Ping, Recorded, Release, Select,
-    SelectError, Selected, Warmed, WorkerState, worker_state,
+pub(crate) use messages::{
+    Booking, Dispatch, Failed, GetWorkerStates, Ping, Recorded, Release, Select, SelectError,
+    Selected, Warmed, WorkerState, worker_state,
 };
+pub use messages::{Explain, GetViews};
 
 /// The selector's mailbox. Its messages, by response type:
 /// - `Select`, `Explain` (`send`, `AtomicResponse`): one per admitted request and attempt,

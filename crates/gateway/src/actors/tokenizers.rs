@@ -17,7 +17,7 @@ use crate::actors::registry::{Fleet, FleetChanged};
 
 /// One model's tokenizer, as far as it got.
 #[derive(Debug, Clone)]
-pub enum Slot {
+pub(crate) enum Slot {
     Loading(PathBuf),
     Ready(Arc<ModelTokenizer>),
     Failed(String),
@@ -27,7 +27,7 @@ pub enum Slot {
 
 /// What the HTTP side reads: per model, its slot.
 #[derive(Debug)]
-pub struct Tokenizers {
+pub(crate) struct Tokenizers {
     configured: Option<PathBuf>,
     models: RwLock<HashMap<String, Slot>>,
     /// Whether any model has a slot: until one does, requests skip the lock.
@@ -35,7 +35,7 @@ pub struct Tokenizers {
 }
 
 impl Tokenizers {
-    pub fn new(configured: Option<PathBuf>) -> Tokenizers {
+    pub(crate) fn new(configured: Option<PathBuf>) -> Tokenizers {
         Tokenizers {
             configured,
             models: RwLock::new(HashMap::new()),
@@ -45,7 +45,7 @@ impl Tokenizers {
 
     /// The slot of `model`; a request that names none takes the only model's, when the
     /// fleet's workers with events serve one.
-    pub fn lookup(&self, model: Option<&str>) -> Option<Slot> {
+    pub(crate) fn lookup(&self, model: Option<&str>) -> Option<Slot> {
         if !self.any.load(Ordering::Relaxed) {
             return None;
         }
@@ -58,7 +58,7 @@ impl Tokenizers {
     }
 
     /// Every model's slot, for inspection.
-    pub fn all(&self) -> HashMap<String, Slot> {
+    pub(crate) fn all(&self) -> HashMap<String, Slot> {
         self.models
             .read()
             .unwrap_or_else(PoisonError::into_inner)
@@ -137,7 +137,7 @@ impl Tokenizers {
 
 /// Keeps [`Tokenizers`] in step with the fleet.
 #[derive(Debug)]
-pub struct TokenizerActor {
+pub(crate) struct TokenizerActor {
     pub tokenizers: Arc<Tokenizers>,
 }
 

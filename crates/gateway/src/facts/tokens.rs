@@ -20,7 +20,7 @@ const INLINE_MAX: usize = 16 * 1024;
 /// Where a request's routing key came from: explain and the decision log show it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "source", rename_all = "snake_case")]
-pub enum TokenSource {
+pub(crate) enum TokenSource {
     /// The request carried token ids (`input_ids`, a token-array prompt).
     Request,
     /// Encoded with the model's tokenizer, loaded from `tokenizer`.
@@ -41,7 +41,7 @@ impl TokenSource {
 
 /// Replaces a text key with the engine's tokens when the model has a tokenizer; a failure
 /// leaves the text key (the engine gives the request its own answer).
-pub async fn tokenize(
+pub(crate) async fn tokenize(
     tokenizers: &Tokenizers,
     endpoint: Endpoint,
     body: &Bytes,

@@ -13,7 +13,7 @@ use kvgate_core::Secret;
 
 /// The configured keys.
 #[derive(Clone, Default)]
-pub struct Keys {
+pub(crate) struct Keys {
     client: Vec<Secret>,
     admin: Vec<Secret>,
 }
@@ -37,7 +37,7 @@ fn bearer(req: &HttpRequest) -> Option<&[u8]> {
 }
 
 impl Keys {
-    pub fn new(cfg: &AccessConfig) -> Keys {
+    pub(crate) fn new(cfg: &AccessConfig) -> Keys {
         Keys {
             client: cfg.api_keys.clone(),
             admin: cfg.admin_keys(),
@@ -50,7 +50,7 @@ impl Keys {
     }
 
     /// The client key on inference routes and `/v1/models` (401 without it).
-    pub fn client(&self, req: &HttpRequest) -> Result<(), ApiError> {
+    pub(crate) fn client(&self, req: &HttpRequest) -> Result<(), ApiError> {
         if self.client.is_empty() {
             return Ok(());
         }
@@ -66,7 +66,7 @@ impl Keys {
     }
 
     /// The admin key on the control plane: 401 without a valid key, 403 for a client key.
-    pub fn admin(&self, req: &HttpRequest) -> Result<(), ApiError> {
+    pub(crate) fn admin(&self, req: &HttpRequest) -> Result<(), ApiError> {
         if self.admin.is_empty() {
             return Ok(());
         }
@@ -83,12 +83,12 @@ impl Keys {
     }
 
     /// Whether the gateway checks any key at all.
-    pub fn any(&self) -> bool {
+    pub(crate) fn any(&self) -> bool {
         !self.client.is_empty() || !self.admin.is_empty()
     }
 
     /// The key a rate limit counts a request under: its bearer token when keys are set.
-    pub fn client_id(&self, req: &HttpRequest) -> Option<String> {
+    pub(crate) fn client_id(&self, req: &HttpRequest) -> Option<String> {
         if self.client.is_empty() {
             return None;
         }
@@ -98,17 +98,17 @@ impl Keys {
 
 /// Where workers added through the API may be.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct AllowList(Vec<Allowed>);
+pub(crate) struct AllowList(Vec<Allowed>);
 
 impl AllowList {
-    pub fn new(entries: Vec<Allowed>) -> AllowList {
+    pub(crate) fn new(entries: Vec<Allowed>) -> AllowList {
         AllowList(entries)
     }
 
     /// Whether `url` may be added. A host name is allowed when it is listed by name, or
     /// when every address it resolves to is in a listed range: a name cannot smuggle in
     /// an address the list leaves out.
-    pub async fn allows(&self, url: &WorkerUrl) -> bool {
+    pub(crate) async fn allows(&self, url: &WorkerUrl) -> bool {
         if self.0.is_empty() {
             return true;
         }

@@ -53,7 +53,7 @@ struct Seen {
 }
 
 /// Any inference route: `endpoint` says which body shape to read and where to forward.
-pub async fn inference(
+pub(crate) async fn inference(
     endpoint: Endpoint,
     req: HttpRequest,
     payload: web::Payload,

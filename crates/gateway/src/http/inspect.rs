@@ -41,7 +41,7 @@ fn unknown_route(name: &str) -> ApiError {
 
 /// `POST /admin/explain[/{route}]`: the decision the gateway would make for this body now,
 /// with nothing dispatched, credited or recorded.
-pub async fn explain(
+pub(crate) async fn explain(
     req: HttpRequest,
     payload: web::Payload,
     state: web::Data<AppState>,
@@ -196,7 +196,7 @@ pub(crate) fn load_json(l: &WorkerLoad) -> Value {
 }
 
 #[derive(Debug, Deserialize)]
-pub struct DecisionsQuery {
+pub(crate) struct DecisionsQuery {
     limit: Option<usize>,
     since: Option<u64>,
 }
@@ -206,7 +206,7 @@ const MAX_DECISIONS: usize = 1024;
 
 /// `GET /admin/decisions?limit=N&since=SEQ`: the newest N decisions, or the first N after
 /// SEQ (for following), oldest first, with each candidate's URL.
-pub async fn decisions(
+pub(crate) async fn decisions(
     req: HttpRequest,
     query: web::Query<DecisionsQuery>,
     state: web::Data<AppState>,
@@ -231,7 +231,7 @@ pub async fn decisions(
 }
 
 /// `GET /metrics` on the gateway port (behind the admin key when admin keys are set).
-pub async fn metrics(
+pub(crate) async fn metrics(
     req: HttpRequest,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
@@ -240,7 +240,7 @@ pub async fn metrics(
 }
 
 /// `GET /metrics` on `--prometheus-port`: no key (bind it where only Prometheus reaches).
-pub async fn open_metrics(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+pub(crate) async fn open_metrics(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     scrape(&state).await
 }
 
@@ -325,7 +325,7 @@ const RECENT_WINDOW_MS: u64 = 5 * 60 * 1000;
 
 /// `GET /admin/state`: the fleet and the gateway's counters in one document, for the
 /// fleet page (`/dashboard`) and scripts.
-pub async fn fleet_state(
+pub(crate) async fn fleet_state(
     req: HttpRequest,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
@@ -400,7 +400,7 @@ pub async fn fleet_state(
 
 /// `GET /dashboard`: the fleet page, one self-contained file (no CDN, nothing fetched but
 /// `/admin/state`).
-pub async fn dashboard() -> HttpResponse {
+pub(crate) async fn dashboard() -> HttpResponse {
     HttpResponse::Ok()
         .content_type("text/html; charset=utf-8")
         .insert_header(("cache-control", "no-cache"))

@@ -66,14 +66,14 @@ mod head;
         reason = "the error of `BodyClaim::body`, kept at its path though no caller names it"
     )
 )]
-pub use claim::BodyLost;
-pub use claim::{Bodies, BodyClaim, claim};
+pub(crate) use claim::BodyLost;
+pub(crate) use claim::{Bodies, BodyClaim, claim};
 use claim::{Entry, Want};
 use head::{Look, look};
 
 /// The header that carries a body's token to the handler. A client's own is dropped from
 /// any head whose body is taken here, and one on any other request matches no body.
-pub static BODY_TOKEN: HeaderName = HeaderName::from_static("x-kvgate-body");
+pub(crate) static BODY_TOKEN: HeaderName = HeaderName::from_static("x-kvgate-body");
 
 /// What each read of a head asks for.
 const HEAD_READ: usize = 16 * 1024;
@@ -108,7 +108,7 @@ enum Mode {
 /// An accepted connection as actix-http reads it (see the module's text). Generic over
 /// its socket only so that tests can script reads.
 #[derive(Debug)]
-pub struct Intake<IO = TcpStream> {
+pub(crate) struct Intake<IO = TcpStream> {
     io: IO,
     limit: usize,
     /// Read from the socket, not yet looked at.
@@ -127,7 +127,7 @@ pub struct Intake<IO = TcpStream> {
 
 impl<IO> Intake<IO> {
     /// Wraps `io`; bodies up to `limit` bytes (the payload limit) are read here.
-    pub fn new(io: IO, limit: usize) -> Intake<IO> {
+    pub(crate) fn new(io: IO, limit: usize) -> Intake<IO> {
         Intake {
             io,
             limit,
@@ -144,7 +144,7 @@ impl<IO> Intake<IO> {
     }
 
     /// The connection's bodies, for its extensions (where [`claim()`] finds them).
-    pub fn bodies(&self) -> Rc<Bodies> {
+    pub(crate) fn bodies(&self) -> Rc<Bodies> {
         self.bodies.clone()
     }
 

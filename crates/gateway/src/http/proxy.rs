@@ -27,7 +27,7 @@ pub(crate) use headers::{ROUTING_KEY_NAMES, rank_member};
 use relay::{Relay, Tail};
 
 /// What one upstream call needs besides the body and the worker.
-pub struct Upstream<'a> {
+pub(crate) struct Upstream<'a> {
     pub pool: &'a Pool,
     pub path: &'static str,
     pub request_id: &'a str,
@@ -46,7 +46,7 @@ pub struct Upstream<'a> {
 
 /// An attempt that failed with nothing sent to the client yet.
 #[derive(Debug)]
-pub struct Failure {
+pub(crate) struct Failure {
     pub error: ApiError,
     /// The worker's own answer (a retryable status such as 503), which the client gets
     /// when no retry is left.
@@ -73,7 +73,7 @@ impl Failure {
     }
 
     /// What the client gets when this was the last attempt.
-    pub fn into_answer(self) -> Result<HttpResponse, ApiError> {
+    pub(crate) fn into_answer(self) -> Result<HttpResponse, ApiError> {
         match self.answer {
             Some(a) => Ok(a),
             None => Err(self.error),
@@ -152,7 +152,7 @@ impl Call<'_> {
 /// connection that fails, an answer that breaks off before anything reached the client, a
 /// streamed answer whose first byte does not come in time or a worker taken out
 /// meanwhile, come back as a [`Failure`] for the pipeline to try elsewhere.
-pub async fn forward(
+pub(crate) async fn forward(
     up: &Upstream<'_>,
     req: &HttpRequest,
     body: Bytes,

@@ -26,13 +26,13 @@ use crate::http::state::{AppState, read_body};
 use crate::upstream::{Pool, UpstreamError};
 use kvgate_core::Secret;
 
-pub async fn health() -> HttpResponse {
+pub(crate) async fn health() -> HttpResponse {
     HttpResponse::Ok().json(json!({"status": "ok"}))
 }
 
 /// Ready when it serves: not shutting down, its routing actors answer, and some worker
 /// is ready.
-pub async fn readiness(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+pub(crate) async fn readiness(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     if state.lifecycle.shutting_down.load(Ordering::Acquire) {
         return Ok(HttpResponse::ServiceUnavailable()
             .json(json!({"status": "not ready", "reason": "shutting down"})));
@@ -65,7 +65,7 @@ pub async fn readiness(state: web::Data<AppState>) -> Result<HttpResponse, ApiEr
     }
 }
 
-pub async fn models(
+pub(crate) async fn models(
     req: HttpRequest,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
@@ -161,7 +161,7 @@ async fn worker_list(state: &AppState) -> Result<Vec<Value>, ApiError> {
         .collect())
 }
 
-pub async fn list_workers(
+pub(crate) async fn list_workers(
     req: HttpRequest,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
@@ -177,7 +177,7 @@ fn percent_decode(s: &str) -> String {
         .into_owned()
 }
 
-pub async fn get_worker(
+pub(crate) async fn get_worker(
     req: HttpRequest,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
@@ -252,7 +252,7 @@ async fn drain_and_remove(state: &AppState, key: String) -> Result<WorkerRecord,
 /// Largest body `POST /workers` reads; a worker URL needs far less.
 const ADMIN_BODY_LIMIT: usize = 1024 * 1024;
 
-pub async fn post_worker(
+pub(crate) async fn post_worker(
     req: HttpRequest,
     payload: web::Payload,
     state: web::Data<AppState>,
@@ -273,7 +273,7 @@ pub async fn post_worker(
         .json(worker_json(&rec, &[], None, &state.tokenizers.all())))
 }
 
-pub async fn delete_worker(
+pub(crate) async fn delete_worker(
     req: HttpRequest,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
@@ -285,7 +285,7 @@ pub async fn delete_worker(
 }
 
 #[derive(Deserialize)]
-pub struct UrlQuery {
+pub(crate) struct UrlQuery {
     url: Option<String>,
 }
 
@@ -295,7 +295,7 @@ fn query_url(q: UrlQuery) -> Result<String, ApiError> {
         .ok_or_else(|| ApiError::BadRequest("the 'url' query parameter is required".into()))
 }
 
-pub async fn legacy_add(
+pub(crate) async fn legacy_add(
     req: HttpRequest,
     q: web::Query<UrlQuery>,
     state: web::Data<AppState>,
@@ -309,7 +309,7 @@ pub async fn legacy_add(
     })))
 }
 
-pub async fn legacy_remove(
+pub(crate) async fn legacy_remove(
     req: HttpRequest,
     q: web::Query<UrlQuery>,
     state: web::Data<AppState>,
@@ -323,7 +323,7 @@ pub async fn legacy_remove(
     })))
 }
 
-pub async fn legacy_list(
+pub(crate) async fn legacy_list(
     req: HttpRequest,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
@@ -374,7 +374,7 @@ async fn flush_one(pool: &Pool, url: &WorkerUrl, key: Option<&Secret>) -> Result
 
 /// Fans `/flush_cache` out to every ready worker; the index forgets what a flushed worker
 /// held, since its cache is now empty.
-pub async fn flush_cache(
+pub(crate) async fn flush_cache(
     req: HttpRequest,
     state: web::Data<AppState>,
     pool: web::Data<Pool>,
@@ -415,7 +415,7 @@ pub async fn flush_cache(
 }
 
 /// What the prefix index holds, per model and worker.
-pub async fn index_stats(
+pub(crate) async fn index_stats(
     req: HttpRequest,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
@@ -452,7 +452,7 @@ pub async fn index_stats(
     Ok(HttpResponse::Ok().json(json!({"models": models, "persistence": persist})))
 }
 
-pub async fn not_found(req: HttpRequest) -> Result<HttpResponse, ApiError> {
+pub(crate) async fn not_found(req: HttpRequest) -> Result<HttpResponse, ApiError> {
     Err(ApiError::RouteNotFound(format!(
         "{} {}",
         req.method(),
@@ -460,7 +460,7 @@ pub async fn not_found(req: HttpRequest) -> Result<HttpResponse, ApiError> {
     )))
 }
 
-pub async fn method_not_allowed(req: HttpRequest) -> Result<HttpResponse, ApiError> {
+pub(crate) async fn method_not_allowed(req: HttpRequest) -> Result<HttpResponse, ApiError> {
     Err(ApiError::MethodNotAllowed {
         method: req.method().to_string(),
         path: req.path().to_owned(),

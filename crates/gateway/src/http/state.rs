@@ -22,7 +22,7 @@ use crate::pipeline::Pipeline;
 
 /// Shared by every HTTP worker thread.
 #[derive(Debug, Clone)]
-pub struct AppState {
+pub(crate) struct AppState {
     /// Admission, decisions, retries and the decision log, shared with any other front
     /// door.
     pub pipeline: Pipeline,
@@ -49,13 +49,13 @@ pub struct AppState {
 
 /// Whether the gateway is on its way out (SIGTERM): readiness says so at once.
 #[derive(Debug, Default)]
-pub struct Lifecycle {
+pub(crate) struct Lifecycle {
     pub shutting_down: AtomicBool,
 }
 
 /// The request id of this request, set by the middleware in `server.rs`.
 #[derive(Debug, Clone)]
-pub struct RequestId(pub Arc<str>);
+pub(crate) struct RequestId(pub Arc<str>);
 
 /// Reads the body up to the limit; a declared length over it is refused before reading.
 pub(crate) async fn read_body(

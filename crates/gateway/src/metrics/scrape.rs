@@ -10,18 +10,18 @@ use prometheus_client::registry::Registry;
 type FloatGauge = Gauge<f64, AtomicU64>;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct WorkerLabels {
+pub(super) struct WorkerLabels {
     pub worker: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RankLabels {
+pub(super) struct RankLabels {
     pub worker: String,
     pub rank: u32,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct IndexLabels {
+pub(super) struct IndexLabels {
     pub model: String,
     pub worker: String,
 }

@@ -36,7 +36,7 @@ const MAX_BUCKETS: usize = 65_536;
 type Buckets = RateLimiter<String, DefaultKeyedStateStore<String>, DefaultClock>;
 
 #[derive(Debug)]
-pub struct Admission {
+pub(crate) struct Admission {
     slots: Option<std::sync::Arc<Semaphore>>,
     queue_size: usize,
     queue_timeout: Duration,
@@ -49,7 +49,7 @@ pub struct Admission {
 /// A request's place in the gateway: its slot (if slots are limited) and its count in
 /// `in_flight`, both given back on drop.
 #[derive(Debug)]
-pub struct Ticket {
+pub(crate) struct Ticket {
     _slot: Option<OwnedSemaphorePermit>,
     in_flight: std::sync::Arc<AtomicUsize>,
 }
@@ -75,7 +75,7 @@ fn secs_up(d: Duration) -> u64 {
 }
 
 impl Admission {
-    pub fn new(cfg: &AdmissionConfig) -> Admission {
+    pub(crate) fn new(cfg: &AdmissionConfig) -> Admission {
         Admission {
             slots: (cfg.max_concurrent_requests).map(|n| std::sync::Arc::new(Semaphore::new(n))),
             queue_size: cfg.queue_size,
@@ -86,14 +86,14 @@ impl Admission {
         }
     }
 
-    pub fn in_flight(&self) -> usize {
+    pub(crate) fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::Acquire)
     }
 
     /// A ticket, once the client's rate allows it and a slot is free: 429 when the rate
     /// is spent or the queue is full, 503 when the wait for a slot times out; both with
     /// `Retry-After`.
-    pub async fn admit(
+    pub(crate) async fn admit(
         &self,
         client: Option<String>,
         peer: Option<IpAddr>,

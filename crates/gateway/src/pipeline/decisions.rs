@@ -17,13 +17,13 @@ use crate::metrics::Metrics;
 use kvgate_core::Endpoint;
 
 /// Decisions kept; older ones fall off.
-pub const DECISION_LOG_SIZE: usize = 1024;
+pub(crate) const DECISION_LOG_SIZE: usize = 1024;
 /// Candidates kept per decision, the best scores first.
 const TOP_CANDIDATES: usize = 4;
 
 /// One candidate of a logged decision.
 #[derive(Debug, Clone, Serialize)]
-pub struct LoggedCandidate {
+pub(crate) struct LoggedCandidate {
     #[serde(serialize_with = "hex_id")]
     pub worker_id: WorkerId,
     /// The worker's URL, filled in when the log is read (it may have left since).
@@ -37,7 +37,7 @@ pub struct LoggedCandidate {
 
 /// What came of a decision, once its response ended.
 #[derive(Debug, Clone, Serialize)]
-pub struct LoggedAnswer {
+pub(crate) struct LoggedAnswer {
     /// `ok`, `error` (the worker answered with an error status), `failed` (no answer, or
     /// a stream cut) or `abandoned` (the client went away mid-answer).
     pub outcome: &'static str,
@@ -53,7 +53,7 @@ pub struct LoggedAnswer {
 
 /// One attempt's decision, as `GET /admin/decisions` shows it.
 #[derive(Debug, Clone, Serialize)]
-pub struct DecisionRecord {
+pub(crate) struct DecisionRecord {
     pub seq: u64,
     pub time_unix_ms: u64,
     pub request_id: RequestIdText,
@@ -78,7 +78,7 @@ pub struct DecisionRecord {
 
 /// What the HTTP side knows of a request when its worker is chosen.
 #[derive(Debug, Clone)]
-pub struct Decided<'a> {
+pub(crate) struct Decided<'a> {
     pub request_id: &'a Arc<str>,
     /// The served model's name, shared with the selector (no copy per request).
     pub model: Option<Arc<str>>,
@@ -100,7 +100,7 @@ pub struct Decided<'a> {
 /// requests later, which upset the allocator's reuse of its chunks (callgrind: +0.6k
 /// instructions per request in malloc and free).
 #[derive(Clone)]
-pub enum RequestIdText {
+pub(crate) enum RequestIdText {
     Inline { len: u8, bytes: [u8; INLINE_ID] },
     Shared(Arc<str>),
 }
@@ -120,7 +120,7 @@ impl RequestIdText {
         }
     }
 
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         match self {
             RequestIdText::Inline { len, bytes } => {
                 // Copied whole from a `str` at a char boundary (its end): valid UTF-8.
@@ -279,7 +279,7 @@ fn url_text<S: Serializer>(u: &WorkerUrl, s: S) -> Result<S::Ok, S::Error> {
 }
 
 /// Whether a routing key's matched units are bytes of text.
-pub fn is_text(key: &RoutingText) -> bool {
+pub(crate) fn is_text(key: &RoutingText) -> bool {
     matches!(key, RoutingText::Text(_))
 }
 
@@ -384,11 +384,11 @@ struct Shared {
 
 /// The decision log, shared by every HTTP thread; it also feeds the answer metrics.
 #[derive(Debug, Clone)]
-pub struct DecisionSink(Arc<Shared>);
+pub(crate) struct DecisionSink(Arc<Shared>);
 
 impl DecisionSink {
     /// A log keeping the last `cap` decisions.
-    pub fn new(cap: usize, metrics: Arc<Metrics>) -> DecisionSink {
+    pub(crate) fn new(cap: usize, metrics: Arc<Metrics>) -> DecisionSink {
         let cap = cap.max(1);
         DecisionSink(Arc::new(Shared {
             metrics,
@@ -411,7 +411,7 @@ impl DecisionSink {
     /// decision is taken as it is (the log's shape is built when it is read); left in its
     /// place is the one it displaced from the ring, for the caller to drop outside the
     /// lock, or an empty one.
-    pub fn decided(&self, decision: &mut Decision, at: Decided<'_>) -> AnswerNote {
+    pub(crate) fn decided(&self, decision: &mut Decision, at: Decided<'_>) -> AnswerNote {
         let now = Instant::now();
         let predicted = predicted_tokens(decision, at.text, at.bytes_per_token);
         let (endpoint, arrived, stream) = (at.endpoint, at.arrived, at.stream);
@@ -437,13 +437,13 @@ impl DecisionSink {
 
     /// Logged decisions, oldest first: the newest `limit`, or with `since` the first
     /// `limit` after that sequence number.
-    pub fn read(&self, limit: usize, since: Option<u64>) -> Vec<DecisionRecord> {
+    pub(crate) fn read(&self, limit: usize, since: Option<u64>) -> Vec<DecisionRecord> {
         self.ring().read(limit, since, &self.0.clock)
     }
 
     /// Logged decisions per path made within the last `window` (as far back as the ring
     /// goes).
-    pub fn paths_within(&self, window: Duration) -> Vec<(&'static str, u64)> {
+    pub(crate) fn paths_within(&self, window: Duration) -> Vec<(&'static str, u64)> {
         let from = Instant::now().checked_sub(window);
         let mut out: Vec<(&'static str, u64)> = Vec::new();
         for e in self
@@ -465,7 +465,7 @@ impl DecisionSink {
     }
 
     /// The time to first byte (ms) of the newest `n` answered decisions that have one.
-    pub fn recent_ttfts(&self, n: usize) -> Vec<f64> {
+    pub(crate) fn recent_ttfts(&self, n: usize) -> Vec<f64> {
         self.ring()
             .iter()
             .rev()
@@ -484,7 +484,7 @@ fn ms(d: Duration) -> f64 {
 
 mod note;
 
-pub use note::AnswerNote;
+pub(crate) use note::AnswerNote;
 
 #[cfg(test)]
 mod tests;

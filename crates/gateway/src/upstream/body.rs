@@ -16,7 +16,7 @@ use super::idle::IdleConns;
 use super::read::poll_read_more;
 
 #[derive(Debug)]
-pub struct Response {
+pub(crate) struct Response {
     pub status: StatusCode,
     /// As received, in order, hop-by-hop headers included.
     pub headers: Vec<(HeaderName, HeaderValue)>,
@@ -25,7 +25,7 @@ pub struct Response {
 
 impl Response {
     /// The first value of `name`, if it is text.
-    pub fn header(&self, name: &HeaderName) -> Option<&str> {
+    pub(crate) fn header(&self, name: &HeaderName) -> Option<&str> {
         self.headers
             .iter()
             .find(|(n, _)| n == name)
@@ -35,7 +35,7 @@ impl Response {
 
 /// The body of an answer, read as it arrives. Reading it to the end gives the connection
 /// back to the pool; dropping it earlier closes the connection.
-pub struct Body {
+pub(crate) struct Body {
     conn: Option<TcpStream>,
     buf: BytesMut,
     framing: Framing,
@@ -78,7 +78,7 @@ impl Body {
     }
 
     /// The whole body, refused once it passes `limit` bytes.
-    pub async fn collect(mut self, limit: usize) -> Result<Bytes, UpstreamError> {
+    pub(crate) async fn collect(mut self, limit: usize) -> Result<Bytes, UpstreamError> {
         let first = match self.next().await {
             None => return Ok(Bytes::new()),
             Some(c) => c?,
@@ -104,7 +104,7 @@ impl Body {
     }
 
     /// The next piece of the body, `None` at its end.
-    pub async fn next(&mut self) -> Option<Result<Bytes, UpstreamError>> {
+    pub(crate) async fn next(&mut self) -> Option<Result<Bytes, UpstreamError>> {
         poll_fn(|cx| self.poll_chunk(cx)).await
     }
 

@@ -27,7 +27,7 @@ struct Inner {
 
 /// The upstream connections of one HTTP thread. Cloning shares the pool.
 #[derive(Clone)]
-pub struct Pool(Rc<Inner>);
+pub(crate) struct Pool(Rc<Inner>);
 
 impl std::fmt::Debug for Pool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -41,7 +41,7 @@ impl std::fmt::Debug for Pool {
 impl Pool {
     /// `keep_alive` must be shorter than the workers' own idle timeout (uvicorn's is 5 s),
     /// so the pool drops a connection before the worker closes it under a request.
-    pub fn new(connect_timeout: Duration, keep_alive: Duration) -> Pool {
+    pub(crate) fn new(connect_timeout: Duration, keep_alive: Duration) -> Pool {
         Pool(Rc::new(Inner {
             idle: IdleConns::new(keep_alive),
             connect_timeout,
@@ -50,7 +50,7 @@ impl Pool {
 
     /// Idle connections held for `worker`.
     #[cfg(test)]
-    pub fn idle_count(&self, worker: &WorkerUrl) -> usize {
+    pub(crate) fn idle_count(&self, worker: &WorkerUrl) -> usize {
         self.0.idle.count(worker.authority())
     }
 
@@ -73,7 +73,7 @@ impl Pool {
     }
 
     /// Sweeps the idle connections every keep-alive period (see [`IdleConns`]).
-    pub fn spawn_sweeper(&self) {
+    pub(crate) fn spawn_sweeper(&self) {
         self.0.idle.spawn_sweeper();
     }
 
@@ -95,7 +95,7 @@ impl Pool {
 
     /// POSTs `body` to `worker` + `path` and returns once the answer's head is read.
     /// `headers` must hold valid header names and values (they come from a parsed request).
-    pub async fn post(
+    pub(crate) async fn post(
         &self,
         worker: &WorkerUrl,
         path: &str,
@@ -107,7 +107,7 @@ impl Pool {
 
     /// [`Pool::post`] with `insert = (at, bytes)`: `bytes` go into the body before its byte
     /// `at`, without copying the body (a member added to a JSON object, say).
-    pub async fn post_with(
+    pub(crate) async fn post_with(
         &self,
         worker: &WorkerUrl,
         path: &str,

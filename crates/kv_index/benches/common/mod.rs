@@ -8,9 +8,9 @@
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-pub const TENANTS: u64 = 16;
+pub(crate) const TENANTS: u64 = 16;
 
-pub struct Workload<E> {
+pub(crate) struct Workload<E> {
     rng: SmallRng,
     heads: Vec<Vec<E>>,
     alphabet: u32,
@@ -18,7 +18,7 @@ pub struct Workload<E> {
     count: u64,
 }
 
-pub trait Unit: Copy {
+pub(crate) trait Unit: Copy {
     fn from_u32(x: u32) -> Self;
 }
 impl Unit for u8 {
@@ -35,7 +35,13 @@ impl Unit for u32 {
 
 impl<E: Unit> Workload<E> {
     /// `alphabet`: distinct units in tails (48 for text, a vocabulary size for tokens).
-    pub fn new(seed: u64, groups: usize, head: (usize, usize), len: usize, alphabet: u32) -> Self {
+    pub(crate) fn new(
+        seed: u64,
+        groups: usize,
+        head: (usize, usize),
+        len: usize,
+        alphabet: u32,
+    ) -> Self {
         let mut rng = SmallRng::seed_from_u64(seed);
         let heads = (0..groups)
             .map(|_| {
@@ -54,7 +60,7 @@ impl<E: Unit> Workload<E> {
         }
     }
 
-    pub fn prompt(&mut self) -> Vec<E> {
+    pub(crate) fn prompt(&mut self) -> Vec<E> {
         let g = self.rng.gen_range(0..self.heads.len());
         let mut p = Vec::with_capacity(self.len);
         p.extend_from_slice(&self.heads[g]);
@@ -65,7 +71,7 @@ impl<E: Unit> Workload<E> {
     }
 
     /// The tenant a prompt is routed to, given its match.
-    pub fn choose(&mut self, deepest: Option<u64>) -> u64 {
+    pub(crate) fn choose(&mut self, deepest: Option<u64>) -> u64 {
         self.count += 1;
         let base = deepest.unwrap_or_else(|| self.rng.gen_range(0..TENANTS));
         if self.count.is_multiple_of(8) {
@@ -78,7 +84,7 @@ impl<E: Unit> Workload<E> {
 
 /// Resident set size of this process in bytes (Linux), for a cross-check of the tree's
 /// own size accounting.
-pub fn rss_bytes() -> usize {
+pub(crate) fn rss_bytes() -> usize {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
     let pages: usize = statm
         .split_whitespace()

@@ -2,7 +2,7 @@
 //! N KiB of text, the same each time or different on every request.
 
 /// The request every target proxies by default: a small non-streaming chat completion.
-pub const BODY: &str = r#"{"model":"kvgate-sim-model","messages":[{"role":"user","content":"Hello!"}],"max_tokens":1}"#;
+pub(super) const BODY: &str = r#"{"model":"kvgate-sim-model","messages":[{"role":"user","content":"Hello!"}],"max_tokens":1}"#;
 
 const HEAD: &str = r#"{"model":"kvgate-sim-model","messages":[{"role":"user","content":""#;
 const TAIL: &str = r#""}],"max_tokens":1}"#;
@@ -11,7 +11,7 @@ const TAG: usize = 11;
 
 /// The body of each request.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BodySpec {
+pub(crate) struct BodySpec {
     /// The user message's size in KiB; `None` sends [`BODY`].
     pub kib: Option<usize>,
     /// Each request's message starts with its own tag, so every request inserts into the
@@ -22,7 +22,7 @@ pub struct BodySpec {
 impl BodySpec {
     /// The same body every time.
     #[cfg(test)]
-    pub fn fixed(kib: Option<usize>) -> Self {
+    pub(crate) fn fixed(kib: Option<usize>) -> Self {
         Self { kib, unique: false }
     }
 
@@ -33,7 +33,7 @@ impl BodySpec {
 
     /// The body of request `n` of the sender named by `lane` (one letter): unique bodies of
     /// two senders never coincide.
-    pub fn make(&self, lane: char, n: u64) -> String {
+    pub(crate) fn make(&self, lane: char, n: u64) -> String {
         let Some(kib) = self.kib else {
             return BODY.to_owned();
         };
@@ -47,7 +47,7 @@ impl BodySpec {
 
     /// A wrk script that POSTs this body: one fixed string, or a Lua `request` function
     /// that puts its own tag in front of each request's text.
-    pub fn wrk_script(&self) -> String {
+    pub(crate) fn wrk_script(&self) -> String {
         match self.kib {
             Some(kib) if self.unique && kib * 1024 >= TAG => {
                 let text = Self::text(kib);
@@ -65,12 +65,12 @@ impl BodySpec {
     }
 
     /// The body's size in bytes.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.make('x', 0).len()
     }
 
     /// "91 B", "256 KiB", "256 KiB, unique".
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match self.kib {
             None => format!("{} B", BODY.len()),
             Some(k) if self.unique => format!("{k} KiB, unique"),
@@ -80,7 +80,7 @@ impl BodySpec {
 }
 
 /// One sender's bodies: the same string every time, or a new unique one each request.
-pub struct Sender<'a> {
+pub(super) struct Sender<'a> {
     spec: &'a BodySpec,
     lane: char,
     n: u64,
@@ -88,7 +88,7 @@ pub struct Sender<'a> {
 }
 
 impl<'a> Sender<'a> {
-    pub fn new(spec: &'a BodySpec, lane: char) -> Self {
+    pub(super) fn new(spec: &'a BodySpec, lane: char) -> Self {
         let fixed = (!spec.unique).then(|| spec.make(lane, 0));
         Self {
             spec,
@@ -98,7 +98,7 @@ impl<'a> Sender<'a> {
         }
     }
 
-    pub fn next(&mut self) -> std::borrow::Cow<'_, str> {
+    pub(super) fn next(&mut self) -> std::borrow::Cow<'_, str> {
         self.n += 1;
         match &self.fixed {
             Some(b) => b.as_str().into(),

@@ -10,7 +10,7 @@ use super::ProxyRow;
 
 /// One size's run.
 #[derive(Debug, Clone, Serialize)]
-pub struct CurvePoint {
+pub(crate) struct CurvePoint {
     pub kib: usize,
     pub body_bytes: usize,
     pub rows: Vec<ProxyRow>,
@@ -28,7 +28,7 @@ const PALETTE: [&str; 8] = [
 
 /// The targets in the order they first appear, `direct` left out (it is what "added" is
 /// measured against).
-pub fn targets(points: &[CurvePoint]) -> Vec<String> {
+pub(crate) fn targets(points: &[CurvePoint]) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for r in points.iter().flat_map(|p| &p.rows) {
         if r.target != "direct" && !out.contains(&r.target) {
@@ -172,7 +172,7 @@ fn panel(
 }
 
 /// The cost curve as an SVG document: req/s and added p50 (one connection) against size.
-pub fn chart(points: &[CurvePoint], subtitle: &str) -> String {
+pub(crate) fn chart(points: &[CurvePoint], subtitle: &str) -> String {
     let names = targets(points);
     let height = H + 14.0 * names.len().div_ceil(2) as f64;
     let width = 2.0 * W;
@@ -213,7 +213,7 @@ pub fn chart(points: &[CurvePoint], subtitle: &str) -> String {
 
 /// The stdout table of a sweep: each target's req/s and added p50 at each size, and
 /// kvgate's req/s as a fraction of nginx's.
-pub fn table(points: &[CurvePoint]) -> String {
+pub(crate) fn table(points: &[CurvePoint]) -> String {
     let names = targets(points);
     let mut s = String::new();
     let _ = write!(s, "{:>6}", "KiB");

@@ -15,7 +15,7 @@ use kvgate_core::Secret;
 /// How a worker is asked: the client, the timeout of one probe, the key the worker
 /// expects.
 #[derive(Clone, Copy)]
-pub struct Probe<'a> {
+pub(super) struct Probe<'a> {
     pub client: &'a awc::Client,
     pub timeout: Duration,
     pub key: Option<&'a Secret>,
@@ -37,7 +37,7 @@ const PROBE_BODY_LIMIT: usize = 4 * 1024 * 1024;
 /// Why a probe of a worker's route failed. Rendered once, into the worker record's
 /// `last_error`.
 #[derive(Debug, Error)]
-pub enum ProbeError {
+pub(crate) enum ProbeError {
     #[error("GET {url}: {source}")]
     Send {
         url: String,
@@ -64,7 +64,7 @@ pub enum ProbeError {
 
 /// What registration learned from the worker's own routes.
 #[derive(Debug, Clone, Default)]
-pub struct Detected {
+pub(super) struct Detected {
     pub models: Vec<String>,
     pub runtime: Option<Runtime>,
     pub max_running_requests: Option<u64>,
@@ -137,7 +137,7 @@ async fn get_json<T: serde::de::DeserializeOwned>(
 }
 
 /// Probes `/v1/models`, then `/server_info` (falling back to `/get_server_info`).
-pub async fn detect(probe: Probe<'_>, url: &WorkerUrl) -> Result<Detected, ProbeError> {
+pub(super) async fn detect(probe: Probe<'_>, url: &WorkerUrl) -> Result<Detected, ProbeError> {
     let models: ModelList = get_json(probe, url.join("/v1/models")).await?;
     let runtime = models
         .data
@@ -176,7 +176,11 @@ pub async fn detect(probe: Probe<'_>, url: &WorkerUrl) -> Result<Detected, Probe
 }
 
 /// `GET <endpoint>` (`/health` by default): any 2xx passes.
-pub async fn health(probe: Probe<'_>, url: &WorkerUrl, endpoint: &str) -> Result<(), ProbeError> {
+pub(super) async fn health(
+    probe: Probe<'_>,
+    url: &WorkerUrl,
+    endpoint: &str,
+) -> Result<(), ProbeError> {
     let url = url.join(endpoint);
     match probe.get(&url).send().await {
         Ok(r) if r.status().is_success() => Ok(()),

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-pub use crate::config::CircuitConfig;
+pub(crate) use crate::config::CircuitConfig;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -35,7 +35,7 @@ pub enum Outcome {
 }
 
 #[derive(Debug, Clone)]
-pub struct Circuit {
+pub(super) struct Circuit {
     state: CircuitState,
     /// Times of the failures still inside the window (closed).
     failures: VecDeque<Duration>,
@@ -63,7 +63,7 @@ impl Default for Circuit {
 
 impl Circuit {
     /// The state at `now` (an open circuit whose time is up is half-open).
-    pub fn state(&mut self, cfg: &CircuitConfig, now: Duration) -> CircuitState {
+    pub(super) fn state(&mut self, cfg: &CircuitConfig, now: Duration) -> CircuitState {
         if self.state == CircuitState::Open && now >= self.opened_at + cfg.open_for {
             self.state = CircuitState::HalfOpen;
             self.probing = 0;
@@ -74,7 +74,7 @@ impl Circuit {
     }
 
     /// Whether a request may be sent now.
-    pub fn admits(&mut self, cfg: &CircuitConfig, now: Duration) -> bool {
+    pub(super) fn admits(&mut self, cfg: &CircuitConfig, now: Duration) -> bool {
         if cfg.disabled {
             return true;
         }
@@ -86,7 +86,7 @@ impl Circuit {
     }
 
     /// A request was sent; returns the half-open period it probes, if it is a probe.
-    pub fn sent(&mut self, cfg: &CircuitConfig, now: Duration) -> Option<u32> {
+    pub(super) fn sent(&mut self, cfg: &CircuitConfig, now: Duration) -> Option<u32> {
         let probe = !cfg.disabled && self.state(cfg, now) == CircuitState::HalfOpen;
         probe.then(|| {
             self.probing += 1;
@@ -95,12 +95,12 @@ impl Circuit {
     }
 
     /// Failures in the window (closed), for inspection.
-    pub fn recent_failures(&self) -> usize {
+    pub(super) fn recent_failures(&self) -> usize {
         self.failures.len()
     }
 
     /// Applies a request's outcome; returns whether the circuit opened.
-    pub fn ended(
+    pub(super) fn ended(
         &mut self,
         cfg: &CircuitConfig,
         now: Duration,

@@ -209,7 +209,7 @@ pub struct WorkerState {
 /// requests, credit and failures summed over its ranks, their loads side by side (the
 /// oldest sample's time), the most open circuit. `None` when the selector has no target
 /// of it.
-pub fn worker_state(states: &[WorkerState], worker: WorkerId) -> Option<WorkerState> {
+pub(crate) fn worker_state(states: &[WorkerState], worker: WorkerId) -> Option<WorkerState> {
     let mut of = states.iter().filter(|s| s.worker == worker);
     let first = of.next()?;
     let mut out = WorkerState {

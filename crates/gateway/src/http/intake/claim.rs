@@ -38,7 +38,7 @@ pub(super) enum Entry {
 
 /// Bodies read for the handlers of one connection, by token.
 #[derive(Debug, Default)]
-pub struct Bodies {
+pub(crate) struct Bodies {
     pub(super) entries: RefCell<Vec<(u64, Entry)>>,
 }
 
@@ -102,7 +102,7 @@ impl Bodies {
 /// A handler's claim on its request's body; dropped unread (the request was refused
 /// before its body was needed), the body goes with it.
 #[derive(Debug)]
-pub struct BodyClaim {
+pub(crate) struct BodyClaim {
     pub(super) bodies: Rc<Bodies>,
     pub(super) token: u64,
 }
@@ -110,11 +110,11 @@ pub struct BodyClaim {
 /// The client closed its connection, or it failed, before its body had come whole.
 #[derive(Debug, thiserror::Error)]
 #[error("the connection ended before the body had come whole")]
-pub struct BodyLost;
+pub(crate) struct BodyLost;
 
 /// The claim on `req`'s body when [`Intake`](super::Intake) read it; `None` when the body
 /// is actix-http's payload as usual.
-pub fn claim(req: &HttpRequest) -> Option<BodyClaim> {
+pub(crate) fn claim(req: &HttpRequest) -> Option<BodyClaim> {
     let token: u64 = req
         .headers()
         .get(&BODY_TOKEN)?
@@ -132,7 +132,7 @@ pub fn claim(req: &HttpRequest) -> Option<BodyClaim> {
 impl BodyClaim {
     /// Says the handler holds the body: until [`body`](Self::body) asks for it, the intake
     /// reads a little of it, enough to see a client that leaves.
-    pub async fn hold(&self) {
+    pub(crate) async fn hold(&self) {
         poll_fn(|cx| {
             self.bodies.advance_to(self.token, Want::Held, cx);
             Poll::Ready(())
@@ -141,7 +141,7 @@ impl BodyClaim {
     }
 
     /// The whole body, once it has come.
-    pub async fn body(self) -> Result<Bytes, BodyLost> {
+    pub(crate) async fn body(self) -> Result<Bytes, BodyLost> {
         poll_fn(|cx| {
             self.bodies.advance_to(self.token, Want::Wanted, cx);
             let mut entries = self.bodies.entries.borrow_mut();

@@ -11,7 +11,7 @@ use super::{DecisionSink, Ended, Slot};
 /// Collects what a response shows of its decision and reports it when dropped, however the
 /// response ended.
 #[derive(Debug)]
-pub struct AnswerNote {
+pub(crate) struct AnswerNote {
     pub(super) sink: DecisionSink,
     pub(super) slot: Slot,
     pub(super) started: Instant,
@@ -32,27 +32,27 @@ pub struct AnswerNote {
 }
 
 impl AnswerNote {
-    pub fn status(&mut self, status: u16) {
+    pub(crate) fn status(&mut self, status: u16) {
         self.status = Some(status);
     }
 
     /// The answer is the client's: this attempt will not be retried elsewhere.
-    pub fn relayed(&mut self) {
+    pub(crate) fn relayed(&mut self) {
         self.relayed = true;
     }
 
-    pub fn failed(&mut self) {
+    pub(crate) fn failed(&mut self) {
         self.failed = true;
     }
 
     /// The client went away before the answer ended.
-    pub fn abandoned(&mut self) {
+    pub(crate) fn abandoned(&mut self) {
         self.abandoned = true;
     }
 
     /// A chunk of a relayed answer as it passes: the first one times the first byte, and
     /// any `"cached_tokens"` in it is read.
-    pub fn chunk(&mut self, b: &[u8]) {
+    pub(crate) fn chunk(&mut self, b: &[u8]) {
         let now = Instant::now();
         match self.last_chunk {
             None => self.first_byte = Some(now),
@@ -73,7 +73,7 @@ impl AnswerNote {
 
     /// An answer read whole before it is relayed: its first byte and its end are the
     /// same moment, read once when the note is dropped.
-    pub fn body(&mut self, b: &[u8]) {
+    pub(crate) fn body(&mut self, b: &[u8]) {
         self.whole = true;
         self.cached = cached_tokens(b);
     }
@@ -140,7 +140,7 @@ fn last_key(finder: &memchr::memmem::Finder<'_>, b: &[u8]) -> Option<usize> {
 
 /// The value of the last `"cached_tokens": N` in a JSON text. A quote inside a JSON string
 /// is escaped, so generated text that mentions the key does not match.
-pub fn cached_tokens(b: &[u8]) -> Option<u64> {
+pub(super) fn cached_tokens(b: &[u8]) -> Option<u64> {
     const KEY: &[u8] = b"\"cached_tokens\"";
     // Built once (building one costs more than searching a short answer), and forward:
     // the forward search is vectorised, the reverse one four times slower per byte.

@@ -59,21 +59,21 @@ pub(super) fn parse(input: &[u8]) -> Parsed {
 }
 
 impl Head {
-    pub fn values<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
+    pub(super) fn values<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
         self.headers
             .iter()
             .filter(move |(n, _)| n.eq_ignore_ascii_case(name))
             .map(|(_, v)| v.as_slice())
     }
 
-    pub fn has(&self, name: &str) -> bool {
+    pub(super) fn has(&self, name: &str) -> bool {
         self.values(name).next().is_some()
     }
 
     /// The body length the head declares, as the contract reads it: none is 0; exactly
     /// one `Content-Length` of ASCII digits within `u64` is its value; any other is
     /// framing the intake does not follow.
-    pub fn length(&self) -> Option<u64> {
+    pub(super) fn length(&self) -> Option<u64> {
         let mut values = self.values("content-length");
         let Some(v) = values.next() else {
             return Some(0);
@@ -85,7 +85,7 @@ impl Head {
     }
 
     /// Whether the contract lets the intake follow this head's framing at all.
-    pub fn framed(&self) -> bool {
+    pub(super) fn framed(&self) -> bool {
         !self.has("transfer-encoding")
             && !self.has("upgrade")
             && self.method != "CONNECT"
@@ -93,7 +93,7 @@ impl Head {
     }
 
     /// Its headers but `content-length` and `x-kvgate-body`, in order.
-    pub fn kept(&self) -> Vec<(String, Vec<u8>)> {
+    pub(super) fn kept(&self) -> Vec<(String, Vec<u8>)> {
         self.headers
             .iter()
             .filter(|(n, _)| {
