@@ -188,31 +188,86 @@ fn sources(dir: &std::path::Path, rel: &str, out: &mut Vec<String>) {
     }
 }
 
+/// What the codemap gets wrong: the `required` files it does not name in backticks by
+/// their path from the repository root, and the paths under `crates/` or `tests/` it names
+/// in backticks that are `.rs` files not in the tree (`exists` says which are).
+fn codemap_errors(
+    doc: &str,
+    required: &[String],
+    exists: impl Fn(&str) -> bool,
+) -> (Vec<String>, Vec<String>) {
+    let missing: Vec<String> = (required.iter())
+        .filter(|f| !doc.contains(&format!("`{f}`")))
+        .cloned()
+        .collect();
+    let mut named = BTreeSet::new();
+    for prefix in ["`crates/", "`tests/"] {
+        for (at, _) in doc.match_indices(prefix) {
+            let span = &doc[at + 1..];
+            if let Some(end) = span.find('`') {
+                named.insert(&span[..end]);
+            }
+        }
+    }
+    let stale: Vec<String> = (named.into_iter())
+        .filter(|p| p.ends_with(".rs") && !exists(p))
+        .map(str::to_owned)
+        .collect();
+    (missing, stale)
+}
+
 #[test]
 fn the_codemap_names_every_source_file() {
     let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
     let map = std::fs::read_to_string(root.join("docs/architecture.md")).expect("codemap");
-    let mut missing = Vec::new();
+    let mut required = Vec::new();
     for c in std::fs::read_dir(root.join("crates"))
         .expect("crates")
         .flatten()
     {
         let mut files = Vec::new();
         sources(&c.path().join("src"), "", &mut files);
-        for f in files {
-            if !map.contains(&format!("`{f}`"))
-                && !map.contains(&format!("{f},"))
-                && !map.contains(&format!("{f} "))
-            {
-                missing.push(format!("{}/src/{f}", c.file_name().to_string_lossy()));
-            }
-        }
+        let krate = c.file_name().to_string_lossy().into_owned();
+        // `sources` skips `tests/` directories below the top of `src` only.
+        required.extend(
+            (files.iter())
+                .map(|f| format!("crates/{krate}/src/{f}"))
+                .filter(|f| !f.contains("/tests/")),
+        );
     }
-    missing.sort();
+    required.sort();
+    let (missing, stale) = codemap_errors(&map, &required, |p| root.join(p).is_file());
     assert!(
-        missing.is_empty(),
-        "not in docs/architecture.md: {missing:?}"
+        missing.is_empty() && stale.is_empty(),
+        "docs/architecture.md does not name (as `crates/<crate>/src/<path>`): {missing:?}; \
+         names files that are not in the tree: {stale:?}"
     );
+}
+
+#[test]
+fn the_codemap_check_sees_a_missing_and_a_stale_path() {
+    let tree = [
+        "crates/a/src/lib.rs".to_owned(),
+        "crates/a/src/b.rs".to_owned(),
+    ];
+    let exists = |p: &str| tree.iter().any(|f| f == p);
+    // A bare file name names no path; a path that moved is stale.
+    let doc = "`crates/a/src/lib.rs`: the root; `b.rs`; `crates/a/src/gone.rs`: moved.";
+    assert_eq!(
+        codemap_errors(doc, &tree, exists),
+        (
+            vec!["crates/a/src/b.rs".to_owned()],
+            vec!["crates/a/src/gone.rs".to_owned()]
+        )
+    );
+    // Files named together in braces are not paths of the tree either.
+    let doc = "`crates/a/src/lib.rs`, `crates/a/src/{b,c}.rs`";
+    assert_eq!(
+        codemap_errors(doc, &tree, exists).1,
+        ["crates/a/src/{b,c}.rs"]
+    );
+    let doc = "`crates/a/src/lib.rs` and `crates/a/src/b.rs`, under `crates/a/src/`.";
+    assert_eq!(codemap_errors(doc, &tree, exists), (vec![], vec![]));
 }
 
 /// A crate's modules (`a::b`, the root as "") and the modules each one names through
