@@ -1,8 +1,10 @@
 //! The state owners. Each actor is the only owner of its data and talks to the others by
 //! messages: the registry (workers and their health), the selector (the policy and the
-//! fleet view every decision reads) and the index (who holds which prefix, and its
-//! snapshots). They know no HTTP types; the load poller, the fourth actor, is its own
-//! crate (`kvgate-poller`).
+//! fleet view every decision reads), the index (who holds which prefix, and its
+//! snapshots), the events actor (the engines' KV events and the chain index they feed)
+//! and the tokenizer actor (each model's tokenizer, loaded off the request path). They
+//! know no HTTP types; the load poller is an actor of its own crate (`kvgate-poller`).
+//! Each actor's `MAILBOX` constant says how deep its mailbox is and why, by message.
 
 pub(crate) mod events;
 pub(crate) mod index;

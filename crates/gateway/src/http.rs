@@ -1,6 +1,7 @@
-//! The gateway's HTTP face: reads requests, asks the selector for a worker, relays the
-//! worker's answer, and maps every error the gateway itself answers with to one
-//! OpenAI-style JSON body.
+//! The gateway's HTTP front door: reads requests and their facts, hands them to the
+//! dispatch pipeline, proxies each attempt to its worker and relays the answer; serves the
+//! admin and inspection routes; and maps every error the gateway itself answers with to
+//! one OpenAI-style JSON body.
 
 pub(crate) mod app;
 pub(crate) mod auth;

@@ -7,15 +7,7 @@
 //! every hold, retry and re-ask: nothing here parses or tokenizes again. What a failed
 //! attempt leaves behind (its record in the prefix index) the selector takes back
 //! ([`Failed`]); its slot goes back when its [`Booking`](crate::actors::selector::Booking)
-//! drops.
-//!
-//! ```text
-//! front door ── admit ──► Ticket
-//!            ── run(job, send) ──► attempt ─► select ─(Hold: wait)─► select ─► Dispatch
-//!                                     │                                         │
-//!                                     └── decision log (AnswerNote) ◄── send ◄──┘
-//!                                          on a retryable failure: Failed, backoff, next
-//! ```
+//! drops. `docs/architecture.md` draws the whole pipeline.
 
 use std::net::IpAddr;
 use std::sync::Arc;

@@ -1,6 +1,6 @@
 //! Wiring: opens the store, starts the actors (selector and index on the first HTTP
-//! thread, registry and poller on a control arbiter), registers the configured workers and
-//! serves the HTTP API. `Gateway::start` runs all of it on a dedicated thread, which is
+//! thread; registry, poller, events and tokenizer actors on a control arbiter; `wiring`),
+//! registers the configured workers and serves the HTTP API (`listen`). `Gateway::start` runs all of it on a dedicated thread, which is
 //! what the binary, embedders and the end-to-end tests use.
 
 use std::net::SocketAddr;

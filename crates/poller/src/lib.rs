@@ -1,8 +1,8 @@
 //! Load polling for kvgate: asks each inference engine how loaded it is and turns the
 //! answer into [`WorkerLoad`](kvgate_policies::WorkerLoad) reports for the policies.
 //!
-//! It owns the worker protocols for load, and [`WorkerUrl`], the parsed worker address
-//! the gateway's registry, its upstream client and this poller share: SGLang's `GET /v1/loads` and, where an engine
+//! It owns the worker protocols for load (targets are named by `kvgate-core`'s
+//! [`WorkerUrl`], re-exported here): SGLang's `GET /v1/loads` and, where an engine
 //! lacks it (asked again every 30 polls), Prometheus `GET /metrics` from SGLang (`sglang:` and `sglang_` names) or
 //! vLLM (`vllm:` names, with throughput derived from counters between two scrapes). The
 //! [`LoadPoller`] actor polls every target each tick and sends each worker's

@@ -104,6 +104,15 @@ enum RankState {
     Stalled,
 }
 
+/// The events actor's mailbox. Its messages, by response type:
+/// - `MatchChain` (`send`, `MessageResult`): from the selector for token requests while
+///   some worker's events are live, one at a time (its `Select` is atomic);
+///   `GetEventStates` (`send`) for `/workers` and the metrics.
+/// - `Feed` (`do_send` from each rank's subscriber task): decoded batches and connection
+///   states, in order; `FleetChanged`, `FleetSettled` (`do_send` from the registry).
+///   Deep enough for every rank's burst of batches after a replay.
+const MAILBOX: usize = 4096;
+
 /// The actor.
 #[derive(Debug)]
 pub struct EventsActor {
@@ -307,7 +316,7 @@ impl Actor for EventsActor {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        ctx.set_mailbox_capacity(4096);
+        ctx.set_mailbox_capacity(MAILBOX);
         self.start_snapshots(ctx);
     }
 

@@ -33,6 +33,15 @@ pub use stats::{GetIndexStats, IndexStats};
 
 use snapshot::SnapJob;
 
+/// The index actor's mailbox. Its messages, by response type:
+/// - `MatchPrefix` (`send`, `MessageResult`): from the selector, at most one at a time (its
+///   `Select` is atomic), and from explains; `GetIndexStats`, `Ping` (`send`) for
+///   inspection and readiness. Only these wait for room; the depth is generous so that a
+///   burst of explains or scrapes never does.
+/// - `RecordPrefix`, `ForgetPrefix`, `ClearWorker`, `FleetChanged`, `FleetSettled`
+///   (`do_send`): ordered after the lookups sent before them, never dropped.
+const MAILBOX: usize = 65_536;
+
 /// The trees' clock starts here, so ages restored from disk never saturate at zero.
 const CLOCK_BASE: u64 = 1 << 40;
 
@@ -425,7 +434,7 @@ impl Actor for IndexActor {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
-        ctx.set_mailbox_capacity(65_536);
+        ctx.set_mailbox_capacity(MAILBOX);
         if let Some(every) = self.cfg.eviction_interval {
             ctx.run_interval(every, |act, _| act.sweep());
         }

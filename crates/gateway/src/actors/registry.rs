@@ -153,6 +153,13 @@ pub struct PollerLink {
     /// first seconds blind.
     pub now: Recipient<PollNow>,
 }
+/// The registry's mailbox. Its messages, by response type:
+/// - `AddWorker`, `DrainWorker`, `RemoveWorker`, `ListWorkers` (`send`, awaited): the
+///   admin API, `/workers`, readiness and startup; small traffic, so a full mailbox only
+///   makes an admin call wait.
+/// - `WorkerFailed` (`do_send` from the selector): a refused connection takes its worker
+///   out at once and is never dropped.
+const MAILBOX: usize = 256;
 
 pub struct RegistryActor {
     cfg: RegistryConfig,
@@ -410,8 +417,7 @@ impl Actor for RegistryActor {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
-        // The mailbox is bounded for send(); admin traffic is small.
-        ctx.set_mailbox_capacity(256);
+        ctx.set_mailbox_capacity(MAILBOX);
         ctx.run_interval(self.cfg.health.interval, |act, ctx| act.health_tick(ctx));
     }
 }

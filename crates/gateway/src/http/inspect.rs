@@ -1,5 +1,6 @@
-//! Inspection routes: `POST /admin/explain` (a dry-run decision for a request body) and
-//! `GET /admin/decisions` (the decision log).
+//! Inspection routes: `POST /admin/explain` (a dry-run decision for a request body),
+//! `GET /admin/decisions` (the decision log), `GET /metrics`, `GET /admin/state` and
+//! `GET /dashboard` (the fleet page).
 
 use std::collections::HashMap;
 use std::sync::Arc;

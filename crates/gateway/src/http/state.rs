@@ -53,7 +53,7 @@ pub(crate) struct Lifecycle {
     pub shutting_down: AtomicBool,
 }
 
-/// The request id of this request, set by the middleware in `server.rs`.
+/// The request id of this request, set by the middleware in `http/app.rs`.
 #[derive(Debug, Clone)]
 pub(crate) struct RequestId(pub Arc<str>);
 

@@ -1,7 +1,8 @@
 //! The decision log: a bounded ring of the most recent routing decisions and what came of
-//! them, for `GET /admin/decisions`. The HTTP side adds each attempt's decision when its
-//! worker is chosen and the answer's figures (time to first byte, the cached tokens the
-//! engine reported) when the response ends. The ring sits behind a mutex held for a push
+//! them, for `GET /admin/decisions`. The pipeline adds each attempt's decision when its
+//! worker is chosen; the front door that relays the answer fills in its figures (time to
+//! first byte, the cached tokens the engine reported) through the attempt's `AnswerNote`,
+//! which reports them when dropped. The ring sits behind a mutex held for a push
 //! or an update, not in an actor: two messages per request to another thread cost more
 //! than the whole record (`docs/benchmarks.md`, proxy overhead).
 

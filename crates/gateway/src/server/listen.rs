@@ -24,7 +24,6 @@ use super::wiring::RoutingStart;
 /// default is 5 s) would close them under a request.
 pub(super) const UPSTREAM_KEEP_ALIVE: Duration = Duration::from_secs(3);
 
-/// The HTTP server over `listener`, with the routing actors started by its first thread.
 /// The `--prometheus-port` listener: `GET /metrics` alone, on one thread.
 pub(super) fn metrics_server(
     cfg: &GatewayConfig,
@@ -59,6 +58,7 @@ pub(super) fn metrics_server(
     Ok(Some((server, addr)))
 }
 
+/// The HTTP server over `listener`, with the routing actors started by its first thread.
 pub(super) fn http_server(
     cfg: &GatewayConfig,
     listener: std::net::TcpListener,

@@ -1,5 +1,5 @@
 //! What the selector is asked and what it answers: the messages, the `Dispatch` handed to
-//! the HTTP side, and the `Booking` that gives its slot back.
+//! the dispatch pipeline, and the `Booking` that gives its slot back.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
