@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use actix_web::{HttpRequest, HttpResponse, web};
-use kvgate_policies::{CandidateScore, Decision, RoutingText, WorkerId, WorkerLoad, WorkerView};
+use kvgate_policies::{CandidateScore, Decision, RoutingText, WorkerId, WorkerView};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -20,7 +20,7 @@ use crate::http::error::ApiError;
 use kvgate_core::Endpoint;
 
 use crate::facts::{request_facts, tokens};
-use crate::http::state::{AppState, read_body};
+use crate::http::state::{AppState, load_json, read_body};
 use crate::metrics::{Fleet, FleetWorker};
 
 /// The inference route a name stands for: a path (`/v1/chat/completions`, with or without
@@ -179,20 +179,6 @@ fn candidate_json(c: &CandidateScore, view: Option<&WorkerView>, chosen: bool) -
         "prefill_rate": c.prefill_rate,
         "credit_tokens": view.map(|v| v.credit.tokens),
         "load": load,
-    })
-}
-
-/// A load report summed over ranks (KV usage averaged).
-pub(crate) fn load_json(l: &WorkerLoad) -> Value {
-    let n = l.ranks.len().max(1) as f64;
-    json!({
-        "ranks": l.ranks.len(),
-        "running": l.ranks.iter().map(|r| r.num_running_reqs).sum::<u64>(),
-        "waiting": l.ranks.iter().map(|r| r.num_waiting_reqs).sum::<u64>(),
-        "waiting_uncached_tokens": l.ranks.iter().map(|r| r.num_waiting_uncached_tokens).sum::<u64>(),
-        "kv_usage": l.ranks.iter().map(|r| r.token_usage).sum::<f64>() / n,
-        "gen_throughput": l.ranks.iter().map(|r| r.gen_throughput).sum::<f64>(),
-        "sampled_at_secs": l.sampled_at.as_secs_f64(),
     })
 }
 

@@ -137,7 +137,7 @@ fn worker_json(
     // What the poller last saw, summed over ranks; null without a fresh report.
     v["load"] = state
         .and_then(|s| s.view.load.as_ref())
-        .map_or(Value::Null, crate::http::inspect::load_json);
+        .map_or(Value::Null, crate::http::state::load_json);
     // Routed rank by rank: each rank's own count and circuit.
     v["routed_ranks"] = match rec.routed_ranks() {
         None => Value::Null,

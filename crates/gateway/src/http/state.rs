@@ -1,5 +1,5 @@
-//! What every HTTP handler shares: the gateway's state, the request id, and reading a
-//! body within its limit.
+//! What every HTTP handler shares: the gateway's state, the request id, reading a body
+//! within its limit, and the JSON view of a worker's load (`/workers`, `/admin/state`).
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -9,6 +9,8 @@ use actix::Addr;
 use actix_web::{HttpRequest, web};
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
+use kvgate_policies::WorkerLoad;
+use serde_json::{Value, json};
 
 use crate::actors::events::EventsActor;
 use crate::actors::index::IndexActor;
@@ -86,4 +88,18 @@ pub(crate) async fn read_body(
         buf.extend_from_slice(&chunk);
     }
     Ok(buf.freeze())
+}
+
+/// A load report summed over ranks (KV usage averaged).
+pub(crate) fn load_json(l: &WorkerLoad) -> Value {
+    let n = l.ranks.len().max(1) as f64;
+    json!({
+        "ranks": l.ranks.len(),
+        "running": l.ranks.iter().map(|r| r.num_running_reqs).sum::<u64>(),
+        "waiting": l.ranks.iter().map(|r| r.num_waiting_reqs).sum::<u64>(),
+        "waiting_uncached_tokens": l.ranks.iter().map(|r| r.num_waiting_uncached_tokens).sum::<u64>(),
+        "kv_usage": l.ranks.iter().map(|r| r.token_usage).sum::<f64>() / n,
+        "gen_throughput": l.ranks.iter().map(|r| r.gen_throughput).sum::<f64>(),
+        "sampled_at_secs": l.sampled_at.as_secs_f64(),
+    })
 }
