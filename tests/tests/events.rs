@@ -4,7 +4,7 @@
 //! and never routed by it.
 #![expect(
     clippy::disallowed_methods,
-    reason = "clients running beside the test's own requests, joined or dropped by the test"
+    reason = "a long request in flight while the events change; the test awaits it"
 )]
 
 use kvgate_engine_sim::{SimConfig, SimFleet, engine_of};

@@ -5,7 +5,7 @@
 )]
 #![expect(
     clippy::disallowed_methods,
-    reason = "clients running beside the test's own requests, joined or dropped by the test"
+    reason = "a request in flight across a worker's restart; the test awaits it"
 )]
 
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! saved is lost, and the fleet view says what happened.
 #![expect(
     clippy::disallowed_methods,
-    reason = "clients running beside the test's own requests, joined or dropped by the test"
+    reason = "streams and removals in flight while engines fail; the test awaits each"
 )]
 
 use std::sync::Arc;

@@ -5,7 +5,7 @@
 )]
 #![expect(
     clippy::disallowed_methods,
-    reason = "clients running beside the test's own requests, joined or dropped by the test"
+    reason = "busy requests beside the routed ones; the test awaits or drops them"
 )]
 
 use futures_util::StreamExt;

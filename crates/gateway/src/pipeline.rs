@@ -77,34 +77,16 @@ pub(crate) enum RunError<F> {
 /// The pipeline's handle, one per gateway, cloned into each front door.
 #[derive(Debug, Clone)]
 pub(crate) struct Pipeline {
-    selector: Addr<SelectorActor>,
-    admission: Arc<Admission>,
-    decisions: DecisionSink,
-    metrics: Arc<Metrics>,
-    retry: RetryConfig,
+    pub(crate) selector: Addr<SelectorActor>,
+    pub(crate) admission: Arc<Admission>,
+    pub(crate) decisions: DecisionSink,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) retry: RetryConfig,
     /// The policy's text-to-token estimate, for the predicted cached tokens.
-    bytes_per_token: f64,
+    pub(crate) bytes_per_token: f64,
 }
 
 impl Pipeline {
-    pub(crate) fn new(
-        selector: Addr<SelectorActor>,
-        admission: Arc<Admission>,
-        decisions: DecisionSink,
-        metrics: Arc<Metrics>,
-        retry: RetryConfig,
-        bytes_per_token: f64,
-    ) -> Pipeline {
-        Pipeline {
-            selector,
-            admission,
-            decisions,
-            metrics,
-            retry,
-            bytes_per_token,
-        }
-    }
-
     /// A place in the gateway for a request from `client` (its key) or `peer`.
     pub(crate) async fn admit(
         &self,

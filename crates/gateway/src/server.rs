@@ -146,14 +146,14 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
     register(&registry, (&index, &events), workers, &allow).await;
     let lifecycle = Arc::new(Lifecycle::default());
     let admission = Arc::new(Admission::new(&cfg.admission));
-    let pipeline = Pipeline::new(
-        selector.clone(),
-        admission.clone(),
-        DecisionSink::new(DECISION_LOG_SIZE, metrics.clone()),
-        metrics.clone(),
-        cfg.retry,
-        cfg.policy.bytes_per_token,
-    );
+    let pipeline = Pipeline {
+        selector: selector.clone(),
+        admission: admission.clone(),
+        decisions: DecisionSink::new(DECISION_LOG_SIZE, metrics.clone()),
+        metrics: metrics.clone(),
+        retry: cfg.retry,
+        bytes_per_token: cfg.policy.bytes_per_token,
+    };
     let state = web::Data::new(AppState {
         pipeline,
         selector: selector.clone(),

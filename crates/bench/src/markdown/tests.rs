@@ -141,18 +141,10 @@ fn the_next_run_adds_its_values_rows_and_targets_and_replaces_its_policies() {
 fn proxy_row(target: &str, rps: f64, added_p50: Option<f64>, cpu: Option<f64>) -> ProxyRow {
     ProxyRow {
         target: target.into(),
-        how: String::new(),
-        load_tool: String::new(),
         req_per_sec: rps,
-        load_p50_ms: None,
-        load_p99_ms: None,
-        load_errors: 0,
         cpu_us_per_req: cpu,
-        one_conn: Summary::default(),
         added_p50_ms: added_p50,
-        added_p99_ms: None,
-        rss_before_kib: None,
-        rss_after_kib: None,
+        ..ProxyRow::default()
     }
 }
 

@@ -54,7 +54,7 @@ pub(crate) struct ProxySettings {
 }
 
 /// One target's figures. Latencies in milliseconds.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Default)]
 pub(crate) struct ProxyRow {
     pub target: String,
     pub how: String,

@@ -92,6 +92,35 @@ pub struct WorkerRecord {
 const MAX_ROUTED_RANKS: u64 = 256;
 
 impl WorkerRecord {
+    /// A worker just added: pending detection, nothing known of it yet.
+    pub(crate) fn pending(
+        url: WorkerUrl,
+        source: WorkerSource,
+        incarnation: u64,
+        api_key: Option<Secret>,
+    ) -> WorkerRecord {
+        WorkerRecord {
+            id: WorkerId::from_url(url.as_str()),
+            url,
+            models: Vec::new(),
+            status: WorkerStatus::Pending,
+            runtime: Runtime::Unknown,
+            source,
+            max_running_requests: None,
+            dp_size: None,
+            page_size: None,
+            startup_time: None,
+            kv_events: None,
+            tokenizer_path: None,
+            added_at: kvgate_core::clock::unix_now(),
+            consecutive_failures: 0,
+            consecutive_successes: 0,
+            last_error: None,
+            incarnation,
+            api_key,
+        }
+    }
+
     pub fn healthy(&self) -> bool {
         self.status == WorkerStatus::Ready
     }

@@ -46,14 +46,8 @@ pub enum ApiError {
     Forbidden(&'static str),
     #[error("worker {0} is outside the allowed hosts (--worker-allow)")]
     WorkerNotAllowed(String),
-    #[error(
-        "the gateway is at its concurrency limit and its queue is full; retry after {retry_after} s"
-    )]
-    QueueFull { retry_after: u64 },
-    #[error("no slot became free in time; retry after {retry_after} s")]
-    QueueTimeout { retry_after: u64 },
-    #[error("request rate limit reached; retry after {retry_after} s")]
-    RateLimited { retry_after: u64 },
+    #[error(transparent)]
+    Admission(#[from] AdmitError),
     #[error("upstream worker {worker} failed: {source}")]
     Upstream {
         worker: String,
@@ -87,9 +81,13 @@ impl ApiError {
             ApiError::Unauthorized(_) => ("authentication_error", "invalid_api_key"),
             ApiError::Forbidden(_) => ("permission_error", "forbidden"),
             ApiError::WorkerNotAllowed(_) => ("permission_error", "worker_not_allowed"),
-            ApiError::QueueFull { .. } => ("rate_limit_error", "queue_full"),
-            ApiError::QueueTimeout { .. } => ("service_unavailable", "queue_timeout"),
-            ApiError::RateLimited { .. } => ("rate_limit_error", "rate_limited"),
+            ApiError::Admission(AdmitError::QueueFull { .. }) => ("rate_limit_error", "queue_full"),
+            ApiError::Admission(AdmitError::QueueTimeout { .. }) => {
+                ("service_unavailable", "queue_timeout")
+            }
+            ApiError::Admission(AdmitError::RateLimited { .. }) => {
+                ("rate_limit_error", "rate_limited")
+            }
             ApiError::Upstream { .. } => ("upstream_error", "upstream_failed"),
             ApiError::UpstreamTimeout { .. } => ("upstream_error", "upstream_timeout"),
             ApiError::ActorGone(_) | ApiError::Internal(_) => ("internal_error", "internal_error"),
@@ -114,13 +112,14 @@ impl ResponseError for ApiError {
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::WorkerExists(_) => StatusCode::CONFLICT,
             ApiError::NoWorker { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            ApiError::Saturated | ApiError::QueueFull { .. } | ApiError::RateLimited { .. } => {
+            ApiError::Saturated
+            | ApiError::Admission(AdmitError::QueueFull { .. } | AdmitError::RateLimited { .. }) => {
                 StatusCode::TOO_MANY_REQUESTS
             }
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::Forbidden(_) | ApiError::WorkerNotAllowed(_) => StatusCode::FORBIDDEN,
-            ApiError::QueueTimeout { .. } | ApiError::RoutingRestarted => {
+            ApiError::Admission(AdmitError::QueueTimeout { .. }) | ApiError::RoutingRestarted => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             ApiError::Upstream { .. } => StatusCode::BAD_GATEWAY,
@@ -136,9 +135,11 @@ impl ResponseError for ApiError {
             ApiError::Saturated | ApiError::RoutingRestarted => {
                 b.insert_header(("retry-after", "1"));
             }
-            ApiError::QueueFull { retry_after }
-            | ApiError::QueueTimeout { retry_after }
-            | ApiError::RateLimited { retry_after } => {
+            ApiError::Admission(
+                AdmitError::QueueFull { retry_after }
+                | AdmitError::QueueTimeout { retry_after }
+                | AdmitError::RateLimited { retry_after },
+            ) => {
                 b.insert_header(("retry-after", retry_after.to_string()));
             }
             ApiError::Unauthorized(_) => {
@@ -158,16 +159,6 @@ impl From<SelectError> for ApiError {
             SelectError::NoHealthy => ApiError::NoWorker { registered: true },
             SelectError::Saturated => ApiError::Saturated,
             SelectError::Restarted => ApiError::RoutingRestarted,
-        }
-    }
-}
-
-impl From<AdmitError> for ApiError {
-    fn from(e: AdmitError) -> Self {
-        match e {
-            AdmitError::QueueFull { retry_after } => ApiError::QueueFull { retry_after },
-            AdmitError::QueueTimeout { retry_after } => ApiError::QueueTimeout { retry_after },
-            AdmitError::RateLimited { retry_after } => ApiError::RateLimited { retry_after },
         }
     }
 }

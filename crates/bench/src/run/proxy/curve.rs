@@ -252,23 +252,13 @@ pub(crate) fn table(points: &[CurvePoint]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvgate_bench::Summary;
 
     fn row(target: &str, rps: f64, added: f64) -> ProxyRow {
         ProxyRow {
             target: target.into(),
-            how: String::new(),
-            load_tool: String::new(),
             req_per_sec: rps,
-            load_p50_ms: None,
-            load_p99_ms: None,
-            load_errors: 0,
-            cpu_us_per_req: None,
-            one_conn: Summary::default(),
             added_p50_ms: Some(added),
-            added_p99_ms: None,
-            rss_before_kib: None,
-            rss_after_kib: None,
+            ..ProxyRow::default()
         }
     }
 

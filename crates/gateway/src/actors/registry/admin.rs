@@ -32,34 +32,11 @@ impl Handler<AddWorker> for RegistryActor {
         if self.workers.contains_key(&id) {
             return Box::pin(fut::ready(Err(RegistryError::Exists(url.to_string()))));
         }
-        let added_at = kvgate_core::clock::unix_now();
+        self.incarnations += 1;
+        let key = msg.api_key.or_else(|| self.cfg.worker_key.clone());
         // Reserve the id now so a concurrent add of the same URL is refused.
-        self.workers.insert(
-            id,
-            WorkerRecord {
-                id,
-                url: url.clone(),
-                models: Vec::new(),
-                status: WorkerStatus::Pending,
-                runtime: Runtime::Unknown,
-                source: msg.source,
-                max_running_requests: None,
-                dp_size: None,
-                page_size: None,
-                startup_time: None,
-                kv_events: None,
-                tokenizer_path: None,
-                added_at,
-                consecutive_failures: 0,
-                consecutive_successes: 0,
-                last_error: None,
-                incarnation: {
-                    self.incarnations += 1;
-                    self.incarnations
-                },
-                api_key: msg.api_key.or_else(|| self.cfg.worker_key.clone()),
-            },
-        );
+        let rec = WorkerRecord::pending(url.clone(), msg.source, self.incarnations, key);
+        self.workers.insert(id, rec);
         if msg.source == WorkerSource::Api {
             self.remember(url.as_str(), true);
         }

@@ -34,24 +34,9 @@ fn a_server_info_field_of_another_type_costs_only_that_field() {
 
 fn rec() -> WorkerRecord {
     WorkerRecord {
-        id: WorkerId(1),
-        url: url("http://x"),
-        models: vec![],
         status: WorkerStatus::Ready,
         runtime: Runtime::Sglang,
-        source: WorkerSource::Config,
-        max_running_requests: None,
-        dp_size: None,
-        page_size: None,
-        startup_time: None,
-        kv_events: None,
-        tokenizer_path: None,
-        added_at: 0.0,
-        consecutive_failures: 0,
-        consecutive_successes: 0,
-        last_error: None,
-        incarnation: 1,
-        api_key: None,
+        ..WorkerRecord::pending(url("http://x"), WorkerSource::Config, 1, None)
     }
 }
 
