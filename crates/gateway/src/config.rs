@@ -100,6 +100,11 @@ pub struct GatewayConfig {
     /// After SIGTERM: how long in-flight requests may take to finish.
     #[serde(rename = "shutdown_grace_period_secs", with = "kvgate_core::secs")]
     pub shutdown_grace_period: Duration,
+    /// After SIGTERM: how long the listener keeps accepting, readiness already 503, before
+    /// the drain begins, so load balancers (a Kubernetes Service's endpoints) stop sending
+    /// first; 0: drain at once.
+    #[serde(rename = "shutdown_delay_secs", with = "kvgate_core::secs")]
+    pub shutdown_delay: Duration,
     /// Seeds the selector's tie-breaking RNG (tests, reproducible benchmarks); `None`
     /// draws from the OS.
     pub seed: Option<u64>,
@@ -146,6 +151,7 @@ impl Default for GatewayConfig {
             prometheus_port: None,
             prometheus_host: "127.0.0.1".into(),
             shutdown_grace_period: Duration::from_secs(30),
+            shutdown_delay: Duration::ZERO,
             seed: None,
             demo: false,
             demo_engines: 4,
@@ -176,6 +182,48 @@ const NOT_CONFIG_VARS: [&str; 4] = [
     "KVGATE_BENCH_LOG",
 ];
 
+/// Whether `name=value` is one of the variables the kubelet injects for each Service in
+/// the pod's namespace (`<NAME>_SERVICE_HOST`, `<NAME>_SERVICE_PORT[_<PORTNAME>]`,
+/// `<NAME>_PORT`, `<NAME>_PORT_<N>_<PROTO>[_PROTO|_PORT|_ADDR]`), told apart from a
+/// kvgate key by its value as well as its name: a Service named `kvgate` makes
+/// `KVGATE_PORT=tcp://10.96.0.12:30000`, where kvgate's own `KVGATE_PORT` is a number.
+fn service_link(name: &str, value: &str) -> bool {
+    let is_ip = |v: &str| v.parse::<std::net::IpAddr>().is_ok();
+    let is_port = |v: &str| v.parse::<u16>().is_ok();
+    let is_proto = |v: &str| matches!(v, "tcp" | "udp" | "sctp");
+    // `tcp://10.96.0.12:30000`, `udp://[fd00::1]:53`
+    let is_link = |v: &str| {
+        let p = kvgate_core::split_url(v);
+        p.scheme.is_some_and(is_proto)
+            && is_ip(p.host.trim_matches(['[', ']']))
+            && p.port.is_some_and(is_port)
+            && p.path.is_empty()
+    };
+    if name.ends_with("_SERVICE_HOST") {
+        return is_ip(value);
+    }
+    if name.ends_with("_SERVICE_PORT") || name.contains("_SERVICE_PORT_") {
+        return is_port(value);
+    }
+    // `<NAME>_PORT_<N>_<PROTO>` and its three suffixes, looked at from the right.
+    let parts: Vec<&str> = name.rsplitn(4, '_').collect();
+    let link_at = |i: usize| {
+        parts
+            .get(i)
+            .is_some_and(|p| is_proto(&p.to_ascii_lowercase()))
+            && parts.get(i + 1).is_some_and(|n| is_port(n))
+            && parts.get(i + 2).is_some_and(|n| n.ends_with("PORT"))
+    };
+    match parts.first().copied() {
+        Some("PROTO") if link_at(1) => is_proto(value),
+        Some("PORT") if link_at(1) => is_port(value),
+        Some("ADDR") if link_at(1) => is_ip(value),
+        Some(_) if link_at(0) => is_link(value),
+        Some("PORT") => is_link(value),
+        _ => false,
+    }
+}
+
 impl GatewayConfig {
     /// Loads from an optional TOML file, then `KVGATE_*` variables from `env`, then
     /// `overrides` (the flags), and checks every value. Nested keys use `__` in
@@ -192,6 +240,13 @@ impl GatewayConfig {
         let vars: HashMap<String, String> = env
             .iter()
             .filter(|(k, _)| k.starts_with("KVGATE_") && !NOT_CONFIG_VARS.contains(&k.as_str()))
+            .filter(|(k, v)| {
+                let link = service_link(k, v);
+                if link {
+                    tracing::debug!(variable = %k, "ignored: a Kubernetes service-link variable");
+                }
+                !link
+            })
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         b = b.add_source(
@@ -265,6 +320,7 @@ impl GatewayConfig {
                 self.shutdown_grace_period,
                 true,
             ),
+            ("shutdown_delay_secs", self.shutdown_delay, true),
         ] {
             duration(key, d, zero_ok)?;
         }

@@ -295,10 +295,18 @@ impl Gateway {
     /// is over, then the server stops (streams still open get the rest of the grace) and
     /// the final snapshot is written.
     pub fn drain_and_stop(self, grace: Duration) {
+        self.drain_after(Duration::ZERO, grace);
+    }
+
+    /// [`Gateway::drain_and_stop`] after `delay`: readiness is 503 at once, but the
+    /// listener keeps accepting and serving for `delay`, the time a load balancer (a
+    /// Kubernetes Service's endpoints) takes to stop sending, before the drain begins.
+    pub fn drain_after(self, delay: Duration, grace: Duration) {
         self.actors
             .lifecycle
             .shutting_down
             .store(true, std::sync::atomic::Ordering::Release);
+        std::thread::sleep(delay);
         let until = Instant::now() + grace;
         while self.actors.admission.in_flight() > 0 && Instant::now() < until {
             std::thread::sleep(Duration::from_millis(20));

@@ -455,6 +455,12 @@ const FLAGS: &[(&str, &str, Kind, &str)] = &[
         "After SIGTERM, how long in-flight requests may take to finish, seconds",
     ),
     (
+        "shutdown-delay-secs",
+        "shutdown_delay_secs",
+        Kind::Float,
+        "After SIGTERM, how long to keep accepting (readiness already 503) before draining, seconds",
+    ),
+    (
         "demo",
         "demo",
         Kind::Switch,

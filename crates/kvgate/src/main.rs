@@ -71,10 +71,11 @@ fn main() -> anyhow::Result<()> {
     wait_for_signal()?;
     tracing::info!(
         in_flight = gw.in_flight(),
+        delay_secs = cfg.shutdown_delay.as_secs_f64(),
         grace_secs = cfg.shutdown_grace_period.as_secs_f64(),
-        "shutting down: readiness is 503, in-flight requests finish"
+        "shutting down: readiness is 503, still accepting for the delay, then in-flight requests finish"
     );
-    gw.drain_and_stop(cfg.shutdown_grace_period);
+    gw.drain_after(cfg.shutdown_delay, cfg.shutdown_grace_period);
     if let Some(f) = fleet {
         f.stop();
     }

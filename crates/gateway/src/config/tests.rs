@@ -214,3 +214,53 @@ fn an_embedder_cannot_start_an_invalid_gateway() {
         other => panic!("started: {other:?}"),
     }
 }
+
+/// What the kubelet injects into a pod for a Service named `kvgate` whose port 30000 is
+/// named `http` (and one named `kvgate-metrics`): none of it is configuration.
+fn kubelet_service_links() -> Vec<(&'static str, &'static str)> {
+    vec![
+        ("KVGATE_SERVICE_HOST", "10.96.0.12"),
+        ("KVGATE_SERVICE_PORT", "30000"),
+        ("KVGATE_SERVICE_PORT_HTTP", "30000"),
+        ("KVGATE_PORT", "tcp://10.96.0.12:30000"),
+        ("KVGATE_PORT_30000_TCP", "tcp://10.96.0.12:30000"),
+        ("KVGATE_PORT_30000_TCP_PROTO", "tcp"),
+        ("KVGATE_PORT_30000_TCP_PORT", "30000"),
+        ("KVGATE_PORT_30000_TCP_ADDR", "10.96.0.12"),
+        ("KVGATE_METRICS_SERVICE_HOST", "10.96.0.13"),
+        ("KVGATE_METRICS_SERVICE_PORT", "9090"),
+        ("KVGATE_METRICS_PORT", "tcp://10.96.0.13:9090"),
+        ("KVGATE_METRICS_PORT_9090_TCP", "tcp://10.96.0.13:9090"),
+        ("KVGATE_METRICS_PORT_9090_TCP_PROTO", "tcp"),
+        ("KVGATE_METRICS_PORT_9090_TCP_PORT", "9090"),
+        ("KVGATE_METRICS_PORT_9090_TCP_ADDR", "10.96.0.13"),
+    ]
+}
+
+#[test]
+fn kubernetes_service_links_are_not_configuration() {
+    let links = kubelet_service_links();
+    let c = GatewayConfig::load(None, &env(&links), vec![]).unwrap();
+    assert_eq!(c, GatewayConfig::default());
+    // Beside them, kvgate's own variables still count, `KVGATE_PORT` as a number too.
+    let mut with_own = links.clone();
+    with_own.retain(|(k, _)| *k != "KVGATE_PORT");
+    with_own.extend([("KVGATE_PORT", "31000"), ("KVGATE_PROMETHEUS_PORT", "9100")]);
+    let c = GatewayConfig::load(None, &env(&with_own), vec![]).unwrap();
+    assert_eq!((c.port, c.prometheus_port), (31000, Some(9100)));
+    // A misspelt key is still refused by name, service links or not.
+    let mut typo = links.clone();
+    typo.push(("KVGATE_POLICYY", "round_robin"));
+    assert!(load_err("", &typo).contains("policyy"));
+    // A name of a link's shape with a value no kubelet writes is not a link.
+    assert!(load_err("", &[("KVGATE_SERVICE_HOST", "not an address")]).contains("service_host"));
+    assert!(load_err("", &[("KVGATE_PORT", "tcp://gateway:30000")]).contains("port"));
+}
+
+#[test]
+fn the_shutdown_delay_is_a_duration_key() {
+    let c =
+        GatewayConfig::load(None, &env(&[("KVGATE_SHUTDOWN_DELAY_SECS", "5")]), vec![]).unwrap();
+    assert_eq!(c.shutdown_delay, std::time::Duration::from_secs(5));
+    assert!(load_err("shutdown_delay_secs = -1\n", &[]).contains("shutdown_delay_secs"));
+}
