@@ -417,3 +417,41 @@ async fn a_selector_restart_leaves_requests_in_flight_alone() {
     })
     .await;
 }
+
+/// An attempt that fails before any byte reached the client leaves nothing in the prefix
+/// index: the selector takes its record back, so the prompt is not credited to the engine
+/// that never cached it.
+#[actix_rt::test]
+async fn a_failed_attempt_leaves_no_record_in_the_index() {
+    let h = Harness::start(2, SimConfig::default(), |c| c.seed = Some(7));
+    h.fleet.engine(0).set_fault(Fault::ErrorStatus {
+        status: 503,
+        body: "busy".into(),
+    });
+    let failing = h.fleet.urls()[0].clone();
+    let mut retried = 0;
+    for i in 0..4 {
+        let prompt = format!("conversation {i}: {}", "a long shared context. ".repeat(40));
+        let r = post_json(
+            &h.url("/v1/completions"),
+            &json!({"prompt": prompt, "max_tokens": 1}),
+        )
+        .await;
+        assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+        retried += usize::from(r.header("x-kvgate-attempts").as_deref() == Some("2"));
+    }
+    assert!(
+        retried > 0,
+        "no request was tried on the failing engine first"
+    );
+    let index = get(&h.url("/admin/index")).await.json();
+    let units = |url: &str| -> u64 {
+        (index["models"].as_array().into_iter().flatten())
+            .flat_map(|m| m["per_worker"].as_array().into_iter().flatten())
+            .filter(|w| w["url"].as_str() == Some(url))
+            .filter_map(|w| w["units"].as_u64())
+            .sum()
+    };
+    assert_eq!(units(&failing), 0, "{index}");
+    assert!(units(&h.fleet.urls()[1]) > 0, "{index}");
+}
