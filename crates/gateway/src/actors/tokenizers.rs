@@ -22,7 +22,16 @@ pub(crate) enum Slot {
     Ready(Arc<ModelTokenizer>),
     Failed(String),
     /// No usable path: the reason.
-    Missing(String),
+    Missing(NoTokenizer),
+}
+
+/// Why a model has no tokenizer to load.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum NoTokenizer {
+    #[error("the engine's tokenizer_path '{0}' is not a path on this host; give --tokenizer-path")]
+    NotLocal(String),
+    #[error("the engine names no tokenizer_path; give --tokenizer-path")]
+    NotNamed,
 }
 
 /// What the HTTP side reads: per model, its slot.
@@ -95,16 +104,14 @@ impl Tokenizers {
         }
     }
 
-    fn path_for(&self, advertised: Option<&str>) -> Result<PathBuf, String> {
+    fn path_for(&self, advertised: Option<&str>) -> Result<PathBuf, NoTokenizer> {
         if let Some(p) = &self.configured {
             return Ok(p.clone());
         }
         match advertised {
             Some(p) if Path::new(p).exists() => Ok(PathBuf::from(p)),
-            Some(p) => Err(format!(
-                "the engine's tokenizer_path '{p}' is not a path on this host; give --tokenizer-path"
-            )),
-            None => Err("the engine names no tokenizer_path; give --tokenizer-path".into()),
+            Some(p) => Err(NoTokenizer::NotLocal(p.to_owned())),
+            None => Err(NoTokenizer::NotNamed),
         }
     }
 
@@ -141,6 +148,8 @@ pub(crate) struct TokenizerActor {
     pub tokenizers: Arc<Tokenizers>,
 }
 
+/// Its mailbox keeps actix's default depth: it is only told `FleetChanged` (`do_send`, which
+/// never waits for room), and each load runs on a thread of its own.
 impl Actor for TokenizerActor {
     type Context = Context<Self>;
 }

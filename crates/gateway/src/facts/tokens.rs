@@ -56,7 +56,7 @@ pub(crate) async fn tokenize(
         None => return TokenSource::text("no worker serving this model publishes KV events"),
         Some(Slot::Loading(_)) => return TokenSource::text("the model's tokenizer is loading"),
         Some(Slot::Failed(e)) => return TokenSource::text(format!("tokenizer not loaded: {e}")),
-        Some(Slot::Missing(reason)) => return TokenSource::text(reason.clone()),
+        Some(Slot::Missing(reason)) => return TokenSource::text(reason.to_string()),
         Some(Slot::Ready(t)) => t,
     };
     if endpoint == Endpoint::Chat && !tok.has_chat_template() {

@@ -132,7 +132,7 @@ fn worker_json(
         Some(Slot::Ready(t)) => json!({"state": "ready", "path": t.path(),
             "chat_template": t.has_chat_template()}),
         Some(Slot::Failed(e)) => json!({"state": "failed", "reason": e}),
-        Some(Slot::Missing(r)) => json!({"state": "missing", "reason": r}),
+        Some(Slot::Missing(r)) => json!({"state": "missing", "reason": r.to_string()}),
     };
     // What the poller last saw, summed over ranks; null without a fresh report.
     v["load"] = state

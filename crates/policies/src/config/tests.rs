@@ -176,8 +176,8 @@ fn s48_applicable_boundaries() {
     );
 }
 
-fn from_json(s: &str) -> Result<PolicyConfig, String> {
-    serde_json::from_str(s).map_err(|e| e.to_string())
+fn from_json(s: &str) -> Result<PolicyConfig, serde_json::Error> {
+    serde_json::from_str(s)
 }
 
 #[test]
@@ -207,6 +207,7 @@ fn wire_form() {
     assert!(
         from_json(r#"{"cache_treshold":0.4}"#)
             .unwrap_err()
+            .to_string()
             .contains("cache_treshold")
     );
     // Round trip.
