@@ -2,7 +2,8 @@
 """Instructions per proxied request, counted by callgrind: repeatable where timings are not.
 
     python3 crates/bench/scripts/proxy_instructions.py [--requests N] [--nginx] [--top K]
-        [--inclusive PATTERN ...] [--body-kib N] [--policy P] [--unique] BIN [BIN ...]
+        [--inclusive PATTERN ...] [--body-kib N] [--policy P] [--unique] [--keep DIR]
+        BIN [BIN ...]
 
 Starts one fixed-response simulated engine (target/release/kvgate-sim), then, one at a
 time, each `kvgate` binary BIN (and with --nginx, nginx as a reverse proxy) under
@@ -18,7 +19,8 @@ in docs/benchmarks.md come from `--inclusive proxy_request --inclusive ContextFu
 --inclusive new_request_id --inclusive parse_head ...`). Loopback only; needs valgrind (and
 nginx for --nginx). With --body-kib N the user message is N KiB of text (the body of
 `kvgate-bench proxy --body-kib N`), with --unique each request's text starts with its own
-number, and the figures are also given per KiB of body. Used in docs/benchmarks.md.
+number, and the figures are also given per KiB of body; --keep DIR keeps the dumps (for
+callgrind_annotate or a diff of two builds). Used in docs/benchmarks.md.
 """
 import argparse
 import collections
@@ -168,6 +170,7 @@ def main():
     ap.add_argument("--body-kib", type=int, help="a user message of N KiB of text")
     ap.add_argument("--unique", action="store_true", help="a different prompt each request")
     ap.add_argument("--policy", default="round_robin", help="kvgate's --policy")
+    ap.add_argument("--keep", metavar="DIR", help="copy the callgrind dumps into DIR")
     a = ap.parse_args()
     for tool in ["valgrind", "callgrind_control"] + (["nginx"] if a.nginx else []):
         if shutil.which(tool) is None:
@@ -205,6 +208,11 @@ http {{ access_log off; upstream up {{ server 127.0.0.1:{sim_port}; keepalive 64
     finally:
         sim.terminate()
         sim.wait(timeout=30)
+        if a.keep:
+            os.makedirs(a.keep, exist_ok=True)
+            for f in os.listdir(work):
+                if ".out." in f:
+                    shutil.copy(os.path.join(work, f), a.keep)
         shutil.rmtree(work, ignore_errors=True)
 
 

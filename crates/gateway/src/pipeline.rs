@@ -105,22 +105,55 @@ impl Pipeline {
         self.bytes_per_token
     }
 
-    /// A worker for attempt `number` of `job`, `exclude` left out: the hold waited out
+    /// A worker for attempt `number` of `job`, `exclude` left out: each hold waited out
     /// within one budget, a selector that restarted on this request asked once more. The
-    /// dispatch is counted and logged; its [`AnswerNote`] goes with the answer.
+    /// dispatch is counted and logged; its [`AnswerNote`] goes with the answer. The
+    /// selector's span stays joined to the caller's across the mailbox. One function, not
+    /// an ask nested in an attempt: each level of future moved the dispatch once more
+    /// (callgrind, `docs/benchmarks.md`).
     pub(crate) async fn attempt(
         &self,
         job: &Job,
         exclude: &[WorkerId],
         number: u32,
     ) -> Result<Attempt, DispatchError> {
-        let mut d = match self.select(job, exclude, number).await {
-            // The selector rebuilt its state after a failed decision: once more, on the
-            // fresh state (a second failure is this request's own answer).
-            Err(DispatchError::Select(SelectError::Restarted)) => {
-                self.select(job, exclude, number).await?
-            }
-            other => other?,
+        let span = Span::current();
+        let mut may_hold = true;
+        let mut restarted = false;
+        // One budget for all holds of a request: its choice may move to another engine that
+        // is itself still computing the prefix (a group spreading over several engines).
+        let mut until: Option<actix_rt::time::Instant> = None;
+        let mut d = loop {
+            let answer = self
+                .selector
+                .send(Select {
+                    facts: job.facts.clone(),
+                    exclude: exclude.to_vec(),
+                    span: span.clone(),
+                    enqueued_at: Instant::now(),
+                    may_hold,
+                    first: until.is_none() && number <= 1 && !restarted,
+                    attempt: number,
+                })
+                .instrument(span.clone())
+                .await?;
+            let hold = match answer {
+                Ok(Selected::Go(d)) => break d,
+                Ok(Selected::Hold(h)) => h,
+                // The selector rebuilt its state after a failed decision: once more, on the
+                // fresh state (a second failure is this request's own answer).
+                Err(SelectError::Restarted) if !restarted => {
+                    restarted = true;
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            let end = *until.get_or_insert_with(|| actix_rt::time::Instant::now() + hold.max);
+            // Whether it warmed, ended or timed out, the next ask goes ahead; once the
+            // budget is spent it may not hold again.
+            let left = end.saturating_duration_since(actix_rt::time::Instant::now());
+            let _ = actix_rt::time::timeout(left, hold.ready).await;
+            may_hold = actix_rt::time::Instant::now() < end;
         };
         self.metrics.dispatched(d.decision.path, number);
         let note = self.decisions.decided(
@@ -142,46 +175,6 @@ impl Pipeline {
             note,
             number,
         })
-    }
-
-    /// Asks the selector, waiting out each hold within one budget; keeps the selector's
-    /// span joined to the caller's across the mailbox.
-    async fn select(
-        &self,
-        job: &Job,
-        exclude: &[WorkerId],
-        number: u32,
-    ) -> Result<Dispatch, DispatchError> {
-        let span = Span::current();
-        let mut may_hold = true;
-        // One budget for all holds of a request: its choice may move to another engine that
-        // is itself still computing the prefix (a group spreading over several engines).
-        let mut until: Option<actix_rt::time::Instant> = None;
-        loop {
-            let answer = self
-                .selector
-                .send(Select {
-                    facts: job.facts.clone(),
-                    exclude: exclude.to_vec(),
-                    span: span.clone(),
-                    enqueued_at: Instant::now(),
-                    may_hold,
-                    first: until.is_none() && number <= 1,
-                    attempt: number,
-                })
-                .instrument(span.clone())
-                .await??;
-            let hold = match answer {
-                Selected::Go(d) => return Ok(d),
-                Selected::Hold(h) => h,
-            };
-            let end = *until.get_or_insert_with(|| actix_rt::time::Instant::now() + hold.max);
-            // Whether it warmed, ended or timed out, the next ask goes ahead; once the
-            // budget is spent it may not hold again.
-            let left = end.saturating_duration_since(actix_rt::time::Instant::now());
-            let _ = actix_rt::time::timeout(left, hold.ready).await;
-            may_hold = actix_rt::time::Instant::now() < end;
-        }
     }
 
     /// Runs `job` to an answer: an attempt, handed to `send`; on a retryable failure, with

@@ -23,22 +23,22 @@ fn valid_request_id(v: &HeaderValue) -> Option<&str> {
     (!s.is_empty() && s.len() <= 128 && s.bytes().all(|b| b.is_ascii_graphic())).then_some(s)
 }
 
-fn new_request_id() -> String {
+fn new_request_id() -> Arc<str> {
     const DIGITS: &[u8; 62] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
     // Eight base-62 digits from each of three draws: a draw per character (Alphanumeric)
     // cost 1.6 times the instructions (callgrind). 2^64 is 84k times 62^8, so the digits
-    // are uniform to within 1e-5.
+    // are uniform to within 1e-5. Written on the stack: the `Arc` is the one allocation.
     let mut rng = rand::thread_rng();
-    let mut id = String::with_capacity(28);
-    id.push_str("req-");
-    for _ in 0..3 {
+    let mut id = *b"req-000000000000000000000000";
+    for draw in id[4..].chunks_exact_mut(8) {
         let mut x = rng.next_u64();
-        for _ in 0..8 {
-            id.push(char::from(DIGITS[(x % 62) as usize]));
+        for d in draw {
+            *d = DIGITS[(x % 62) as usize];
             x /= 62;
         }
     }
-    id
+    // Only ASCII digits and letters were written.
+    Arc::from(std::str::from_utf8(&id).unwrap_or("req-"))
 }
 
 /// Every route, and the request-id middleware.
@@ -65,7 +65,7 @@ pub(crate) fn app(
                 .headers()
                 .get(&X_REQUEST_ID)
                 .and_then(valid_request_id)
-                .map_or_else(|| Arc::from(new_request_id()), Arc::from);
+                .map_or_else(new_request_id, Arc::from);
             req.extensions_mut().insert(RequestId(id.clone()));
             let fut = srv.call(req);
             async move {

@@ -99,10 +99,50 @@ impl SelectorActor {
     }
 }
 
+/// The answer to a [`Select`]: at once when no index is asked (no allocation, no wait on
+/// the context), or after the lookup, atomically: no other selection runs between the
+/// index lookup and the record, so a burst of one prefix sees its own earlier decisions
+/// (the fused match-then-insert).
+#[expect(
+    clippy::large_enum_variant,
+    reason = "the answer is built in place and sent at once; boxing it was the allocation this type removes"
+)]
+pub enum SelectAnswer {
+    Now(Result<Selected, SelectError>),
+    Looked(AtomicResponse<SelectorActor, Result<Selected, SelectError>>),
+}
+
+impl std::fmt::Debug for SelectAnswer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SelectAnswer::Now(r) => f.debug_tuple("Now").field(r).finish(),
+            SelectAnswer::Looked(_) => f.write_str("Looked"),
+        }
+    }
+}
+
+impl actix::dev::MessageResponse<SelectorActor, Select> for SelectAnswer {
+    fn handle(
+        self,
+        ctx: &mut Context<SelectorActor>,
+        tx: Option<actix::dev::OneshotSender<Result<Selected, SelectError>>>,
+    ) {
+        match self {
+            SelectAnswer::Now(r) => {
+                if let Some(tx) = tx {
+                    // The asker gone (its client left) needs no answer.
+                    let _ = tx.send(r);
+                }
+            }
+            SelectAnswer::Looked(a) => {
+                actix::dev::MessageResponse::<SelectorActor, Select>::handle(a, ctx, tx);
+            }
+        }
+    }
+}
+
 impl Handler<Select> for SelectorActor {
-    // Atomic: no other selection runs between the index lookup and the record, so a
-    // burst of one prefix sees its own earlier decisions (the fused match-then-insert).
-    type Result = AtomicResponse<Self, Result<Selected, SelectError>>;
+    type Result = SelectAnswer;
 
     fn handle(&mut self, msg: Select, ctx: &mut Context<Self>) -> Self::Result {
         let me = ctx.address();
@@ -121,7 +161,7 @@ impl Handler<Select> for SelectorActor {
             } else {
                 self.unknown_model(m)
             };
-            return AtomicResponse::new(Box::pin(fut::ready(Err(e))));
+            return SelectAnswer::Now(Err(e));
         }
         let Some(index) = self.index_for(&msg.facts) else {
             let _enter = span.enter();
@@ -134,7 +174,7 @@ impl Handler<Select> for SelectorActor {
                 Ok(Dispatched::Hold(_)) => Err(SelectError::NoHealthy),
                 Err(e) => Err(e),
             };
-            return AtomicResponse::new(Box::pin(fut::ready(r)));
+            return SelectAnswer::Now(r);
         };
         let model = self.model_key(&msg.facts);
         let exclude = msg.exclude;
@@ -151,41 +191,43 @@ impl Handler<Select> for SelectorActor {
                 recent: None,
             },
         );
-        AtomicResponse::new(Box::pin(ask.into_actor(self).map(move |answer, act, _| {
-            let _enter = span.enter();
-            let (matches, ticket) = match answer {
-                Ok((mut m, lately, chain, ticket)) => {
-                    act.overlay(&mut m, &lately, chain.as_ref());
-                    (Some(m), ticket)
+        SelectAnswer::Looked(AtomicResponse::new(Box::pin(ask.into_actor(self).map(
+            move |answer, act, _| {
+                let _enter = span.enter();
+                let (matches, ticket) = match answer {
+                    Ok((mut m, lately, chain, ticket)) => {
+                        act.overlay(&mut m, &lately, chain.as_ref());
+                        (Some(m), ticket)
+                    }
+                    // The index is gone (shutdown).
+                    Err(_) => return Err(SelectError::NoHealthy),
+                };
+                let dispatched = act.guarded(|s| {
+                    s.dispatch(me, &facts, matches.as_ref(), &exclude, may_hold, attempt)
+                })?;
+                let d = match dispatched {
+                    Dispatched::Go(d) => d,
+                    Dispatched::Hold(ready) => {
+                        return Ok(Selected::Hold(Hold {
+                            ready,
+                            max: act.holds.max,
+                        }));
+                    }
+                };
+                if d.decision.record_prefix
+                    && let Some(index) = &act.index
+                {
+                    // do_send keeps order with the next lookup, which this actor sends later.
+                    index.do_send(RecordPrefix {
+                        model,
+                        facts,
+                        worker: d.target,
+                        ticket,
+                    });
                 }
-                // The index is gone (shutdown).
-                Err(_) => return Err(SelectError::NoHealthy),
-            };
-            let dispatched = act.guarded(|s| {
-                s.dispatch(me, &facts, matches.as_ref(), &exclude, may_hold, attempt)
-            })?;
-            let d = match dispatched {
-                Dispatched::Go(d) => d,
-                Dispatched::Hold(ready) => {
-                    return Ok(Selected::Hold(Hold {
-                        ready,
-                        max: act.holds.max,
-                    }));
-                }
-            };
-            if d.decision.record_prefix
-                && let Some(index) = &act.index
-            {
-                // do_send keeps order with the next lookup, which this actor sends later.
-                index.do_send(RecordPrefix {
-                    model,
-                    facts,
-                    worker: d.target,
-                    ticket,
-                });
-            }
-            Ok(Selected::Go(d))
-        })))
+                Ok(Selected::Go(d))
+            },
+        ))))
     }
 }
 
