@@ -1,3 +1,7 @@
+//! The body parsers against serde_json and each other: every shape of the three routes'
+//! bodies, scripted and as properties. Over 600 lines because each case is a short body and
+//! its expected facts, kept together.
+
 use kvgate_policies::RoutingText;
 use proptest::prelude::*;
 

@@ -1,4 +1,5 @@
-//! The threshold-free cost mode.
+//! The threshold-free cost mode, one scenario per test. Over 600 lines because each
+//! scenario builds its fleet and matches in a few lines, and they read best side by side.
 
 use crate::testkit::*;
 use crate::{
