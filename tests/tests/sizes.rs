@@ -1,10 +1,6 @@
 //! Size as a signal: a source file in `crates/*/src` over 600 lines says why in its opening
 //! comment ("600 lines"), a function over 120 lines says why in the comment above it
 //! ("120 lines"). Long is allowed where it reads better; unexplained long is not.
-#![expect(
-    clippy::expect_used,
-    reason = "test code: a helper's panic is a failed test"
-)]
 
 use std::path::{Path, PathBuf};
 

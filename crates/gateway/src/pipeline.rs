@@ -108,9 +108,9 @@ impl Pipeline {
     /// A worker for attempt `number` of `job`, `exclude` left out: each hold waited out
     /// within one budget, a selector that restarted on this request asked once more. The
     /// dispatch is counted and logged; its [`AnswerNote`] goes with the answer. The
-    /// selector's span stays joined to the caller's across the mailbox. One function, not
-    /// an ask nested in an attempt: each level of future moved the dispatch once more
-    /// (callgrind, `docs/benchmarks.md`).
+    /// selector's span stays joined to the caller's across the mailbox. The asks are a loop
+    /// in here, not a future of their own: each level of future moves the dispatch once
+    /// more (callgrind, `docs/benchmarks.md`).
     pub(crate) async fn attempt(
         &self,
         job: &Job,

@@ -1,25 +1,26 @@
-//! Bytes for snapshots: bincode with varint integers, decoding bounded by the input size
-//! so a corrupt length prefix cannot make it allocate without limit.
+//! Bytes for snapshots: postcard (serde, varint integers). Decoding never allocates more
+//! than its input can describe: a sequence's length prefix only bounds how far it reads,
+//! serde preallocates at most a small cautious amount, so a corrupt length cannot make it
+//! allocate without limit.
 
-use bincode::Options;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::error::SnapshotError;
 
-fn options() -> impl Options {
-    bincode::DefaultOptions::new()
-}
-
 /// Encodes a snapshot, a chunk of records (`&[SnapshotRecord]`) or a hash snapshot.
 pub fn encode<S: Serialize + ?Sized>(value: &S) -> Result<Vec<u8>, SnapshotError> {
-    options().serialize(value).map_err(SnapshotError::from)
+    postcard::to_stdvec(value).map_err(SnapshotError::from)
 }
 
-/// Decodes what [`encode`] wrote.
+/// Decodes what [`encode`] wrote; bytes left over after the value are an error.
 pub fn decode<D: DeserializeOwned>(bytes: &[u8]) -> Result<D, SnapshotError> {
-    options()
-        .with_limit(bytes.len() as u64)
-        .deserialize(bytes)
-        .map_err(SnapshotError::from)
+    let (value, rest) = postcard::take_from_bytes(bytes).map_err(SnapshotError::from)?;
+    if rest.is_empty() {
+        Ok(value)
+    } else {
+        Err(SnapshotError::Codec(
+            postcard::Error::DeserializeBadEncoding,
+        ))
+    }
 }

@@ -19,5 +19,5 @@ pub enum SnapshotError {
     #[error("snapshot has more records than an index can address")]
     TooLarge,
     #[error("snapshot bytes do not decode")]
-    Codec(#[from] bincode::Error),
+    Codec(#[from] postcard::Error),
 }

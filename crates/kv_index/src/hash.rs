@@ -65,7 +65,7 @@ pub struct SweepStats {
     pub keys: usize,
 }
 
-/// A whole hash index, bincode-friendly. Ages are `clock − last_touch`.
+/// A whole hash index, serde-encoded (postcard). Ages are `clock − last_touch`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HashSnapshot<T> {
     pub version: u32,

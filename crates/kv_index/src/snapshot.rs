@@ -19,10 +19,10 @@ use crate::tree::{KeyUnit, ROOT, RadixTree, TenantId, TreeConfig};
 #[cfg(test)]
 mod tests;
 
-/// Format version written into every snapshot.
-pub const SNAPSHOT_VERSION: u32 = 1;
+/// Format version written into every snapshot (2: postcard bytes).
+pub const SNAPSHOT_VERSION: u32 = 2;
 
-/// A whole tree (or the records gathered so far), bincode-friendly.
+/// A whole tree (or the records gathered so far), serde-encoded (postcard).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TreeSnapshot<E, T> {
     pub version: u32,

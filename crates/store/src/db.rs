@@ -4,8 +4,7 @@
 //! - tree `meta`: `format_version` (u32, big-endian), `current` (the committed
 //!   [`ImageHeader`]), `registry` (JSON [`RegistryImage`]).
 //! - tree `index`: key `generation (u64 BE) ‖ seq (u32 BE) ‖ piece (u32 BE)` → up to 16 KiB
-//!   of one encoded [`Chunk`]; a chunk is its pieces in key order. (Format 1 stored each
-//!   chunk whole under the 12-byte key; it is read as one piece and upgraded on open.)
+//!   of one encoded [`Chunk`]; a chunk is its pieces in key order.
 //! - tree `events` and meta key `events_current` ([`EventsHeader`]): the same for the
 //!   KV-event chain index's [`ChainChunk`]s, with generations of their own. A store
 //!   without them (written before they existed) reads as having no such snapshot.
@@ -86,8 +85,8 @@ impl Store {
         Store::open_here(dir, true)
     }
 
-    /// `stamp`: write the format version into a new store and upgrade a version-1 one;
-    /// an inspection reads the store as it is.
+    /// `stamp`: write the format version into a new store; an inspection reads the store
+    /// as it is. Any other format is refused, naming the version found.
     pub(crate) fn open_here(dir: &Path, stamp: bool) -> Result<Store, StoreError> {
         let path = dir.join("store");
         let p = path.display().to_string();
@@ -115,13 +114,7 @@ impl Store {
                         path: p.clone(),
                         reason: "unreadable format version".into(),
                     })?;
-                if found == 1 && stamp {
-                    // Version 1 kept each chunk whole under its 12-byte key; a prefix scan
-                    // reads that as a chunk of one piece, so the store is upgraded in place.
-                    meta.insert("format_version", &FORMAT_VERSION.to_be_bytes())
-                        .map_err(sled_err)?;
-                    db.flush().map_err(sled_err)?;
-                } else if found != FORMAT_VERSION && found != 1 {
+                if found != FORMAT_VERSION {
                     return Err(StoreError::Version { path: p, found });
                 }
                 Some(found)

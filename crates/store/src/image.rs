@@ -5,8 +5,9 @@ use kvgate_core::WorkerId;
 use kvgate_kv_index::{ChainBlock, HashSnapshot, SnapshotRecord};
 use serde::{Deserialize, Serialize};
 
-/// Bumped whenever the layout or an encoded type changes.
-pub const FORMAT_VERSION: u32 = 2;
+/// Bumped whenever the layout or an encoded type changes. 3: postcard bytes; stores of
+/// 1 and 2 (bincode) are refused, and moved aside by [`open_or_reset`](crate::open_or_reset).
+pub const FORMAT_VERSION: u32 = 3;
 
 /// Which engine restart an index entry belongs to.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

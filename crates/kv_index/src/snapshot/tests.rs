@@ -19,7 +19,7 @@ fn round_trip(tree: &RadixTree<u8, u64>, config: TreeConfig, now: u64) -> RadixT
     restored
 }
 
-/// Scenario 58: equal matches after snapshot → bincode → restore, and a shared head is
+/// Scenario 58: equal matches after snapshot → bytes → restore, and a shared head is
 /// stored once.
 #[test]
 fn scenario_58_round_trip_and_size() {
@@ -220,6 +220,25 @@ fn bad_snapshots_are_refused() {
     let garbage = [0xffu8, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f, 1];
     assert!(matches!(
         decode::<TreeSnapshot<u8, u64>>(&garbage),
+        Err(SnapshotError::Codec(_))
+    ));
+    // A record count of 2^62 in a dozen bytes: refused, not preallocated.
+    let huge = [2u8, 4, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x40];
+    assert!(matches!(
+        decode::<TreeSnapshot<u8, u64>>(&huge),
+        Err(SnapshotError::Codec(_))
+    ));
+    // Bytes after a whole snapshot are damage too.
+    let mut long = encode(&TreeSnapshot::<u8, u64> {
+        version: SNAPSHOT_VERSION,
+        page_size: 1,
+        records: Vec::new(),
+    })
+    .unwrap();
+    assert!(decode::<TreeSnapshot<u8, u64>>(&long).is_ok());
+    long.push(0);
+    assert!(matches!(
+        decode::<TreeSnapshot<u8, u64>>(&long),
         Err(SnapshotError::Codec(_))
     ));
 }

@@ -89,28 +89,23 @@ fn chunks_larger_than_a_piece_come_back_whole_and_in_order() {
 }
 
 #[test]
-fn a_version_1_store_is_read_and_upgraded() {
-    let dir = tempfile::tempdir().unwrap();
-    let c = big_chunk(9);
-    {
-        let s = Store::open(dir.path()).unwrap();
-        // The version 1 layout: the whole chunk under its 12-byte key.
-        let whole = kvgate_kv_index::encode(&c).unwrap();
-        s.index.insert(chunk_key(3, 0), whole).unwrap();
-        s.commit(&header(3, 1)).unwrap();
-        s.meta
-            .insert("format_version", &1u32.to_be_bytes())
-            .unwrap();
-        s.db.flush().unwrap();
+fn a_store_of_an_older_format_is_refused_naming_its_version() {
+    // Formats 1 and 2 held bincode bytes, which this build does not read.
+    for old in [1u32, 2] {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = Store::open(dir.path()).unwrap();
+            write(&s, 3, &[big_chunk(9)]);
+            s.meta.insert("format_version", &old.to_be_bytes()).unwrap();
+            s.db.flush().unwrap();
+        }
+        for e in [Store::open(dir.path()).err(), inspect(dir.path()).err()] {
+            assert!(
+                matches!(e, Some(StoreError::Version { found, .. }) if found == old),
+                "{e:?}"
+            );
+        }
     }
-    // Inspection shows the version on disk and changes nothing.
-    let seen = inspect(dir.path()).unwrap();
-    assert_eq!((seen.format_version, seen.generation), (1, Some(3)));
-    assert_eq!(inspect(dir.path()).unwrap().format_version, 1);
-    let s = Store::open(dir.path()).unwrap();
-    assert_eq!(s.load().unwrap().unwrap().chunks, vec![c]);
-    let v = s.meta.get("format_version").unwrap().unwrap();
-    assert_eq!(v.as_ref(), FORMAT_VERSION.to_be_bytes());
 }
 
 #[test]

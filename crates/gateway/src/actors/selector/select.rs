@@ -105,7 +105,7 @@ impl SelectorActor {
 /// (the fused match-then-insert).
 #[expect(
     clippy::large_enum_variant,
-    reason = "the answer is built in place and sent at once; boxing it was the allocation this type removes"
+    reason = "the answer is sent at once; a box would cost an allocation per request"
 )]
 pub enum SelectAnswer {
     Now(Result<Selected, SelectError>),
