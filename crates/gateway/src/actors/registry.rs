@@ -223,7 +223,7 @@ impl RegistryActor {
         persist: Option<Persister>,
         image: RegistryImage,
     ) -> Self {
-        let client = awc::Client::builder().timeout(cfg.health.timeout).finish();
+        let client = detect::client(cfg.health.timeout);
         RegistryActor {
             cfg,
             workers: BTreeMap::new(),
