@@ -20,7 +20,9 @@ use crate::config::{EventsConfig, HealthConfig};
 use crate::metrics::Metrics;
 
 mod admin;
+mod allow;
 pub(crate) use admin::{AddWorker, DrainWorker, ListWorkers, RemoveWorker, WorkerFailed};
+pub(crate) use allow::AllowList;
 mod detect;
 
 pub(crate) use detect::ProbeError;

@@ -1,15 +1,13 @@
 //! Who may call what: client keys on the inference routes, admin keys on the control
 //! plane, and the allow-list of workers the admin API may add.
 
-use std::net::IpAddr;
-
 use actix_web::HttpRequest;
 use actix_web::http::header::AUTHORIZATION;
-use kvgate_core::WorkerUrl;
-
-use crate::config::{AccessConfig, Allowed};
-use crate::http::error::ApiError;
 use kvgate_core::Secret;
+
+pub(crate) use crate::actors::registry::AllowList;
+use crate::config::AccessConfig;
+use crate::http::error::ApiError;
 
 /// The configured keys.
 #[derive(Clone, Default)]
@@ -93,75 +91,5 @@ impl Keys {
             return None;
         }
         bearer(req).map(|t| String::from_utf8_lossy(t).into_owned())
-    }
-}
-
-/// Where workers added through the API may be.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct AllowList(Vec<Allowed>);
-
-impl AllowList {
-    pub(crate) fn new(entries: Vec<Allowed>) -> AllowList {
-        AllowList(entries)
-    }
-
-    /// Whether `url` may be added. A host name is allowed when it is listed by name, or
-    /// when every address it resolves to is in a listed range: a name cannot smuggle in
-    /// an address the list leaves out.
-    pub(crate) async fn allows(&self, url: &WorkerUrl) -> bool {
-        if self.0.is_empty() {
-            return true;
-        }
-        let host = url.host().trim_end_matches('.').to_ascii_lowercase();
-        if let Ok(ip) = host.parse::<IpAddr>() {
-            return self.allows_ip(ip);
-        }
-        if self.0.iter().any(|a| *a == Allowed::Name(host.clone())) {
-            return true;
-        }
-        match tokio::net::lookup_host((host.as_str(), url.port())).await {
-            Ok(addrs) => {
-                let ips: Vec<IpAddr> = addrs.map(|a| a.ip()).collect();
-                !ips.is_empty() && ips.iter().all(|ip| self.allows_ip(*ip))
-            }
-            Err(_) => false,
-        }
-    }
-
-    fn allows_ip(&self, ip: IpAddr) -> bool {
-        self.0.iter().any(|a| a.contains(ip))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn list(entries: &[&str]) -> AllowList {
-        let parsed = entries.iter().map(|e| Allowed::parse(e).expect("parses"));
-        AllowList::new(parsed.collect())
-    }
-
-    fn url(s: &str) -> WorkerUrl {
-        WorkerUrl::parse(s).expect("url")
-    }
-
-    #[actix_rt::test]
-    async fn the_allow_list_takes_names_addresses_and_ranges() {
-        let l = list(&["10.1.0.0/16", "gpu-7.example", "fd00::/8", "192.168.5.5"]);
-        assert!(l.allows(&url("http://10.1.2.3:8000")).await);
-        assert!(!l.allows(&url("http://10.2.0.1:8000")).await);
-        assert!(l.allows(&url("http://GPU-7.example:1")).await);
-        assert!(l.allows(&url("http://[fd12::1]:1")).await);
-        assert!(l.allows(&url("http://192.168.5.5:1")).await);
-        assert!(!l.allows(&url("http://192.168.5.6:1")).await);
-        // localhost resolves to loopback, which no entry covers.
-        assert!(!l.allows(&url("http://localhost:1")).await);
-        assert!(
-            list(&["127.0.0.0/8", "::1/128"])
-                .allows(&url("http://localhost:1"))
-                .await
-        );
-        assert!(AllowList::default().allows(&url("http://anything:1")).await);
     }
 }

@@ -44,8 +44,8 @@ pub enum ApiError {
     Unauthorized(&'static str),
     #[error("{0}")]
     Forbidden(&'static str),
-    #[error("worker {0} is outside the allowed hosts (--worker-allow)")]
-    WorkerNotAllowed(String),
+    #[error("worker {url} may not be added: {why}")]
+    WorkerNotAllowed { url: String, why: String },
     #[error(transparent)]
     Admission(#[from] AdmitError),
     #[error("upstream worker {worker} failed: {source}")]
@@ -80,7 +80,7 @@ impl ApiError {
             ApiError::BodyTimeout(_) => ("invalid_request_error", "request_timeout"),
             ApiError::Unauthorized(_) => ("authentication_error", "invalid_api_key"),
             ApiError::Forbidden(_) => ("permission_error", "forbidden"),
-            ApiError::WorkerNotAllowed(_) => ("permission_error", "worker_not_allowed"),
+            ApiError::WorkerNotAllowed { .. } => ("permission_error", "worker_not_allowed"),
             ApiError::Admission(AdmitError::QueueFull { .. }) => ("rate_limit_error", "queue_full"),
             ApiError::Admission(AdmitError::QueueTimeout { .. }) => {
                 ("service_unavailable", "queue_timeout")
@@ -118,7 +118,7 @@ impl ResponseError for ApiError {
             }
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
-            ApiError::Forbidden(_) | ApiError::WorkerNotAllowed(_) => StatusCode::FORBIDDEN,
+            ApiError::Forbidden(_) | ApiError::WorkerNotAllowed { .. } => StatusCode::FORBIDDEN,
             ApiError::Admission(AdmitError::QueueTimeout { .. }) | ApiError::RoutingRestarted => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
