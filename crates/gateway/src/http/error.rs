@@ -44,6 +44,11 @@ pub enum ApiError {
     Unauthorized(&'static str),
     #[error("{0}")]
     Forbidden(&'static str),
+    /// A state-changing admin request a browser sent for a page of another site.
+    #[error("{0}")]
+    CrossSite(&'static str),
+    #[error("the body must be sent with Content-Type: application/json, not {0}")]
+    UnsupportedMediaType(String),
     #[error("worker {url} may not be added: {why}")]
     WorkerNotAllowed { url: String, why: String },
     #[error(transparent)]
@@ -80,6 +85,10 @@ impl ApiError {
             ApiError::BodyTimeout(_) => ("invalid_request_error", "request_timeout"),
             ApiError::Unauthorized(_) => ("authentication_error", "invalid_api_key"),
             ApiError::Forbidden(_) => ("permission_error", "forbidden"),
+            ApiError::CrossSite(_) => ("permission_error", "cross_site_request"),
+            ApiError::UnsupportedMediaType(_) => {
+                ("invalid_request_error", "unsupported_media_type")
+            }
             ApiError::WorkerNotAllowed { .. } => ("permission_error", "worker_not_allowed"),
             ApiError::Admission(AdmitError::QueueFull { .. }) => ("rate_limit_error", "queue_full"),
             ApiError::Admission(AdmitError::QueueTimeout { .. }) => {
@@ -118,7 +127,10 @@ impl ResponseError for ApiError {
             }
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
-            ApiError::Forbidden(_) | ApiError::WorkerNotAllowed { .. } => StatusCode::FORBIDDEN,
+            ApiError::Forbidden(_) | ApiError::CrossSite(_) | ApiError::WorkerNotAllowed { .. } => {
+                StatusCode::FORBIDDEN
+            }
+            ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Admission(AdmitError::QueueTimeout { .. }) | ApiError::RoutingRestarted => {
                 StatusCode::SERVICE_UNAVAILABLE
             }

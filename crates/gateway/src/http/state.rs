@@ -90,6 +90,30 @@ pub(crate) async fn read_body(
     Ok(buf.freeze())
 }
 
+/// Refuses a body not declared `application/json` (parameters such as `charset` aside): a
+/// browser page can send a form or `text/plain` to another site without asking first, but
+/// not JSON.
+pub(crate) fn require_json(req: &HttpRequest) -> Result<(), ApiError> {
+    let declared = req.headers().get(actix_web::http::header::CONTENT_TYPE);
+    let json = declared.is_some_and(|v| {
+        let essence = v
+            .as_bytes()
+            .split(|b| *b == b';')
+            .next()
+            .unwrap_or_default();
+        essence
+            .trim_ascii()
+            .eq_ignore_ascii_case(b"application/json")
+    });
+    if json {
+        return Ok(());
+    }
+    Err(ApiError::UnsupportedMediaType(declared.map_or_else(
+        || "none".into(),
+        |v| format!("'{}'", String::from_utf8_lossy(v.as_bytes())),
+    )))
+}
+
 /// A load report summed over ranks (KV usage averaged).
 pub(crate) fn load_json(l: &WorkerLoad) -> Value {
     let n = l.ranks.len().max(1) as f64;

@@ -1,0 +1,389 @@
+//! What a hostile neighbour can make the gateway do: a browser page of another site
+//! changing an open admin, a worker bouncing probes elsewhere with redirects or naming a
+//! foreign KV-event endpoint.
+#![expect(
+    clippy::expect_used,
+    reason = "test code: a helper's panic is a failed test"
+)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use kvgate_engine_sim::{SimConfig, SimFleet};
+use kvgate_gateway::{Gateway, Secret};
+use kvgate_tests::{Harness, Reply, client, test_config, until_workers, wait_for, workers};
+use serde_json::{Value, json};
+
+/// `method url` with `headers` and an optional body sent as is.
+async fn send(method: &str, url: &str, headers: &[(&str, &str)], body: Option<&str>) -> Reply {
+    let c = client();
+    let mut req = match method {
+        "DELETE" => c.delete(url),
+        "GET" => c.get(url),
+        _ => c.post(url),
+    };
+    for (k, v) in headers {
+        req = req.insert_header((*k, *v));
+    }
+    let resp = match body {
+        Some(b) => req.send_body(b.to_owned()).await,
+        None => req.send().await,
+    }
+    .expect("request sent");
+    kvgate_tests::finish_reply(resp).await
+}
+
+const JSON: (&str, &str) = ("content-type", "application/json");
+
+#[actix_rt::test]
+async fn a_page_of_another_site_cannot_change_an_open_admin() {
+    let h = Harness::start(1, SimConfig::default(), |_| {});
+    let spare = SimFleet::start(1, SimConfig::default()).expect("engine");
+    let (mine, other) = (h.fleet.urls()[0].clone(), spare.urls()[0].clone());
+    let add_body = json!({"url": other}).to_string();
+    let explain_body = json!({"prompt": "x"}).to_string();
+    let id = workers(&h.gw).await[0]["id"]
+        .as_str()
+        .expect("an id")
+        .to_owned();
+    for foreign in [
+        ("origin", "http://evil.example"),
+        ("origin", "null"),
+        ("sec-fetch-site", "cross-site"),
+        ("sec-fetch-site", "same-site"),
+    ] {
+        for (method, path, body) in [
+            ("POST", format!("/add_worker?url={other}"), None),
+            ("POST", "/workers".to_owned(), Some(add_body.as_str())),
+            ("POST", format!("/remove_worker?url={mine}"), None),
+            ("DELETE", format!("/workers/{id}"), None),
+            ("POST", "/flush_cache".to_owned(), None),
+            (
+                "POST",
+                "/admin/explain/v1/completions".to_owned(),
+                Some(explain_body.as_str()),
+            ),
+        ] {
+            let r = send(method, &h.url(&path), &[foreign, JSON], body).await;
+            r.assert_error(403, "cross_site_request");
+        }
+        // Reading is no change: a GET from anywhere is answered.
+        let r = send("GET", &h.url("/workers"), &[foreign], None).await;
+        assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    }
+    assert_eq!(
+        workers(&h.gw).await.len(),
+        1,
+        "nothing was added or removed"
+    );
+    assert_eq!(spare.engine(0).stats().requests, 0);
+
+    // A form or text/plain body, which a page may send anywhere without asking first, is
+    // not JSON: refused whatever it holds, with or without an Origin.
+    for ct in [
+        Some("text/plain"),
+        Some("application/x-www-form-urlencoded"),
+        Some("multipart/form-data; boundary=x"),
+        None,
+    ] {
+        let headers: Vec<(&str, &str)> = ct.map(|c| ("content-type", c)).into_iter().collect();
+        for path in ["/workers", "/admin/explain/v1/completions"] {
+            let r = send("POST", &h.url(path), &headers, Some(&add_body)).await;
+            r.assert_error(415, "unsupported_media_type");
+        }
+    }
+    assert_eq!(workers(&h.gw).await.len(), 1);
+
+    // Scripts and curl send no Origin: the legacy query forms and JSON keep working, and
+    // so does the gateway's own origin.
+    let own = h.gw.url();
+    let r = send(
+        "POST",
+        &h.url(&format!("/add_worker?url={other}")),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    let r = send(
+        "POST",
+        &h.url(&format!("/remove_worker?url={other}")),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    let r = send(
+        "POST",
+        &h.url("/workers"),
+        &[
+            ("origin", own.as_str()),
+            ("sec-fetch-site", "same-origin"),
+            JSON,
+        ],
+        Some(&add_body),
+    )
+    .await;
+    assert_eq!(r.status.as_u16(), 201, "{}", r.text());
+    let r = send(
+        "POST",
+        &h.url("/admin/explain/v1/completions"),
+        &[("content-type", "Application/JSON; charset=utf-8")],
+        Some(&explain_body),
+    )
+    .await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+}
+
+#[actix_rt::test]
+async fn an_admin_key_opens_the_admin_from_any_origin() {
+    let spare = SimFleet::start(1, SimConfig::default()).expect("engine");
+    let h = Harness::start(1, SimConfig::default(), |c| {
+        c.access.control_plane_api_keys = vec![Secret::new("sk-admin")];
+    });
+    let add = h.url(&format!("/add_worker?url={}", spare.urls()[0]));
+    let evil = ("origin", "http://evil.example");
+    send("POST", &add, &[evil], None)
+        .await
+        .assert_error(401, "invalid_api_key");
+    let r = send(
+        "POST",
+        &add,
+        &[evil, ("authorization", "Bearer sk-admin")],
+        None,
+    )
+    .await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    // The key is checked before the body's type: without it, 401 and not 415.
+    send("POST", &h.url("/workers"), &[], Some("{}"))
+        .await
+        .assert_error(401, "invalid_api_key");
+}
+
+/// A loopback HTTP server that answers each request with `answer(path)` (a whole HTTP
+/// response) and closes the connection; the count of requests it read.
+fn serve(answer: impl Fn(&str) -> String + Send + Sync + 'static) -> (String, Arc<AtomicU64>) {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let seen = Arc::new(AtomicU64::new(0));
+    let (count, answer) = (seen.clone(), Arc::new(answer));
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let (count, answer) = (count.clone(), answer.clone());
+            std::thread::spawn(move || {
+                let Ok(mut out) = conn.try_clone() else {
+                    return;
+                };
+                let mut reader = BufReader::new(conn);
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                    return;
+                }
+                let mut h = String::new();
+                while reader.read_line(&mut h).is_ok_and(|n| n > 2) {
+                    h.clear();
+                }
+                count.fetch_add(1, Ordering::SeqCst);
+                let path = line.split_whitespace().nth(1).unwrap_or("/").to_owned();
+                let _ = out.write_all(answer(&path).as_bytes());
+            });
+        }
+    });
+    (url, seen)
+}
+
+fn json_answer(body: &str) -> String {
+    format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+const MODELS: &str =
+    r#"{"object":"list","data":[{"id":"m","object":"model","owned_by":"sglang"}]}"#;
+
+/// A worker whose routes answer 302 to the same path at `to`, but for its first
+/// `/v1/models` when `detectable` (then it is registered ready, and the redirects meet its
+/// health checks and load polls).
+fn redirecting(to: String, detectable: bool) -> String {
+    let models_left = AtomicU64::new(u64::from(detectable));
+    serve(move |path| {
+        let take = |n: u64| n.checked_sub(1);
+        if path == "/v1/models" && models_left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, take).is_ok() {
+            return json_answer(MODELS);
+        }
+        format!(
+            "HTTP/1.1 302 Found\r\nlocation: {to}{path}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+        )
+    })
+    .0
+}
+
+fn reason_of(w: &Value) -> String {
+    w["reason"].as_str().unwrap_or_default().to_owned()
+}
+
+#[actix_rt::test]
+async fn probes_and_polls_never_follow_a_redirect() {
+    // Where the redirects point: it would pass every probe, were it reached.
+    let (elsewhere, reached) = serve(|path| match path {
+        "/v1/models" => json_answer(MODELS),
+        p if p.starts_with("/v1/loads") => {
+            json_answer(r#"{"loads":[{"dp_rank":0,"num_running_reqs":1}]}"#)
+        }
+        _ => json_answer("{}"),
+    });
+    let bounced_at_detection = redirecting(elsewhere.clone(), false);
+    let bounced_later = redirecting(elsewhere.clone(), true);
+    let dir = tempfile::tempdir().expect("dir");
+    let mut cfg = test_config(&dir);
+    cfg.worker_urls = vec![bounced_at_detection.clone(), bounced_later.clone()];
+    cfg.health.interval = Duration::from_millis(100);
+    cfg.health.failure_threshold = 1;
+    let gw = Gateway::start(cfg).expect("gateway");
+    let fleet = until_workers(&gw, "a redirect refused by each worker's probes", |ws| {
+        ws.len() == 2
+            && ws
+                .iter()
+                .all(|w| reason_of(w).contains("redirect refused") && w["status"] != "ready")
+    })
+    .await;
+    let by_url = |u: &str| {
+        fleet
+            .iter()
+            .find(|w| w["url"] == u)
+            .cloned()
+            .unwrap_or_default()
+    };
+    // Never detected: its /v1/models bounced.
+    let first = by_url(&bounced_at_detection);
+    assert_eq!(first["status"], "pending", "{first}");
+    assert!(reason_of(&first).contains("/v1/models"), "{first}");
+    assert!(reason_of(&first).contains("302"), "{first}");
+    // Registered ready, then its checks bounced: taken out, never polled into a load.
+    let second = by_url(&bounced_later);
+    assert_eq!(second["status"], "unhealthy", "{second}");
+    assert!(second["load"].is_null(), "{second}");
+    assert_eq!(
+        reached.load(Ordering::SeqCst),
+        0,
+        "nothing reached the target"
+    );
+    gw.stop();
+}
+
+#[actix_rt::test]
+async fn link_local_and_metadata_workers_are_refused_without_an_allow_list() {
+    let h = Harness::start(1, SimConfig::default(), |_| {});
+    for (url, kind) in [
+        ("http://169.254.169.254:80", "metadata"),
+        ("http://[fd00:ec2::254]:80", "metadata"),
+        ("http://100.100.100.200:80", "metadata"),
+        ("http://metadata.google.internal:80", "metadata"),
+        ("http://169.254.10.1:8000", "link-local"),
+        ("http://[fe80::1]:8000", "link-local"),
+    ] {
+        let r = send(
+            "POST",
+            &h.url("/workers"),
+            &[JSON],
+            Some(&json!({"url": url}).to_string()),
+        )
+        .await;
+        r.assert_error(403, "worker_not_allowed");
+        let message = r.json()["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned();
+        assert!(message.contains(kind), "{url}: {message}");
+        send("POST", &h.url(&format!("/add_worker?url={url}")), &[], None)
+            .await
+            .assert_error(403, "worker_not_allowed");
+    }
+    assert_eq!(workers(&h.gw).await.len(), 1, "none was added");
+}
+
+/// An engine at `127.0.0.1` whose `/server_info` advertises KV events at `host:port`.
+fn advertising(host: &str, port: u16) -> String {
+    let info = json!({"kv_events": {"publisher": "zmq", "endpoint_host": host,
+        "endpoint_port_base": port, "topic": "kv", "block_size": 4}})
+    .to_string();
+    serve(move |path| match path {
+        "/v1/models" => json_answer(MODELS),
+        "/server_info" => json_answer(&info),
+        "/health" => json_answer("{}"),
+        _ => "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".into(),
+    })
+    .0
+}
+
+/// A TCP listener at `addr` that counts the connections made to it.
+fn counting_listener(addr: &str) -> (u16, Arc<AtomicU64>) {
+    let listener = TcpListener::bind(addr).expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let seen = Arc::new(AtomicU64::new(0));
+    let count = seen.clone();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in listener.incoming().flatten() {
+            count.fetch_add(1, Ordering::SeqCst);
+            held.push(conn);
+        }
+    });
+    (port, seen)
+}
+
+fn events_of(w: &Value) -> (String, String) {
+    let e = &w["events"];
+    let text = |k: &str| e[k].as_str().unwrap_or_default().to_owned();
+    (text("state"), text("reason"))
+}
+
+#[actix_rt::test]
+async fn an_event_endpoint_outside_the_allow_list_is_never_connected() {
+    // 127.0.0.2 is loopback too, but another host than the worker's 127.0.0.1.
+    let (port, connects) = counting_listener("127.0.0.2:0");
+    let start = |allow: &[&str]| {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut cfg = test_config(&dir);
+        cfg.worker_urls = vec![advertising("127.0.0.2", port)];
+        cfg.access.worker_allow = allow.iter().map(|a| (*a).to_owned()).collect();
+        (Gateway::start(cfg).expect("gateway"), dir)
+    };
+    let (gw, _dir) = start(&["127.0.0.1"]);
+    let w = until_workers(&gw, "the worker's KV events refused", |ws| {
+        ws.first().is_some_and(|w| events_of(w).0 == "refused")
+    })
+    .await;
+    let (_, reason) = events_of(&w[0]);
+    assert!(reason.contains("127.0.0.2"), "{reason}");
+    assert!(reason.contains("--worker-allow"), "{reason}");
+    assert_eq!(w[0]["status"], "ready", "the worker itself still serves");
+    assert_eq!(connects.load(Ordering::SeqCst), 0, "no socket was opened");
+    gw.stop();
+    // A list that names the host lets the subscription connect.
+    let (gw, _dir) = start(&["127.0.0.1", "127.0.0.2"]);
+    wait_for(10, "a subscription once the host is allowed", || {
+        connects.load(Ordering::SeqCst) > 0
+    })
+    .await;
+    gw.stop();
+}
+
+#[actix_rt::test]
+async fn an_event_endpoint_at_a_metadata_address_is_refused_without_an_allow_list() {
+    let dir = tempfile::tempdir().expect("dir");
+    let mut cfg = test_config(&dir);
+    cfg.worker_urls = vec![advertising("169.254.169.254", 5557)];
+    let gw = Gateway::start(cfg).expect("gateway");
+    let w = until_workers(&gw, "the worker's KV events refused", |ws| {
+        ws.first().is_some_and(|w| events_of(w).0 == "refused")
+    })
+    .await;
+    let (_, reason) = events_of(&w[0]);
+    assert!(reason.contains("metadata"), "{reason}");
+    gw.stop();
+}
