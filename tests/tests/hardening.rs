@@ -1,6 +1,6 @@
 //! What a hostile neighbour can make the gateway do: a browser page of another site
 //! changing an open admin, a worker bouncing probes elsewhere with redirects or naming a
-//! foreign KV-event endpoint.
+//! foreign KV-event endpoint, and error bodies that would tell a client where workers are.
 #![expect(
     clippy::expect_used,
     reason = "test code: a helper's panic is a failed test"
@@ -12,9 +12,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use kvgate_engine_sim::{SimConfig, SimFleet};
+use kvgate_engine_sim::{Fault, SimConfig, SimFleet};
 use kvgate_gateway::{Gateway, Secret};
-use kvgate_tests::{Harness, Reply, client, test_config, until_workers, wait_for, workers};
+use kvgate_tests::{
+    Harness, Reply, client, sse_events, test_config, until_workers, wait_for, workers,
+};
 use serde_json::{Value, json};
 
 /// `method url` with `headers` and an optional body sent as is.
@@ -385,5 +387,86 @@ async fn an_event_endpoint_at_a_metadata_address_is_refused_without_an_allow_lis
     .await;
     let (_, reason) = events_of(&w[0]);
     assert!(reason.contains("metadata"), "{reason}");
+    gw.stop();
+}
+
+/// Asserts `text` names no address of `worker` (`http://host:port`) and no OS error.
+fn names_no_address(text: &str, worker: &str) {
+    let authority = worker.trim_start_matches("http://");
+    let port = authority.rsplit_once(':').map_or("", |(_, p)| p);
+    for leak in [
+        authority,
+        "127.0.0.1",
+        &format!(":{port}"),
+        "os error",
+        "connection refused",
+    ] {
+        assert!(!text.to_lowercase().contains(leak), "{leak:?} in {text}");
+    }
+}
+
+#[actix_rt::test]
+async fn an_upstream_failure_tells_the_client_what_not_where() {
+    let Harness {
+        fleet,
+        gw,
+        dir: _dir,
+    } = Harness::start(1, SimConfig::default(), |_| {});
+    let worker = fleet.urls()[0].clone();
+    let chat = format!("{}/v1/chat/completions", gw.url());
+    let ask = |stream: bool, id: &'static str| {
+        let chat = chat.clone();
+        async move {
+            let body = json!({"messages": [{"role": "user", "content": "hi"}],
+                "stream": stream, "max_tokens": 16})
+            .to_string();
+            send("POST", &chat, &[JSON, ("x-request-id", id)], Some(&body)).await
+        }
+    };
+    // A streamed answer that breaks off: the error event names no worker.
+    fleet
+        .engine(0)
+        .set_fault(Fault::CrashMidStream { after_chunks: 1 });
+    let r = ask(true, "req-broken-stream").await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    let (events, done) = sse_events(&r.text());
+    assert!(!done);
+    let last = events.last().cloned().unwrap_or_default();
+    assert_eq!(last["error"]["code"], "upstream_failed", "{last}");
+    assert_eq!(last["error"]["request_id"], "req-broken-stream", "{last}");
+    names_no_address(&last.to_string(), &worker);
+    // An answer that breaks off before anything was sent: a 502 with the request id.
+    let r = ask(false, "req-broken").await;
+    r.assert_error(502, "upstream_failed");
+    names_no_address(&r.text(), &worker);
+    assert_eq!(
+        r.json()["error"]["request_id"],
+        "req-broken",
+        "{}",
+        r.text()
+    );
+    assert_eq!(r.header("x-request-id").as_deref(), Some("req-broken"));
+    // A worker that refuses the connection.
+    fleet.stop();
+    let r = ask(false, "req-refused").await;
+    r.assert_error(502, "upstream_failed");
+    names_no_address(&r.text(), &worker);
+    let message = r.json()["error"]["message"]
+        .as_str()
+        .unwrap_or("")
+        .to_owned();
+    assert!(message.contains("could not connect"), "{message}");
+    assert_eq!(r.json()["error"]["request_id"], "req-refused");
+    // Every error body the gateway makes carries the id the header carries.
+    let r = ask(false, "req-after").await;
+    let id = r.header("x-request-id").unwrap_or_default();
+    assert_eq!(r.json()["error"]["request_id"], id.as_str(), "{}", r.text());
+    // The detail stays where the operator looks: the log, and GET /workers.
+    until_workers(&gw, "the refusal in last_error", |w| {
+        w[0]["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("127.0.0.1"))
+    })
+    .await;
     gw.stop();
 }

@@ -10,7 +10,7 @@ use actix_web::middleware::{Next, from_fn};
 use actix_web::{App, HttpMessage, web};
 use rand::RngCore;
 
-use crate::http::error::ApiError;
+use crate::http::error::{ApiError, ErrorBody, with_request_id};
 use crate::http::inference;
 use crate::http::inspect;
 use crate::http::routes;
@@ -74,6 +74,16 @@ pub(crate) fn app(
                 let mut res = fut.await?;
                 if let Ok(v) = HeaderValue::from_str(&id) {
                     res.headers_mut().insert(X_REQUEST_ID.clone(), v);
+                }
+                // The gateway's own error bodies carry the id too (looked for only on an
+                // error status, off the success path).
+                if res.status().is_client_error() || res.status().is_server_error() {
+                    let body = res.response_mut().extensions_mut().remove::<ErrorBody>();
+                    if let Some(ErrorBody(mut b)) = body {
+                        with_request_id(&mut b, &id);
+                        let bytes = serde_json::to_vec(&b).unwrap_or_default();
+                        res = res.map_body(|_, _| BoxBody::new(bytes));
+                    }
                 }
                 Ok(res)
             }
