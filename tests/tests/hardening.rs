@@ -310,8 +310,13 @@ async fn link_local_and_metadata_workers_are_refused_without_an_allow_list() {
 
 /// An engine at `127.0.0.1` whose `/server_info` advertises KV events at `host:port`.
 fn advertising(host: &str, port: u16) -> String {
+    advertising_ranks(host, port, 1)
+}
+
+/// Like [`advertising`], with `dp_size` ranks.
+fn advertising_ranks(host: &str, port: u16, dp_size: u32) -> String {
     let info = json!({"kv_events": {"publisher": "zmq", "endpoint_host": host,
-        "endpoint_port_base": port, "topic": "kv", "block_size": 4}})
+        "endpoint_port_base": port, "topic": "kv", "block_size": 4, "dp_size": dp_size}})
     .to_string();
     serve(move |path| match path {
         "/v1/models" => json_answer(MODELS),
@@ -387,6 +392,29 @@ async fn an_event_endpoint_at_a_metadata_address_is_refused_without_an_allow_lis
     .await;
     let (_, reason) = events_of(&w[0]);
     assert!(reason.contains("metadata"), "{reason}");
+    gw.stop();
+}
+
+#[actix_rt::test]
+async fn more_than_1024_event_ranks_are_refused_with_the_reason() {
+    // At the worker's own host, so only the rank count is out of bounds; nothing listens
+    // there, and no socket may be tried.
+    let (port, connects) = counting_listener("127.0.0.1:0");
+    let dir = tempfile::tempdir().expect("dir");
+    let mut cfg = test_config(&dir);
+    cfg.worker_urls = vec![advertising_ranks("127.0.0.1", port, 65_000)];
+    let gw = Gateway::start(cfg).expect("gateway");
+    let w = until_workers(&gw, "the worker's KV events refused", |ws| {
+        ws.first().is_some_and(|w| events_of(w).0 == "refused")
+    })
+    .await;
+    let (_, reason) = events_of(&w[0]);
+    assert!(
+        reason.contains("65000") && reason.contains("1024"),
+        "{reason}"
+    );
+    assert_eq!(w[0]["status"], "ready", "the worker itself still serves");
+    assert_eq!(connects.load(Ordering::SeqCst), 0, "no socket was opened");
     gw.stop();
 }
 
