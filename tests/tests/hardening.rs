@@ -418,6 +418,14 @@ async fn more_than_1024_event_ranks_are_refused_with_the_reason() {
     gw.stop();
 }
 
+/// The status of a small completion at `url` with `headers`.
+async fn ask(url: &str, headers: &[(&str, &str)]) -> u16 {
+    let body = json!({"prompt": "x", "max_tokens": 1}).to_string();
+    let mut all = vec![JSON];
+    all.extend_from_slice(headers);
+    send("POST", url, &all, Some(&body)).await.status.as_u16()
+}
+
 /// Asserts `text` names no address of `worker` (`http://host:port`) and no OS error.
 fn names_no_address(text: &str, worker: &str) {
     let authority = worker.trim_start_matches("http://");
@@ -497,4 +505,37 @@ async fn an_upstream_failure_tells_the_client_what_not_where() {
     })
     .await;
     gw.stop();
+}
+
+#[actix_rt::test]
+async fn behind_a_trusted_proxy_each_client_has_its_own_rate_limit() {
+    // One request per 100 s per client: a second one is refused, whatever the timing.
+    let start = |trusted: &[&str]| {
+        let trusted: Vec<String> = trusted.iter().map(|t| (*t).to_owned()).collect();
+        Harness::start(1, SimConfig::default(), move |c| {
+            c.admission.rate_limit_tokens_per_second = Some(0.01);
+            c.access.trusted_proxies = trusted;
+        })
+    };
+    // The suite's client is the peer, at 127.0.0.1: trusted here.
+    let h = start(&["127.0.0.0/8"]);
+    let url = h.url("/v1/completions");
+    assert_eq!(ask(&url, &[("x-forwarded-for", "203.0.113.1")]).await, 200);
+    assert_eq!(ask(&url, &[("x-forwarded-for", "203.0.113.2")]).await, 200);
+    assert_eq!(ask(&url, &[("forwarded", "for=203.0.113.3")]).await, 200);
+    // A client's own header before the proxy's entry changes nothing.
+    let spoofed = ("x-forwarded-for", "198.51.100.9, 203.0.113.1");
+    assert_eq!(ask(&url, &[spoofed]).await, 429);
+    assert_eq!(ask(&url, &[("x-forwarded-for", "203.0.113.2")]).await, 429);
+    // Without a header the proxy itself is the client.
+    assert_eq!(ask(&url, &[]).await, 200);
+    assert_eq!(ask(&url, &[]).await, 429);
+    h.gw.stop();
+
+    // Untrusted, the header is anyone's to write: the peer is the client.
+    let h = start(&["10.0.0.0/8"]);
+    let url = h.url("/v1/completions");
+    assert_eq!(ask(&url, &[("x-forwarded-for", "203.0.113.1")]).await, 200);
+    assert_eq!(ask(&url, &[("x-forwarded-for", "203.0.113.2")]).await, 429);
+    h.gw.stop();
 }

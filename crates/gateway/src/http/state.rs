@@ -19,6 +19,7 @@ use crate::actors::selector::SelectorActor;
 use crate::actors::tokenizers::Tokenizers;
 use crate::http::auth::{AllowList, Keys};
 use crate::http::error::ApiError;
+use crate::http::forwarded::TrustedProxies;
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
 
@@ -37,6 +38,8 @@ pub(crate) struct AppState {
     pub body_timeout: Duration,
     pub keys: Keys,
     pub allow: AllowList,
+    /// Whose forwarding headers name the client of the per-address rate limit.
+    pub proxies: TrustedProxies,
     /// Longest drain of a worker removed through the API, and of the gateway at SIGTERM.
     pub grace: Duration,
     pub lifecycle: Arc<Lifecycle>,
