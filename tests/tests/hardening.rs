@@ -148,9 +148,19 @@ async fn an_admin_key_opens_the_admin_from_any_origin() {
     });
     let add = h.url(&format!("/add_worker?url={}", spare.urls()[0]));
     let evil = ("origin", "http://evil.example");
-    send("POST", &add, &[evil], None)
+    // From another site, anything but a valid admin key is refused as such.
+    for key in [None, Some("Bearer sk-wrong")] {
+        let mut headers = vec![evil];
+        headers.extend(key.map(|k| ("authorization", k)));
+        send("POST", &add, &headers, None)
+            .await
+            .assert_error(403, "cross_site_request");
+    }
+    // Without an Origin, the usual answer to a missing key.
+    send("POST", &add, &[], None)
         .await
         .assert_error(401, "invalid_api_key");
+    assert_eq!(spare.engine(0).stats().requests, 0, "never probed: not added");
     let r = send(
         "POST",
         &add,

@@ -66,18 +66,21 @@ impl Keys {
     }
 
     /// The admin key on the control plane: 401 without a valid key, 403 for a client key.
-    /// Without admin keys, a request that changes state and comes from a browser page of
-    /// another site is 403: a page the operator has open could otherwise add a worker.
-    /// With them, a valid key is needed anyway, and a page cannot send one it lacks.
+    /// A request that changes state and comes from a browser page of another site is 403
+    /// unless it carries a valid admin key: with no admin keys set (local use), a page the
+    /// operator has open could otherwise add a worker.
     pub(crate) fn admin(&self, req: &HttpRequest) -> Result<(), ApiError> {
-        if self.admin.is_empty() {
-            return match cross_site(req) {
-                Some(why) => Err(ApiError::CrossSite(why)),
-                None => Ok(()),
-            };
+        let token = bearer(req);
+        if token.is_some_and(|t| Self::matches(&self.admin, t)) {
+            return Ok(());
         }
-        match bearer(req) {
-            Some(t) if Self::matches(&self.admin, t) => Ok(()),
+        if let Some(why) = cross_site(req) {
+            return Err(ApiError::CrossSite(why));
+        }
+        if self.admin.is_empty() {
+            return Ok(());
+        }
+        match token {
             Some(t) if Self::matches(&self.client, t) => {
                 Err(ApiError::Forbidden("this key may not use the admin routes"))
             }
