@@ -160,7 +160,11 @@ async fn an_admin_key_opens_the_admin_from_any_origin() {
     send("POST", &add, &[], None)
         .await
         .assert_error(401, "invalid_api_key");
-    assert_eq!(spare.engine(0).stats().requests, 0, "never probed: not added");
+    assert_eq!(
+        spare.engine(0).stats().requests,
+        0,
+        "never probed: not added"
+    );
     let r = send(
         "POST",
         &add,
