@@ -66,6 +66,62 @@ fn graph() -> (HashMap<String, Vec<String>>, Value) {
     (g, meta)
 }
 
+/// Features that put test hooks in a build (an injected panic): only a dev-dependency
+/// may turn them on, so `cargo build --workspace` never unifies them into a binary.
+const TEST_ONLY_FEATURES: [&str; 1] = ["fault-injection"];
+
+/// `(package, dependency, feature)` for each test-only feature a workspace package turns
+/// on through a normal or build dependency.
+fn test_hooks_outside_dev(meta: &Value) -> Vec<(String, String, String)> {
+    let members: BTreeSet<&str> = (meta["workspace_members"].as_array().into_iter())
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    let mut found = Vec::new();
+    for p in meta["packages"].as_array().into_iter().flatten() {
+        if !p["id"].as_str().is_some_and(|id| members.contains(id)) {
+            continue;
+        }
+        for d in p["dependencies"].as_array().into_iter().flatten() {
+            if d["kind"] == "dev" {
+                continue;
+            }
+            for f in d["features"].as_array().into_iter().flatten() {
+                if let Some(f) = f.as_str().filter(|f| TEST_ONLY_FEATURES.contains(f)) {
+                    let name = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+                    found.push((name(&p["name"]), name(&d["name"]), f.to_owned()));
+                }
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn test_hooks_stay_out_of_workspace_builds() {
+    let (_, meta) = graph();
+    assert_eq!(test_hooks_outside_dev(&meta), vec![]);
+}
+
+#[test]
+fn the_test_hook_check_sees_a_normal_dependency() {
+    let meta = serde_json::json!({
+        "workspace_members": ["t"],
+        "packages": [{"id": "t", "name": "kvgate-tests", "dependencies": [
+            {"name": "kvgate-gateway", "kind": null, "features": ["fault-injection"]},
+            {"name": "kvgate-gateway", "kind": "dev", "features": ["fault-injection"]},
+        ]}],
+    });
+    assert_eq!(
+        test_hooks_outside_dev(&meta),
+        [(
+            "kvgate-tests".to_owned(),
+            "kvgate-gateway".to_owned(),
+            "fault-injection".to_owned()
+        )]
+    );
+}
+
 /// Every package `root` links, itself excluded.
 fn closure(g: &HashMap<String, Vec<String>>, root: &str) -> BTreeSet<String> {
     let mut seen = BTreeSet::new();

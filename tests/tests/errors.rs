@@ -104,7 +104,7 @@ async fn admin_body_errors_are_json_errors_too() {
         .assert_error(400, "invalid_request");
     // A chunked body that breaks off is a 400, not a bare text answer.
     let mut s = std::net::TcpStream::connect(h.gw.addr()).unwrap();
-    s.write_all(b"POST /workers HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n")
+    s.write_all(b"POST /workers HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n")
         .unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut answer = Vec::new();

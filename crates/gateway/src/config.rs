@@ -259,6 +259,7 @@ impl GatewayConfig {
                 .with_list_parse_key("api_keys")
                 .with_list_parse_key("control_plane_api_keys")
                 .with_list_parse_key("worker_allow")
+                .with_list_parse_key("trusted_proxies")
                 .source(Some(vars)),
         );
         for (k, v) in overrides {

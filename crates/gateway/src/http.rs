@@ -6,6 +6,7 @@
 pub(crate) mod app;
 pub(crate) mod auth;
 pub(crate) mod error;
+pub(crate) mod forwarded;
 pub(crate) mod inference;
 pub(crate) mod inspect;
 pub(crate) mod intake;

@@ -21,6 +21,7 @@ use crate::actors::registry::RegistryActor;
 use crate::actors::selector::SelectorActor;
 use crate::config::{ConfigError, GatewayConfig};
 use crate::http::auth::{AllowList, Keys};
+use crate::http::forwarded::TrustedProxies;
 use crate::http::state::{AppState, Lifecycle};
 use crate::metrics::Metrics;
 use crate::pipeline::{Admission, DECISION_LOG_SIZE, DecisionSink, Pipeline};
@@ -165,6 +166,8 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         body_timeout: cfg.body_read_timeout,
         keys: Keys::new(&cfg.access),
         allow,
+        // Checked by `validate`, like the allow-list.
+        proxies: TrustedProxies::new(cfg.access.trusted().unwrap_or_default()),
         grace: cfg.shutdown_grace_period,
         lifecycle: lifecycle.clone(),
         reads_prompt: cfg.policy.kind.reads_prompt(),

@@ -443,6 +443,12 @@ const FLAGS: &[(&str, &str, Kind, &str)] = &[
         "A host, IP or CIDR range that workers added through the API must be in (repeatable)",
     ),
     (
+        "trusted-proxies",
+        "trusted_proxies",
+        Kind::Texts,
+        "Proxies (addresses or CIDR ranges, space-separated) whose X-Forwarded-For or Forwarded names the client, for per-address rate limits",
+    ),
+    (
         "worker-api-key",
         "worker_api_key",
         Kind::Text,

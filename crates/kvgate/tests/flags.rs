@@ -54,6 +54,12 @@ fn bad_values_are_refused_naming_the_key() {
     assert!(refused(&["--worker-urls", "ftp://x"], &[]).contains("worker_urls"));
     assert!(refused(&["--balance-rel-threshold", "0.5"], &[]).contains("balance_rel_threshold"));
     assert!(refused(&["--cache-index", "btree"], &[]).contains("cache_index"));
+    // Several values after one flag: the second is checked too.
+    let proxies = refused(&["--trusted-proxies", "10.0.0.0/8", "proxy.example"], &[]);
+    assert!(
+        proxies.contains("trusted_proxies") && proxies.contains("proxy.example"),
+        "{proxies}"
+    );
     assert!(refused(&["--affinity-margin", "NaN"], &[]).contains("affinity_margin"));
     assert!(refused(&[], &[("KVGATE_PORT", "not-a-port")]).contains("port"));
     assert!(refused(&[], &[("KVGATE_POLICY__KIND", "nope")]).contains("nope"));

@@ -227,7 +227,7 @@ impl Actor for LoadPoller {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        self.client = Some(Client::builder().timeout(self.cfg.timeout).finish());
+        self.client = Some(crate::fetch::client(self.cfg.timeout));
         ctx.run_interval(self.cfg.interval, |act, ctx| act.tick(ctx));
     }
 }

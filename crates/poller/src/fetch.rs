@@ -1,4 +1,6 @@
 //! One worker's poll over HTTP: `/v1/loads` when the worker has it, else `/metrics`.
+//! Redirects are never followed: a worker could otherwise send the poll, and its key,
+//! anywhere.
 
 use std::time::{Duration, Instant};
 
@@ -15,6 +17,15 @@ use kvgate_core::WorkerUrl;
 
 /// Large enough for a vLLM `/metrics` with many histograms; bounds a misbehaving peer.
 const BODY_LIMIT: usize = 8 * 1024 * 1024;
+
+/// The client of every poll: `timeout` per request, no redirect followed (a 3xx answer is
+/// a failed poll).
+pub(crate) fn client(timeout: Duration) -> Client {
+    Client::builder()
+        .timeout(timeout)
+        .disable_redirects()
+        .finish()
+}
 
 /// What one poll needs; owned so the future can outlive the actor's borrow.
 pub(crate) struct Fetch {
@@ -41,6 +52,11 @@ pub(crate) enum PollError {
     Transport { route: &'static str, reason: String },
     #[error("{route}: status {status}")]
     Status {
+        route: &'static str,
+        status: StatusCode,
+    },
+    #[error("{route}: redirect refused (status {status}): load polls do not follow redirects")]
+    Redirect {
         route: &'static str,
         status: StatusCode,
     },
@@ -117,6 +133,9 @@ async fn get(
     let sent = Instant::now().saturating_duration_since(f.epoch);
     let mut resp = req.send().await.map_err(|e| transport(e.to_string()))?;
     let status = resp.status();
+    if status.is_redirection() {
+        return Err(PollError::Redirect { route, status });
+    }
     let body = resp
         .body()
         .limit(BODY_LIMIT)
@@ -124,3 +143,6 @@ async fn get(
         .map_err(|e| transport(e.to_string()))?;
     Ok((status, body, sent))
 }
+
+#[cfg(test)]
+mod tests;

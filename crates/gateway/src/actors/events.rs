@@ -15,27 +15,33 @@
 //! task per rank subscribes to its `LoadStat` frames and forwards them to the selector
 //! (`LoadPushed`): fresher running and waiting counts than the poll's.
 //!
+//! A descriptor is used only within bounds (`vet`): at most 1024 ranks, and endpoints at
+//! the worker's own host or at one the worker allow-list admits, so a worker cannot point
+//! the gateway's sockets anywhere.
+//!
 //! Each worker has an event state (`GET /workers` `events`): `off` (it publishes none),
-//! `connecting`, `live` (a batch or a replay arrived on every rank), `stalled` (the
-//! publisher is unreachable: routing falls back to the approximate index, visibly).
+//! `refused` (its descriptor is out of bounds), `connecting`, `live` (a batch or a replay
+//! arrived on every rank), `stalled` (the publisher is unreachable: routing falls back to
+//! the approximate index, visibly).
 
 use std::collections::{BTreeMap, HashMap};
 
 use actix::prelude::*;
-use kvgate_kv_events::{EventBatch, KvEvent, KvEventsDescriptor, Medium, rank_endpoints};
+use kvgate_kv_events::{EventBatch, KvEvent, KvEventsDescriptor, Medium, RankEndpoints};
 use kvgate_kv_index::{ChainConfig, ChainIndex, ChainStore};
 use kvgate_policies::WorkerId;
 use serde::Serialize;
 use tracing::{debug, info, warn};
 
 use crate::actors::index::ClearWorker;
-use crate::actors::registry::{FleetChanged, WorkerRecord};
+use crate::actors::registry::{AllowList, FleetChanged, WorkerRecord};
 
 /// One worker's event state, as `GET /workers` shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EventState {
     Off,
+    Refused,
     Connecting,
     Live,
     Stalled,
@@ -57,7 +63,7 @@ pub struct WorkerEvents {
     pub replays: u64,
     pub resets: u64,
     pub restarts: u64,
-    /// Why it is stalled or off, when it is.
+    /// Why it is stalled, off or refused, when it is.
     pub reason: Option<String>,
 }
 
@@ -122,8 +128,13 @@ pub struct EventsActor {
     /// What the selector was last told: whether any worker is live.
     told_live: bool,
     workers: HashMap<WorkerId, Worker>,
-    /// Workers whose `kv_events` could not be used, and why.
-    off: HashMap<WorkerId, String>,
+    /// Workers whose `kv_events` could not be used (`Off`) or may not be (`Refused`), and
+    /// why.
+    off: HashMap<WorkerId, (EventState, String)>,
+    /// Where event endpoints may be, beside the worker's own host.
+    allow: AllowList,
+    /// Workers whose endpoint host is being checked against `allow`.
+    vetting: HashMap<WorkerId, SpawnHandle>,
     /// Snapshots to the store, and holdings restored from one that wait for their worker.
     persist: Persistence,
     /// The prefix index: what it recorded of a rank whose cache was cleared is stale too.
@@ -138,6 +149,8 @@ impl EventsActor {
             told_live: false,
             workers: HashMap::new(),
             off: HashMap::new(),
+            allow: AllowList::default(),
+            vetting: HashMap::new(),
             persist: Persistence::default(),
             routed: None,
         }
@@ -149,6 +162,13 @@ impl EventsActor {
     /// events saying otherwise.
     pub fn with_prefix_index(mut self, index: Recipient<ClearWorker>) -> Self {
         self.routed = Some(index);
+        self
+    }
+
+    /// Event endpoints at a host other than their worker's must be inside `allow` (and,
+    /// without one, not link-local or a metadata service).
+    pub(crate) fn with_allow_list(mut self, allow: AllowList) -> Self {
+        self.allow = allow;
         self
     }
 
@@ -189,27 +209,26 @@ impl EventsActor {
         }
     }
 
+    /// Subscribes to every rank of a descriptor `vet` let through.
     fn start_worker(
         &mut self,
         ctx: &mut Context<Self>,
         w: &WorkerRecord,
-        raw: &serde_json::Value,
-        resume: BTreeMap<u32, u64>,
+        desc: KvEventsDescriptor,
+        endpoints: Vec<RankEndpoints>,
     ) {
         let (id, url, startup_time) = (w.id, w.url.as_str(), w.startup_time);
         let by_rank = w.routed_ranks().is_some();
-        let desc = match serde_json::from_value::<KvEventsDescriptor>(raw.clone()) {
-            Ok(d) => d,
-            Err(e) => {
-                self.off.insert(id, format!("kv_events unreadable: {e}"));
-                return;
+        // Restored holdings resume from their sequence when they are this engine
+        // process's; otherwise they go.
+        let resume = match self.persist.claim(id, startup_time) {
+            Some(resume) => {
+                info!(worker = %url, ranks = resume.len(), "KV events resume from the snapshot's sequences");
+                resume
             }
-        };
-        let endpoints = match rank_endpoints(url, &desc) {
-            Ok(e) => e,
-            Err(e) => {
-                self.off.insert(id, e.to_string());
-                return;
+            None => {
+                self.index.forget_worker(id);
+                BTreeMap::new()
             }
         };
         info!(worker = %url, ranks = endpoints.len(), "subscribing to KV events");
@@ -346,24 +365,29 @@ impl Handler<FleetChanged> for EventsActor {
         for id in gone {
             self.stop_worker(ctx, id);
         }
+        let unwanted: Vec<WorkerId> = (self.vetting.keys())
+            .filter(|id| {
+                present
+                    .get(id)
+                    .is_none_or(|w| w.kv_events.is_none() || !w.healthy())
+            })
+            .copied()
+            .collect();
+        for id in unwanted {
+            if let Some(h) = self.vetting.remove(&id) {
+                ctx.cancel_future(h);
+            }
+        }
         self.off.retain(|id, _| present.contains_key(id));
         self.persist.fleet_is(present.keys().copied());
         for w in fleet.iter() {
             match &w.kv_events {
-                Some(raw) if w.healthy() && !self.workers.contains_key(&w.id) => {
-                    // Restored holdings resume from their sequence when they are this
-                    // engine process's; otherwise they go.
-                    let resume = match self.persist.claim(w.id, w.startup_time) {
-                        Some(resume) => {
-                            info!(worker = %w.url, ranks = resume.len(), "KV events resume from the snapshot's sequences");
-                            resume
-                        }
-                        None => {
-                            self.index.forget_worker(w.id);
-                            BTreeMap::new()
-                        }
-                    };
-                    self.start_worker(ctx, w, raw, resume);
+                Some(raw)
+                    if w.healthy()
+                        && !self.workers.contains_key(&w.id)
+                        && !self.vetting.contains_key(&w.id) =>
+                {
+                    self.admit(ctx, w, raw);
                 }
                 // Back without events: what it published before is of no use.
                 None if w.healthy() && self.persist.discard(w.id) => {
@@ -503,6 +527,7 @@ mod persist;
 mod subscribe;
 #[cfg(test)]
 mod tests;
+mod vet;
 
 use persist::Persistence;
 pub(crate) use persist::SnapshotSettings;

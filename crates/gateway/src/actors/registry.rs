@@ -20,7 +20,9 @@ use crate::config::{EventsConfig, HealthConfig};
 use crate::metrics::Metrics;
 
 mod admin;
+mod allow;
 pub(crate) use admin::{AddWorker, DrainWorker, ListWorkers, RemoveWorker, WorkerFailed};
+pub(crate) use allow::AllowList;
 mod detect;
 
 pub(crate) use detect::ProbeError;
@@ -223,7 +225,7 @@ impl RegistryActor {
         persist: Option<Persister>,
         image: RegistryImage,
     ) -> Self {
-        let client = awc::Client::builder().timeout(cfg.health.timeout).finish();
+        let client = detect::client(cfg.health.timeout);
         RegistryActor {
             cfg,
             workers: BTreeMap::new(),

@@ -1,5 +1,5 @@
 //! Who may call what, and where workers may be (`api_keys`, `control_plane_api_keys`,
-//! `allow_open_admin`, `worker_allow`, `worker_api_key`).
+//! `allow_open_admin`, `worker_allow`, `worker_api_key`, `trusted_proxies`).
 
 use std::net::IpAddr;
 
@@ -27,6 +27,9 @@ pub struct AccessConfig {
     /// Sent as `Authorization: Bearer` to every worker (inference, probes, polls), in
     /// place of the client's.
     pub worker_api_key: Option<Secret>,
+    /// Addresses and CIDR ranges of proxies whose `X-Forwarded-For` / `Forwarded` name the
+    /// client (for the per-address rate limit); empty: the peer is the client.
+    pub trusted_proxies: Vec<String>,
 }
 
 impl Section for AccessConfig {
@@ -57,6 +60,9 @@ impl Section for AccessConfig {
         if let Err(e) = self.allowed() {
             return invalid("worker_allow", e.to_string());
         }
+        if let Err(e) = self.trusted() {
+            return invalid("trusted_proxies", e.to_string());
+        }
         Ok(())
     }
 }
@@ -69,6 +75,20 @@ impl AccessConfig {
             .collect()
     }
 
+    /// The trusted proxies, parsed: an address is a range of one.
+    pub fn trusted(&self) -> Result<Vec<IpNet>, ProxyError> {
+        (self.trusted_proxies.iter())
+            .map(|e| {
+                let e = e.trim();
+                (e.parse::<IpNet>().ok())
+                    .or_else(|| e.parse::<IpAddr>().ok().map(IpNet::from))
+                    .ok_or_else(|| ProxyError {
+                        entry: e.to_owned(),
+                    })
+            })
+            .collect()
+    }
+
     /// The allow-list, parsed.
     pub fn allowed(&self) -> Result<Vec<Allowed>, AllowError> {
         self.worker_allow
@@ -76,6 +96,13 @@ impl AccessConfig {
             .map(|e| Allowed::parse(e))
             .collect()
     }
+}
+
+/// An entry of `--trusted-proxies` that is no address or CIDR range.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+#[error("'{entry}' is not an IP address or a CIDR range")]
+pub struct ProxyError {
+    pub entry: String,
 }
 
 /// The key of a `--control-plane-api-keys` entry: the reference's `id:name:role:key` form
@@ -177,6 +204,24 @@ mod tests {
         );
         for bad in ["10.0.0.0/33", "not a host", "1.2.3.4/x", "a..b"] {
             assert!(Allowed::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn trusted_proxies_are_addresses_and_ranges() {
+        let with = |e: &[&str]| AccessConfig {
+            trusted_proxies: e.iter().map(|s| (*s).to_owned()).collect(),
+            ..AccessConfig::default()
+        };
+        let got = with(&["10.0.0.0/8", "192.168.1.7", "fd00::/8"])
+            .trusted()
+            .expect("parses");
+        assert_eq!(got.len(), 3);
+        assert!(got[1].contains(&"192.168.1.7".parse::<IpAddr>().expect("ip")));
+        assert_eq!(got[1].prefix_len(), 32);
+        for bad in ["proxy.example", "10.0.0.0/33", ""] {
+            let err = with(&[bad]).validate().expect_err(bad);
+            assert!(err.to_string().contains("trusted_proxies"), "{err}");
         }
     }
 }

@@ -3,16 +3,18 @@
 
 use std::sync::Arc;
 
-use actix_web::dev::Service;
+use actix_web::body::{BoxBody, EitherBody};
+use actix_web::dev::{Service, ServiceRequest, ServiceResponse};
 use actix_web::http::header::{HeaderName, HeaderValue};
+use actix_web::middleware::{Next, from_fn};
 use actix_web::{App, HttpMessage, web};
 use rand::RngCore;
 
-use crate::http::error::ApiError;
+use crate::http::error::{ApiError, ErrorBody, with_request_id};
 use crate::http::inference;
 use crate::http::inspect;
 use crate::http::routes;
-use crate::http::state::{AppState, RequestId};
+use crate::http::state::{AppState, RequestId, require_json};
 use crate::upstream::Pool;
 use kvgate_core::Endpoint;
 
@@ -73,6 +75,16 @@ pub(crate) fn app(
                 if let Ok(v) = HeaderValue::from_str(&id) {
                     res.headers_mut().insert(X_REQUEST_ID.clone(), v);
                 }
+                // The gateway's own error bodies carry the id too (looked for only on an
+                // error status, off the success path).
+                if res.status().is_client_error() || res.status().is_server_error() {
+                    let body = res.response_mut().extensions_mut().remove::<ErrorBody>();
+                    if let Some(ErrorBody(mut b)) = body {
+                        with_request_id(&mut b, &id);
+                        let bytes = serde_json::to_vec(&b).unwrap_or_default();
+                        res = res.map_body(|_, _| BoxBody::new(bytes));
+                    }
+                }
                 Ok(res)
             }
         })
@@ -86,7 +98,7 @@ pub(crate) fn app(
         .service(
             web::resource("/workers")
                 .route(web::get().to(routes::list_workers))
-                .route(web::post().to(routes::post_worker))
+                .route(json_post(routes::post_worker))
                 .default_service(web::to(routes::method_not_allowed)),
         )
         .service(
@@ -97,8 +109,8 @@ pub(crate) fn app(
         )
         .service(post("/flush_cache", routes::flush_cache))
         .service(get("/admin/index", routes::index_stats))
-        .service(post("/admin/explain", inspect::explain))
-        .service(post("/admin/explain/{route:.*}", inspect::explain))
+        .service(json_admin("/admin/explain", inspect::explain))
+        .service(json_admin("/admin/explain/{route:.*}", inspect::explain))
         .service(get("/admin/decisions", inspect::decisions))
         .service(get("/metrics", inspect::metrics))
         .service(get("/admin/state", inspect::fleet_state))
@@ -127,6 +139,43 @@ where
     web::resource(path)
         .route(web::post().to(handler))
         .default_service(web::to(routes::method_not_allowed))
+}
+
+/// An admin route that takes a JSON body.
+fn json_admin<F, Args>(path: &str, handler: F) -> actix_web::Resource
+where
+    F: actix_web::Handler<Args>,
+    Args: actix_web::FromRequest + 'static,
+    F::Output: actix_web::Responder + 'static,
+{
+    web::resource(path)
+        .route(json_post(handler))
+        .default_service(web::to(routes::method_not_allowed))
+}
+
+/// `POST` with a JSON body on an admin route: the admin check first (a client key is
+/// still 403), then the declared type (415), before the handler reads anything.
+fn json_post<F, Args>(handler: F) -> actix_web::Route
+where
+    F: actix_web::Handler<Args>,
+    Args: actix_web::FromRequest + 'static,
+    F::Output: actix_web::Responder + 'static,
+{
+    web::post().to(handler).wrap(from_fn(json_only))
+}
+
+async fn json_only(
+    req: ServiceRequest,
+    next: Next<BoxBody>,
+) -> Result<ServiceResponse<EitherBody<BoxBody>>, actix_web::Error> {
+    let admin = match req.app_data::<web::Data<AppState>>() {
+        Some(state) => state.keys.admin(req.request()),
+        None => Ok(()),
+    };
+    match admin.and_then(|()| require_json(req.request())) {
+        Ok(()) => Ok(next.call(req).await?.map_into_left_body()),
+        Err(e) => Ok(req.error_response(e).map_into_right_body()),
+    }
 }
 
 fn get<F, Args>(path: &str, handler: F) -> actix_web::Resource

@@ -1,15 +1,15 @@
 //! Who may call what: client keys on the inference routes, admin keys on the control
-//! plane, and the allow-list of workers the admin API may add.
-
-use std::net::IpAddr;
+//! plane (and no change to it from a browser page of another site), and the allow-list of
+//! workers the admin API may add.
 
 use actix_web::HttpRequest;
-use actix_web::http::header::AUTHORIZATION;
-use kvgate_core::WorkerUrl;
-
-use crate::config::{AccessConfig, Allowed};
-use crate::http::error::ApiError;
+use actix_web::http::Method;
+use actix_web::http::header::{AUTHORIZATION, HOST, HeaderName, ORIGIN};
 use kvgate_core::Secret;
+
+pub(crate) use crate::actors::registry::AllowList;
+use crate::config::AccessConfig;
+use crate::http::error::ApiError;
 
 /// The configured keys.
 #[derive(Clone, Default)]
@@ -66,12 +66,21 @@ impl Keys {
     }
 
     /// The admin key on the control plane: 401 without a valid key, 403 for a client key.
+    /// A request that changes state and comes from a browser page of another site is 403
+    /// unless it carries a valid admin key: with no admin keys set (local use), a page the
+    /// operator has open could otherwise add a worker.
     pub(crate) fn admin(&self, req: &HttpRequest) -> Result<(), ApiError> {
+        let token = bearer(req);
+        if token.is_some_and(|t| Self::matches(&self.admin, t)) {
+            return Ok(());
+        }
+        if let Some(why) = cross_site(req) {
+            return Err(ApiError::CrossSite(why));
+        }
         if self.admin.is_empty() {
             return Ok(());
         }
-        match bearer(req) {
-            Some(t) if Self::matches(&self.admin, t) => Ok(()),
+        match token {
             Some(t) if Self::matches(&self.client, t) => {
                 Err(ApiError::Forbidden("this key may not use the admin routes"))
             }
@@ -96,72 +105,111 @@ impl Keys {
     }
 }
 
-/// Where workers added through the API may be.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct AllowList(Vec<Allowed>);
+static SEC_FETCH_SITE: HeaderName = HeaderName::from_static("sec-fetch-site");
 
-impl AllowList {
-    pub(crate) fn new(entries: Vec<Allowed>) -> AllowList {
-        AllowList(entries)
-    }
+const CROSS_SITE: &str = "a browser request from another site may not change the gateway \
+     without an admin key (its Origin or Sec-Fetch-Site names another site)";
 
-    /// Whether `url` may be added. A host name is allowed when it is listed by name, or
-    /// when every address it resolves to is in a listed range: a name cannot smuggle in
-    /// an address the list leaves out.
-    pub(crate) async fn allows(&self, url: &WorkerUrl) -> bool {
-        if self.0.is_empty() {
-            return true;
-        }
-        let host = url.host().trim_end_matches('.').to_ascii_lowercase();
-        if let Ok(ip) = host.parse::<IpAddr>() {
-            return self.allows_ip(ip);
-        }
-        if self.0.iter().any(|a| *a == Allowed::Name(host.clone())) {
-            return true;
-        }
-        match tokio::net::lookup_host((host.as_str(), url.port())).await {
-            Ok(addrs) => {
-                let ips: Vec<IpAddr> = addrs.map(|a| a.ip()).collect();
-                !ips.is_empty() && ips.iter().all(|ip| self.allows_ip(*ip))
-            }
-            Err(_) => false,
-        }
+/// Why a request that changes state looks sent by a page of another site, if it does.
+/// Browsers send `Origin` on every cross-origin POST and `Sec-Fetch-Site` on every request;
+/// scripts and curl send neither, so they are never refused here.
+fn cross_site(req: &HttpRequest) -> Option<&'static str> {
+    if matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS) {
+        return None;
     }
+    let header = |name: &HeaderName| req.headers().get(name).map(|v| v.as_bytes());
+    foreign(header(&ORIGIN), header(&HOST), header(&SEC_FETCH_SITE)).then_some(CROSS_SITE)
+}
 
-    fn allows_ip(&self, ip: IpAddr) -> bool {
-        self.0.iter().any(|a| a.contains(ip))
+/// The rule on the raw headers: `Sec-Fetch-Site` says `cross-site` or `same-site`, or an
+/// `Origin` does not name the host the request was sent to.
+fn foreign(origin: Option<&[u8]>, host: Option<&[u8]>, fetch_site: Option<&[u8]>) -> bool {
+    let other_site = |s: &[u8]| {
+        let s = s.trim_ascii();
+        s.eq_ignore_ascii_case(b"cross-site") || s.eq_ignore_ascii_case(b"same-site")
+    };
+    if fetch_site.is_some_and(other_site) {
+        return true;
     }
+    match (origin, host) {
+        (None, _) => false,
+        (Some(o), Some(h)) => !names_host(o, h),
+        (Some(_), None) => true,
+    }
+}
+
+/// Whether an `Origin` (`scheme://host[:port]`) names `host` (a `Host` header), a default
+/// port written or not. `Origin: null` (a sandboxed or file page) names no host.
+fn names_host(origin: &[u8], host: &[u8]) -> bool {
+    let (Ok(origin), Ok(host)) = (std::str::from_utf8(origin), std::str::from_utf8(host)) else {
+        return false;
+    };
+    let Some((scheme, authority)) = origin.trim().split_once("://") else {
+        return false;
+    };
+    let default_port = if scheme.eq_ignore_ascii_case("http") {
+        ":80"
+    } else if scheme.eq_ignore_ascii_case("https") {
+        ":443"
+    } else {
+        return false;
+    };
+    let bare = |a: &str| {
+        let a = a.trim();
+        a.strip_suffix(default_port)
+            .unwrap_or(a)
+            .to_ascii_lowercase()
+    };
+    !authority.is_empty() && !authority.contains(['/', '@']) && bare(authority) == bare(host)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn list(entries: &[&str]) -> AllowList {
-        let parsed = entries.iter().map(|e| Allowed::parse(e).expect("parses"));
-        AllowList::new(parsed.collect())
-    }
-
-    fn url(s: &str) -> WorkerUrl {
-        WorkerUrl::parse(s).expect("url")
-    }
-
-    #[actix_rt::test]
-    async fn the_allow_list_takes_names_addresses_and_ranges() {
-        let l = list(&["10.1.0.0/16", "gpu-7.example", "fd00::/8", "192.168.5.5"]);
-        assert!(l.allows(&url("http://10.1.2.3:8000")).await);
-        assert!(!l.allows(&url("http://10.2.0.1:8000")).await);
-        assert!(l.allows(&url("http://GPU-7.example:1")).await);
-        assert!(l.allows(&url("http://[fd12::1]:1")).await);
-        assert!(l.allows(&url("http://192.168.5.5:1")).await);
-        assert!(!l.allows(&url("http://192.168.5.6:1")).await);
-        // localhost resolves to loopback, which no entry covers.
-        assert!(!l.allows(&url("http://localhost:1")).await);
-        assert!(
-            list(&["127.0.0.0/8", "::1/128"])
-                .allows(&url("http://localhost:1"))
-                .await
+    /// `foreign` on (Origin, Host, Sec-Fetch-Site); `None` for a header not sent.
+    fn check(origin: Option<&str>, host: Option<&str>, site: Option<&str>, refused: bool) {
+        fn b(s: Option<&str>) -> Option<&[u8]> {
+            s.map(str::as_bytes)
+        }
+        assert_eq!(
+            foreign(b(origin), b(host), b(site)),
+            refused,
+            "Origin {origin:?}, Host {host:?}, Sec-Fetch-Site {site:?}"
         );
-        assert!(AllowList::default().allows(&url("http://anything:1")).await);
+    }
+
+    #[test]
+    fn a_request_from_another_site_is_told_apart() {
+        let gw = Some("127.0.0.1:30000");
+        // Scripts and curl: no Origin, no Sec-Fetch-Site.
+        check(None, gw, None, false);
+        check(None, None, None, false);
+        // The gateway's own pages.
+        check(Some("http://127.0.0.1:30000"), gw, None, false);
+        check(
+            Some("http://127.0.0.1:30000"),
+            gw,
+            Some("same-origin"),
+            false,
+        );
+        check(Some("HTTP://LOCALHOST"), Some("localhost:80"), None, false);
+        check(
+            Some("https://gw.example:443"),
+            Some("gw.example"),
+            None,
+            false,
+        );
+        check(None, gw, Some("none"), false);
+        // Another page.
+        check(Some("http://evil.example"), gw, None, true);
+        check(Some("http://127.0.0.1:8080"), gw, None, true);
+        check(Some("http://127.0.0.1:3000"), gw, None, true);
+        check(Some("null"), gw, None, true);
+        check(Some("http://a@127.0.0.1:30000"), gw, None, true);
+        check(Some("http://127.0.0.1:30000"), None, None, true);
+        check(None, gw, Some("cross-site"), true);
+        check(Some("http://127.0.0.1:30000"), gw, Some("same-site"), true);
+        check(None, gw, Some("Cross-Site"), true);
     }
 }

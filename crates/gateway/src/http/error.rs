@@ -1,4 +1,6 @@
-//! The one place where gateway errors become HTTP responses.
+//! The one place where gateway errors become HTTP responses. A client learns what went
+//! wrong and the request id, never where workers are: the worker's URL and the OS error of
+//! an upstream failure stay in the log (`Display`) and in `GET /workers`.
 
 use actix::MailboxError;
 use actix_web::http::StatusCode;
@@ -44,8 +46,13 @@ pub enum ApiError {
     Unauthorized(&'static str),
     #[error("{0}")]
     Forbidden(&'static str),
-    #[error("worker {0} is outside the allowed hosts (--worker-allow)")]
-    WorkerNotAllowed(String),
+    /// A state-changing admin request a browser sent for a page of another site.
+    #[error("{0}")]
+    CrossSite(&'static str),
+    #[error("the body must be sent with Content-Type: application/json, not {0}")]
+    UnsupportedMediaType(String),
+    #[error("worker {url} may not be added: {why}")]
+    WorkerNotAllowed { url: String, why: String },
     #[error(transparent)]
     Admission(#[from] AdmitError),
     #[error("upstream worker {worker} failed: {source}")]
@@ -80,7 +87,11 @@ impl ApiError {
             ApiError::BodyTimeout(_) => ("invalid_request_error", "request_timeout"),
             ApiError::Unauthorized(_) => ("authentication_error", "invalid_api_key"),
             ApiError::Forbidden(_) => ("permission_error", "forbidden"),
-            ApiError::WorkerNotAllowed(_) => ("permission_error", "worker_not_allowed"),
+            ApiError::CrossSite(_) => ("permission_error", "cross_site_request"),
+            ApiError::UnsupportedMediaType(_) => {
+                ("invalid_request_error", "unsupported_media_type")
+            }
+            ApiError::WorkerNotAllowed { .. } => ("permission_error", "worker_not_allowed"),
             ApiError::Admission(AdmitError::QueueFull { .. }) => ("rate_limit_error", "queue_full"),
             ApiError::Admission(AdmitError::QueueTimeout { .. }) => {
                 ("service_unavailable", "queue_timeout")
@@ -94,12 +105,66 @@ impl ApiError {
         }
     }
 
-    /// The JSON body, also used for the SSE error event that ends a broken stream.
+    /// The message a client is given: `Display` but for upstream failures, which name
+    /// the kind of failure without the worker's address or the OS error.
+    fn client_message(&self) -> String {
+        match self {
+            ApiError::Upstream { source, .. } => {
+                format!("the upstream worker failed: {}", upstream_summary(source))
+            }
+            ApiError::UpstreamTimeout { secs, .. } => {
+                format!("the upstream worker did not answer within {secs:.1}s")
+            }
+            e => e.to_string(),
+        }
+    }
+
+    /// The JSON body.
     pub fn body(&self) -> serde_json::Value {
         let (kind, code) = self.kind();
-        json!({"error": {"message": self.to_string(), "type": kind, "code": code}})
+        json!({"error": {"message": self.client_message(), "type": kind, "code": code}})
+    }
+
+    /// The JSON body with the request's id, which the log's lines for it carry too; also
+    /// the SSE error event that ends a broken stream.
+    pub fn body_for(&self, request_id: &str) -> serde_json::Value {
+        let mut b = self.body();
+        with_request_id(&mut b, request_id);
+        b
     }
 }
+
+/// Adds `request_id` to an error body.
+pub(crate) fn with_request_id(body: &mut serde_json::Value, request_id: &str) {
+    if let Some(e) = body.get_mut("error").and_then(|e| e.as_object_mut()) {
+        e.insert("request_id".into(), json!(request_id));
+    }
+}
+
+/// An upstream failure as a client may see it: what happened, not where.
+fn upstream_summary(e: &UpstreamError) -> String {
+    match e {
+        UpstreamError::Connect(_) | UpstreamError::ConnectTimeout(_) => {
+            "could not connect to it".into()
+        }
+        UpstreamError::Write(_)
+        | UpstreamError::Read(_)
+        | UpstreamError::ClosedBeforeHead
+        | UpstreamError::Truncated { .. }
+        | UpstreamError::ChunkedTruncated
+        | UpstreamError::StreamUnfinished => "the connection broke off".into(),
+        UpstreamError::Malformed(_) => "its answer was malformed".into(),
+        UpstreamError::BodyTooLarge(n) => format!("its answer exceeds {n} bytes"),
+        UpstreamError::Status(s) => format!("it answered {s}"),
+        UpstreamError::NoFirstToken(s) => format!("no first byte within {s:.1}s"),
+        UpstreamError::TakenOut => "it was taken out before it answered".into(),
+    }
+}
+
+/// An error body as answered, kept on the response so the request-id middleware can add
+/// the id (`http/app.rs`): the body is built where the request is not known.
+#[derive(Debug)]
+pub(crate) struct ErrorBody(pub serde_json::Value);
 
 impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
@@ -118,7 +183,10 @@ impl ResponseError for ApiError {
             }
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
-            ApiError::Forbidden(_) | ApiError::WorkerNotAllowed(_) => StatusCode::FORBIDDEN,
+            ApiError::Forbidden(_) | ApiError::CrossSite(_) | ApiError::WorkerNotAllowed { .. } => {
+                StatusCode::FORBIDDEN
+            }
+            ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Admission(AdmitError::QueueTimeout { .. }) | ApiError::RoutingRestarted => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -147,7 +215,10 @@ impl ResponseError for ApiError {
             }
             _ => {}
         }
-        b.json(self.body())
+        let body = self.body();
+        let mut resp = b.json(&body);
+        resp.extensions_mut().insert(ErrorBody(body));
+        resp
     }
 }
 

@@ -119,7 +119,7 @@ async fn proxy_request(
     seen: &mut Seen,
 ) -> Result<HttpResponse, ApiError> {
     state.keys.client(&req)?;
-    let peer = req.peer_addr().map(|a| a.ip());
+    let peer = state.proxies.client_ip(&req);
     let admitted = state.pipeline.admit(state.keys.client_id(&req), peer);
     // Handed to the answer that relays a stream, so the slot is held until it ends.
     let ticket = Cell::new(Some(admitted.await?));

@@ -253,6 +253,7 @@ async fn scrape(state: &AppState) -> Result<HttpResponse, ApiError> {
                         Some(EventState::Connecting) => 1,
                         Some(EventState::Live) => 2,
                         Some(EventState::Stalled) => 3,
+                        Some(EventState::Refused) => 4,
                     },
                     event_blocks: e.map_or(0, |e| e.blocks),
                     url: r.url.to_string(),

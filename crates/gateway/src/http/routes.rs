@@ -217,8 +217,11 @@ async fn add(
             "api_key must be non-empty visible ASCII".into(),
         ));
     }
-    if !state.allow.allows(&parsed).await {
-        return Err(ApiError::WorkerNotAllowed(parsed.to_string()));
+    if let Err(why) = state.allow.check(parsed.host(), parsed.port()).await {
+        return Err(ApiError::WorkerNotAllowed {
+            url: parsed.to_string(),
+            why: why.to_string(),
+        });
     }
     Ok(state
         .registry

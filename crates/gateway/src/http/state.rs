@@ -19,6 +19,7 @@ use crate::actors::selector::SelectorActor;
 use crate::actors::tokenizers::Tokenizers;
 use crate::http::auth::{AllowList, Keys};
 use crate::http::error::ApiError;
+use crate::http::forwarded::TrustedProxies;
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
 
@@ -37,6 +38,8 @@ pub(crate) struct AppState {
     pub body_timeout: Duration,
     pub keys: Keys,
     pub allow: AllowList,
+    /// Whose forwarding headers name the client of the per-address rate limit.
+    pub proxies: TrustedProxies,
     /// Longest drain of a worker removed through the API, and of the gateway at SIGTERM.
     pub grace: Duration,
     pub lifecycle: Arc<Lifecycle>,
@@ -88,6 +91,30 @@ pub(crate) async fn read_body(
         buf.extend_from_slice(&chunk);
     }
     Ok(buf.freeze())
+}
+
+/// Refuses a body not declared `application/json` (parameters such as `charset` aside): a
+/// browser page can send a form or `text/plain` to another site without asking first, but
+/// not JSON.
+pub(crate) fn require_json(req: &HttpRequest) -> Result<(), ApiError> {
+    let declared = req.headers().get(actix_web::http::header::CONTENT_TYPE);
+    let json = declared.is_some_and(|v| {
+        let essence = v
+            .as_bytes()
+            .split(|b| *b == b';')
+            .next()
+            .unwrap_or_default();
+        essence
+            .trim_ascii()
+            .eq_ignore_ascii_case(b"application/json")
+    });
+    if json {
+        return Ok(());
+    }
+    Err(ApiError::UnsupportedMediaType(declared.map_or_else(
+        || "none".into(),
+        |v| format!("'{}'", String::from_utf8_lossy(v.as_bytes())),
+    )))
 }
 
 /// A load report summed over ranks (KV usage averaged).

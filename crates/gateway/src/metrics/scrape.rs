@@ -115,7 +115,7 @@ impl Gauges {
         let events_state = Family::<WorkerLabels, Gauge>::default();
         r.register(
             "worker_kv_events_state",
-            "The worker's KV events: 0 off, 1 connecting, 2 live, 3 stalled (routing falls back to the approximate index unless live)",
+            "The worker's KV events: 0 off, 1 connecting, 2 live, 3 stalled, 4 refused (routing falls back to the approximate index unless live)",
             events_state.clone(),
         );
         let event_blocks = Family::<WorkerLabels, Gauge>::default();

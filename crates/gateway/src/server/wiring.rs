@@ -155,10 +155,13 @@ pub(super) fn control_actors(
         interval: cfg.snapshot.interval,
     };
     let routed = index.clone().recipient();
+    // Checked by `validate`: a value that does not parse was refused then.
+    let allow = AllowList::new(cfg.access.allowed().unwrap_or_default());
     let events = EventsActor::start_in_arbiter(&control.handle(), move |_| {
         EventsActor::new(Some(max_blocks), Some(to_selector))
             .with_snapshots(snapshots, events_image)
             .with_prefix_index(routed)
+            .with_allow_list(allow)
     });
     let tokenizers = Arc::new(Tokenizers::new(cfg.events.tokenizer_path.clone()));
     let loader = TokenizerActor {
@@ -216,9 +219,9 @@ pub(super) async fn register(
             // A worker the API added before the restart is checked against today's list.
             if source == WorkerSource::Api
                 && let Ok(u) = WorkerUrl::parse(&url)
-                && !allow.allows(&u).await
+                && let Err(why) = allow.check(u.host(), u.port()).await
             {
-                warn!(worker = %url, "not registered again: outside --worker-allow");
+                warn!(worker = %url, reason = %why, "not registered again");
                 return;
             }
             let r = registry

@@ -46,11 +46,11 @@ impl Handler<GetEventStates> for EventsActor {
                 )
             })
             .collect();
-        for (id, why) in &self.off {
+        for (id, (state, why)) in &self.off {
             out.insert(
                 *id,
                 WorkerEvents {
-                    state: EventState::Off,
+                    state: *state,
                     block_size: None,
                     blocks: 0,
                     batches: 0,

@@ -1,6 +1,7 @@
 //! What a worker is, asked of the worker itself: its models and engine kind from
 //! `/v1/models`, its limits, data-parallel size, start time and KV-event descriptor from
-//! `/server_info` (or the older `/get_server_info`); and its `/health`.
+//! `/server_info` (or the older `/get_server_info`); and its `/health`. Redirects are
+//! never followed: a worker could otherwise send its probes, and its key, anywhere.
 
 use std::time::Duration;
 
@@ -11,6 +12,15 @@ use tracing::warn;
 
 use super::Runtime;
 use kvgate_core::Secret;
+
+/// The client of every probe: `timeout` per request, no redirect followed (a 3xx answer
+/// is a failed probe).
+pub(super) fn client(timeout: Duration) -> awc::Client {
+    awc::Client::builder()
+        .timeout(timeout)
+        .disable_redirects()
+        .finish()
+}
 
 /// How a worker is asked: the client, the timeout of one probe, the key the worker
 /// expects.
@@ -46,6 +56,8 @@ pub(crate) enum ProbeError {
     },
     #[error("GET {url}: status {status}")]
     Status { url: String, status: u16 },
+    #[error("GET {url}: redirect refused (status {status}): worker probes do not follow redirects")]
+    Redirect { url: String, status: u16 },
     #[error("GET {url}: {source}")]
     Body {
         url: String,
@@ -60,6 +72,18 @@ pub(crate) enum ProbeError {
         #[source]
         source: serde_json::Error,
     },
+}
+
+impl ProbeError {
+    /// A status other than 2xx: a redirect is named as such.
+    fn status(url: String, status: awc::http::StatusCode) -> ProbeError {
+        let code = status.as_u16();
+        if status.is_redirection() {
+            ProbeError::Redirect { url, status: code }
+        } else {
+            ProbeError::Status { url, status: code }
+        }
+    }
 }
 
 /// What registration learned from the worker's own routes.
@@ -126,8 +150,7 @@ async fn get_json<T: serde::de::DeserializeOwned>(
         Err(source) => return Err(ProbeError::Send { url, source }),
     };
     if !resp.status().is_success() {
-        let status = resp.status().as_u16();
-        return Err(ProbeError::Status { url, status });
+        return Err(ProbeError::status(url, resp.status()));
     }
     let body = match resp.body().limit(PROBE_BODY_LIMIT).await {
         Ok(b) => b,
@@ -184,10 +207,7 @@ pub(super) async fn health(
     let url = url.join(endpoint);
     match probe.get(&url).send().await {
         Ok(r) if r.status().is_success() => Ok(()),
-        Ok(r) => Err(ProbeError::Status {
-            url,
-            status: r.status().as_u16(),
-        }),
+        Ok(r) => Err(ProbeError::status(url, r.status())),
         Err(source) => Err(ProbeError::Send { url, source }),
     }
 }

@@ -110,3 +110,55 @@ fn a_server_info_that_fails_once_leaves_what_was_learned() {
     );
     assert_eq!(r.startup_time, Some(9.0));
 }
+
+/// A loopback server answering every request with 302 to the same path at `to`; the
+/// count of requests it read.
+fn redirecting(to: &str) -> String {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let to = to.to_owned();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let mut out = conn.try_clone().unwrap();
+            let mut reader = BufReader::new(conn);
+            let mut line = String::new();
+            reader.read_line(&mut line).unwrap();
+            let mut h = String::new();
+            while reader.read_line(&mut h).is_ok_and(|n| n > 2) {
+                h.clear();
+            }
+            let path = line.split_whitespace().nth(1).unwrap_or("/").to_owned();
+            let _ = write!(
+                out,
+                "HTTP/1.1 302 Found\r\nlocation: {to}{path}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+            );
+        }
+    });
+    url
+}
+
+#[actix_rt::test]
+async fn a_redirect_fails_a_probe_and_is_named() {
+    // Where the redirect points: nothing listens, so following it would say "connect".
+    let nowhere = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let to = format!("http://{}", nowhere.local_addr().unwrap());
+    drop(nowhere);
+    let worker = url(&redirecting(&to));
+    let client = detect::client(Duration::from_secs(5));
+    let probe = Probe {
+        client: &client,
+        timeout: Duration::from_secs(5),
+        key: None,
+    };
+    let health = detect::health(probe, &worker, "/health").await;
+    let detected = detect(probe, &worker).await;
+    for (e, route) in [(health.err(), "/health"), (detected.err(), "/v1/models")] {
+        let e = e.expect("a failed probe");
+        assert!(
+            matches!(&e, ProbeError::Redirect { url, status: 302 } if url.ends_with(route)),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("redirect refused"), "{e}");
+    }
+}

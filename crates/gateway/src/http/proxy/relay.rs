@@ -104,7 +104,7 @@ impl Relay {
         self.guard = None;
         // An unfinished event is dropped: the client could not parse it anyway.
         self.partial.clear();
-        let event = format!("data: {}\n\n", err.body());
+        let event = format!("data: {}\n\n", err.body_for(&self.request_id));
         Poll::Ready(Some(Ok(Bytes::from(event))))
     }
 }
