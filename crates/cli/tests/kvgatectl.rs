@@ -99,7 +99,7 @@ fn snapshot_inspect_reads_a_stopped_gateways_store() {
     let d = data.to_str().unwrap();
     let (ok, out, err) = run(&["snapshot", "inspect", "--data-dir", d]);
     assert!(ok, "{err}");
-    assert!(out.contains("format version:  2"), "{out}");
+    assert!(out.contains("format version:  3"), "{out}");
     assert!(out.contains("generation"), "{out}");
     assert!(out.contains("model \"kvgate-sim-model\""), "{out}");
     assert!(
@@ -110,7 +110,7 @@ fn snapshot_inspect_reads_a_stopped_gateways_store() {
     let (ok, out, _) = run(&["--json", "snapshot", "inspect", "--data-dir", d]);
     assert!(ok);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(v["format_version"], 2);
+    assert_eq!(v["format_version"], 3);
     let workers = v["models"][0]["workers"].as_array().unwrap();
     let units: u64 = workers.iter().map(|w| w["units"].as_u64().unwrap()).sum();
     let entries: u64 = workers.iter().map(|w| w["entries"].as_u64().unwrap()).sum();
