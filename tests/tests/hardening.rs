@@ -1,6 +1,7 @@
 //! What a hostile neighbour can make the gateway do: a browser page of another site
 //! changing an open admin, a worker bouncing probes elsewhere with redirects or naming a
-//! foreign KV-event endpoint, and error bodies that would tell a client where workers are.
+//! foreign KV-event endpoint or too many ranks, error bodies that would tell a client where
+//! workers are, and clients behind a proxy sharing one rate limit.
 #![expect(
     clippy::expect_used,
     reason = "test code: a helper's panic is a failed test"
