@@ -1,7 +1,11 @@
-# kvgate's image: built from source in a Rust stage, run from a distroless one (glibc 2.36,
-# libgcc, no shell, no package manager) as user 65532. Building on bookworm keeps the
-# binary's glibc floor at or below the runtime's. scripts/image.sh assembles the same
-# runtime with no base image to pull.
+# kvgate's image, for machines that reach a container registry: built from source in a
+# Rust stage, run from a distroless one (glibc 2.36, libgcc, no shell, no package manager)
+# as user 65532. Building on bookworm keeps the binary's glibc floor (2.34) at or below the
+# runtime's.
+#
+# This repository's CI cannot build it (it reaches no registry for the base images):
+# scripts/image.sh assembles the same runtime stage with no base image, and CI runs that
+# one. Keep the two in step: user, paths, environment, ports, volume, entrypoint.
 #
 #   docker build -t kvgate .        (or: podman build -t kvgate .)
 #   docker run -p 30000:30000 kvgate --control-plane-api-keys KEY --worker-urls http://engine:8000
