@@ -428,23 +428,45 @@ fn the_deployment_drains_probes_and_runs_locked_down() {
     assert_eq!(pod["serviceAccountName"], "kvgate");
 }
 
+/// The pods run the image as the Dockerfile builds it (and scripts/image.sh, whose smoke
+/// checks it against the Dockerfile): its user, its data volume, its exposed ports.
 #[test]
-fn the_pods_user_is_the_images_user() {
+fn the_pods_run_the_image_as_the_dockerfile_sets_it_up() {
     let all = resources();
     let uid = deployment(&all)["spec"]["template"]["spec"]["securityContext"]["runAsUser"]
         .as_u64()
         .expect("runAsUser");
     let user = format!("{uid}:{uid}");
-    assert!(
-        repo_file("Dockerfile")
+    let dockerfile = repo_file("Dockerfile");
+    let instruction = |name: &str| {
+        dockerfile
             .lines()
-            .any(|l| l.trim() == format!("USER {user}")),
-        "the Dockerfile runs as {user}"
-    );
+            .find_map(|l| l.trim().strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("the Dockerfile has no {name}"))
+            .to_owned()
+    };
+    assert_eq!(instruction("USER"), user, "the Dockerfile's user");
     assert!(
         repo_file("scripts/image.sh").contains(&format!("IMAGE_UID:-{uid}}}")),
         "scripts/image.sh runs as {user}"
     );
+    let args = strings(&container(&all)["args"]);
+    assert_eq!(
+        instruction("VOLUME"),
+        format!("[\"{}\"]", arg(&args, "--data-dir")),
+        "the data directory is the image's volume"
+    );
+    let exposed: BTreeSet<String> = instruction("EXPOSE")
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect();
+    let ports: BTreeSet<String> = container(&all)["ports"]
+        .as_array()
+        .expect("ports")
+        .iter()
+        .map(|p| p["containerPort"].to_string())
+        .collect();
+    assert_eq!(exposed, ports, "the container's ports are the image's");
 }
 
 #[test]
