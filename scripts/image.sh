@@ -309,5 +309,6 @@ case "${1:-}" in
   --smoke) smoke ;;
   --run) shift; run "$@" ;;
   --glibc-floor) release_build; check_glibc_floor "$bin"; glibc_needed "$bin" ;;
-  *) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  # The header comment is the usage.
+  *) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0" >&2; exit 2 ;;
 esac
