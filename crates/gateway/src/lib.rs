@@ -39,8 +39,8 @@ mod upstream;
 
 pub use alloc::keep_freed_memory;
 pub use config::{
-    AccessConfig, AdmissionConfig, CircuitConfig, ConfigError, EventsSection, GatewayConfig,
-    HealthConfig, Overrides, RetryConfig, Section, SnapshotConfig,
+    AccessConfig, AdmissionConfig, CircuitConfig, ConfigError, DiscoverySection, EventsSection,
+    GatewayConfig, HealthConfig, Overrides, RetryConfig, Section, SnapshotConfig,
 };
 pub use http::error::ApiError;
 pub use kvgate_core::Secret;

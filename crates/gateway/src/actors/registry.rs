@@ -22,6 +22,8 @@ use crate::metrics::Metrics;
 mod admin;
 pub(crate) use admin::{AddWorker, DrainWorker, ListWorkers, RemoveWorker, WorkerFailed};
 mod detect;
+mod discovered;
+pub(crate) use discovered::{AddDiscovered, DropDiscovered, Exclusions, PodRef, RetireDiscovered};
 
 pub(crate) use detect::ProbeError;
 use detect::{Detected, Probe, detect};
@@ -54,6 +56,8 @@ pub enum WorkerStatus {
 pub enum WorkerSource {
     Config,
     Api,
+    /// A pod found by `--service-discovery` (never persisted: the API says it again).
+    Kubernetes,
 }
 
 /// Everything kvgate knows about one worker.
@@ -86,6 +90,9 @@ pub struct WorkerRecord {
     /// The key the engine expects (`Authorization: Bearer`); never shown.
     #[serde(skip)]
     pub api_key: Option<Secret>,
+    /// The pod of a discovered worker (`pod`, `namespace`, `pod_uid` in its JSON).
+    #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<PodRef>,
 }
 
 /// Most data-parallel ranks a worker is routed over one by one; past it, by the worker.
@@ -118,6 +125,7 @@ impl WorkerRecord {
             last_error: None,
             incarnation,
             api_key,
+            kubernetes: None,
         }
     }
 
@@ -205,6 +213,8 @@ pub struct RegistryActor {
     incarnations: u64,
     ticks: u64,
     persist: Option<Persister>,
+    /// Discovered workers the admin API removed, kept out until their pod changes.
+    excluded: Exclusions,
 }
 
 impl std::fmt::Debug for RegistryActor {
@@ -237,6 +247,7 @@ impl RegistryActor {
             persist,
             incarnations: 0,
             ticks: 0,
+            excluded: Exclusions::default(),
         }
     }
 
