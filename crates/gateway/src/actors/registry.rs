@@ -23,7 +23,8 @@ mod admin;
 pub(crate) use admin::{AddWorker, DrainWorker, ListWorkers, RemoveWorker, WorkerFailed};
 mod detect;
 mod discovered;
-pub(crate) use discovered::{AddDiscovered, DropDiscovered, Exclusions, PodRef, RetireDiscovered};
+pub use discovered::{AddDiscovered, PodRef};
+pub(crate) use discovered::{DropDiscovered, Exclusions, RetireDiscovered};
 
 pub(crate) use detect::ProbeError;
 use detect::{Detected, Probe, detect};
