@@ -3,10 +3,6 @@
 //! engines on 127.0.0.2, 127.0.0.3, ... as the pods' IPs. Every engine listens on one port,
 //! chosen free on all those addresses, as the pods of a Deployment do: the gateway's one
 //! `--service-discovery-port` then fits them all, with no test-only per-pod port.
-#![expect(
-    clippy::expect_used,
-    reason = "test code: a helper's panic is a failed test"
-)]
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
