@@ -5,6 +5,7 @@
     reason = "the suite's helpers: a panic there is a failed test"
 )]
 
+pub mod kube;
 pub mod raw;
 
 use std::time::Duration;
@@ -271,4 +272,26 @@ where
         actix_rt::time::sleep(Duration::from_millis(20)).await;
     }
     panic!("timed out waiting for {what}");
+}
+
+/// A port free on every one of `hosts` when asked (each bound and released), for
+/// simulated engines that must share one port on distinct loopback addresses, as the
+/// pods of a Deployment do.
+pub fn port_free_on(hosts: &[&str]) -> u16 {
+    for _ in 0..100 {
+        let first = std::net::TcpListener::bind((hosts[0], 0)).expect("bind a loopback address");
+        let port = first.local_addr().expect("addr").port();
+        let rest: Vec<_> = (hosts[1..].iter())
+            .map(|h| std::net::TcpListener::bind((*h, port)))
+            .collect();
+        if rest.iter().all(Result::is_ok) {
+            return port;
+        }
+    }
+    panic!("no port free on all of {hosts:?}");
+}
+
+/// One simulated engine listening on `host:port` (a pod's IP and the discovery port).
+pub fn engine_at(host: &str, port: u16) -> SimFleet {
+    SimFleet::start_each(host, port, vec![SimConfig::default()]).expect("simulated engine starts")
 }

@@ -194,6 +194,20 @@ fn each_crate_links_only_what_its_role_allows() {
             "awc",
         ],
     );
+    // Kubernetes discovery reads pods: no other kvgate crate, no actor, no server, no store.
+    assert_links_none(
+        &g,
+        "kvgate-discovery",
+        &[
+            "kvgate-core",
+            "kvgate-gateway",
+            "actix",
+            "actix-web",
+            "sled",
+            "openssl",
+            "openssl-sys",
+        ],
+    );
     // The inspection tool talks HTTP and reads a stopped store: no gateway, no server.
     assert_links_none(&g, "kvgate-cli", &["kvgate-gateway", "actix-web"]);
     assert_links_none(&g, "kvgate-engine-sim", &["kvgate-gateway", "kvgate-store"]);

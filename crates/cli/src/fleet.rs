@@ -93,6 +93,15 @@ pub(crate) async fn remove(gw: Gateway<'_>, worker: &str) -> anyhow::Result<Answ
     })
 }
 
+/// Where a worker came from: `config`, `api`, or a discovered one's pod (`ns/pod`, its
+/// `source` being `kubernetes`), which says more in the width.
+fn source(w: &Value) -> String {
+    match (w["namespace"].as_str(), w["pod"].as_str()) {
+        (Some(ns), Some(pod)) => format!("{ns}/{pod}"),
+        _ => text(&w["source"]),
+    }
+}
+
 pub(crate) fn workers_table(v: &Value) -> String {
     let rows: Vec<Vec<String>> = v["workers"]
         .as_array()
@@ -104,6 +113,7 @@ pub(crate) fn workers_table(v: &Value) -> String {
                 text(&w["url"]),
                 text(&w["models"]),
                 text(&w["status"]),
+                source(w),
                 text(&w["in_flight"]),
                 run_wait(&w["load"]),
                 percent(&w["load"]["kv_usage"]),
@@ -117,6 +127,7 @@ pub(crate) fn workers_table(v: &Value) -> String {
             "URL",
             "MODELS",
             "STATUS",
+            "SOURCE",
             "IN-FLIGHT",
             "RUN/WAIT",
             "KV",

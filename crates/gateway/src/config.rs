@@ -15,6 +15,7 @@ use thiserror::Error;
 mod access;
 mod admission;
 mod circuit;
+mod discovery;
 mod events;
 mod health;
 mod retry;
@@ -25,6 +26,7 @@ pub use access::AccessConfig;
 pub(crate) use access::Allowed;
 pub use admission::AdmissionConfig;
 pub use circuit::CircuitConfig;
+pub use discovery::DiscoverySection;
 pub(crate) use events::EventsConfig;
 pub use events::EventsSection;
 pub use health::HealthConfig;
@@ -129,6 +131,8 @@ pub struct GatewayConfig {
     pub events: EventsSection,
     #[serde(flatten, skip_deserializing)]
     pub snapshot: SnapshotConfig,
+    #[serde(flatten, skip_deserializing)]
+    pub discovery: DiscoverySection,
 }
 
 impl Default for GatewayConfig {
@@ -164,6 +168,7 @@ impl Default for GatewayConfig {
             access: AccessConfig::default(),
             events: EventsSection::default(),
             snapshot: SnapshotConfig::default(),
+            discovery: DiscoverySection::default(),
         }
     }
 }
@@ -260,6 +265,7 @@ impl GatewayConfig {
                 .with_list_parse_key("control_plane_api_keys")
                 .with_list_parse_key("worker_allow")
                 .with_list_parse_key("trusted_proxies")
+                .with_list_parse_key("selector")
                 .source(Some(vars)),
         );
         for (k, v) in overrides {
@@ -275,6 +281,7 @@ impl GatewayConfig {
         let access = take(&mut table)?;
         let events = take(&mut table)?;
         let snapshot = take(&mut table)?;
+        let discovery = take(&mut table)?;
         let own: GatewayConfig =
             config::Value::new(None, config::ValueKind::Table(table.into_iter().collect()))
                 .try_deserialize()?;
@@ -286,6 +293,7 @@ impl GatewayConfig {
             access,
             events,
             snapshot,
+            discovery,
             ..own
         };
         cfg.validate()?;
@@ -349,7 +357,8 @@ impl GatewayConfig {
         self.admission.validate()?;
         self.access.validate()?;
         self.events.validate()?;
-        self.snapshot.validate()
+        self.snapshot.validate()?;
+        self.discovery.validate()
     }
 }
 

@@ -39,8 +39,8 @@ mod upstream;
 
 pub use alloc::keep_freed_memory;
 pub use config::{
-    AccessConfig, AdmissionConfig, CircuitConfig, ConfigError, EventsSection, GatewayConfig,
-    HealthConfig, Overrides, RetryConfig, Section, SnapshotConfig,
+    AccessConfig, AdmissionConfig, CircuitConfig, ConfigError, DiscoverySection, EventsSection,
+    GatewayConfig, HealthConfig, Overrides, RetryConfig, Section, SnapshotConfig,
 };
 pub use http::error::ApiError;
 pub use kvgate_core::Secret;
@@ -53,7 +53,9 @@ pub mod testing {
     pub use crate::actors::index::{
         GetIndexStats, IndexActor, IndexConfig, IndexStats, MatchPrefix, RecordPrefix,
     };
-    pub use crate::actors::registry::{Fleet, FleetChanged, WorkerRecord, WorkerStatus};
+    pub use crate::actors::registry::{
+        AddDiscovered, Fleet, FleetChanged, PodRef, WorkerRecord, WorkerStatus,
+    };
     pub use crate::actors::selector::{Explain, GetViews, SelectorActor};
     pub use crate::facts::request_facts;
     pub use crate::server::Actors;

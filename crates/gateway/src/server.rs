@@ -15,6 +15,7 @@ use tracing::info;
 
 use kvgate_poller::LoadPoller;
 
+use crate::actors::discovery::DiscoveryActor;
 use crate::actors::events::EventsActor;
 use crate::actors::index::IndexActor;
 use crate::actors::registry::RegistryActor;
@@ -145,6 +146,8 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
     // Checked by `validate`: an entry that does not parse was refused then.
     let allow = AllowList::new(cfg.access.allowed().unwrap_or_default());
     register(&registry, (&index, &events), workers, &allow).await;
+    // After the configured workers: a pod at one of their addresses is theirs.
+    DiscoveryActor::start_if_on(cfg, &control.handle(), &registry, &selector);
     let lifecycle = Arc::new(Lifecycle::default());
     let admission = Arc::new(Admission::new(&cfg.admission));
     let pipeline = Pipeline {

@@ -467,6 +467,36 @@ const FLAGS: &[(&str, &str, Kind, &str)] = &[
         "After SIGTERM, how long to keep accepting (readiness already 503) before draining, seconds",
     ),
     (
+        "service-discovery",
+        "service_discovery",
+        Kind::Switch,
+        "Add the worker pods the Kubernetes API lists (--selector), and follow them",
+    ),
+    (
+        "selector",
+        "selector",
+        Kind::Texts,
+        "Labels a worker pod carries, key=value, space-separated (all must match)",
+    ),
+    (
+        "service-discovery-namespace",
+        "service_discovery_namespace",
+        Kind::Text,
+        "Namespace of the worker pods (default: the gateway pod's own, else default)",
+    ),
+    (
+        "service-discovery-port",
+        "service_discovery_port",
+        Kind::Int,
+        "Port the engines listen on in every worker pod",
+    ),
+    (
+        "service-discovery-kubeconfig",
+        "service_discovery_kubeconfig",
+        Kind::Text,
+        "A kubeconfig file instead of KUBECONFIG or the in-cluster service account",
+    ),
+    (
         "demo",
         "demo",
         Kind::Switch,
@@ -589,5 +619,97 @@ mod tests {
         }
         assert_eq!(env_var("policy.cache_mode"), "KVGATE_POLICY__CACHE_MODE");
         command().debug_assert();
+    }
+
+    fn load(args: &[&str], env: &[(&str, &str)]) -> Result<GatewayConfig, String> {
+        let m = command()
+            .try_get_matches_from(std::iter::once("kvgate").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())?;
+        let (_, overrides) = parse(&m);
+        let env = env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        GatewayConfig::load(None, &env, overrides).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn service_discovery_takes_the_reference_flags_and_their_variables() {
+        let c = load(
+            &[
+                "--service-discovery",
+                "--selector",
+                "app=sglang",
+                "tier=gpu",
+                "--service-discovery-namespace",
+                "ml",
+                "--service-discovery-port",
+                "30000",
+            ],
+            &[],
+        )
+        .unwrap();
+        let d = &c.discovery;
+        assert!(d.service_discovery);
+        assert_eq!(d.selector, ["app=sglang", "tier=gpu"]);
+        assert_eq!(d.service_discovery_namespace.as_deref(), Some("ml"));
+        assert_eq!(d.service_discovery_port, 30000);
+        let c = load(
+            &[],
+            &[
+                ("KVGATE_SERVICE_DISCOVERY", "true"),
+                ("KVGATE_SELECTOR", "app=vllm role=decode"),
+                ("KVGATE_SERVICE_DISCOVERY_PORT", "8080"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.discovery.selector, ["app=vllm", "role=decode"]);
+        assert_eq!(c.discovery.service_discovery_port, 8080);
+        assert_eq!(c.discovery.service_discovery_namespace, None);
+        assert_eq!(
+            GatewayConfig::default().discovery.service_discovery_port,
+            8000
+        );
+        // Refused, naming the key.
+        let e = load(&["--service-discovery"], &[]).unwrap_err();
+        assert!(e.contains("'selector'"), "{e}");
+        let e = load(&["--service-discovery", "--selector", "app"], &[]).unwrap_err();
+        assert!(e.contains("'selector'") && e.contains("'app'"), "{e}");
+        let e = load(
+            &[
+                "--service-discovery",
+                "--selector",
+                "a=b",
+                "--service-discovery-port",
+                "0",
+            ],
+            &[],
+        )
+        .unwrap_err();
+        assert!(e.contains("service_discovery_port"), "{e}");
+        let e = load(
+            &[
+                "--service-discovery",
+                "--selector",
+                "a=b",
+                "--service-discovery-port",
+                "70000",
+            ],
+            &[],
+        )
+        .unwrap_err();
+        assert!(e.contains("service_discovery_port"), "{e}");
+        let e = load(
+            &[
+                "--service-discovery",
+                "--selector",
+                "a=b",
+                "--service-discovery-namespace",
+                "No_Such",
+            ],
+            &[],
+        )
+        .unwrap_err();
+        assert!(e.contains("service_discovery_namespace"), "{e}");
     }
 }

@@ -24,6 +24,9 @@ mod allow;
 pub(crate) use admin::{AddWorker, DrainWorker, ListWorkers, RemoveWorker, WorkerFailed};
 pub(crate) use allow::AllowList;
 mod detect;
+mod discovered;
+pub use discovered::{AddDiscovered, PodRef};
+pub(crate) use discovered::{DropDiscovered, Exclusions, RetireDiscovered};
 
 pub(crate) use detect::ProbeError;
 use detect::{Detected, Probe, detect};
@@ -56,6 +59,8 @@ pub enum WorkerStatus {
 pub enum WorkerSource {
     Config,
     Api,
+    /// A pod found by `--service-discovery` (never persisted: the API says it again).
+    Kubernetes,
 }
 
 /// Everything kvgate knows about one worker.
@@ -88,6 +93,9 @@ pub struct WorkerRecord {
     /// The key the engine expects (`Authorization: Bearer`); never shown.
     #[serde(skip)]
     pub api_key: Option<Secret>,
+    /// The pod of a discovered worker (`pod`, `namespace`, `pod_uid` in its JSON).
+    #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<PodRef>,
 }
 
 /// Most data-parallel ranks a worker is routed over one by one; past it, by the worker.
@@ -120,6 +128,7 @@ impl WorkerRecord {
             last_error: None,
             incarnation,
             api_key,
+            kubernetes: None,
         }
     }
 
@@ -207,6 +216,8 @@ pub struct RegistryActor {
     incarnations: u64,
     ticks: u64,
     persist: Option<Persister>,
+    /// Discovered workers the admin API removed, kept out until their pod changes.
+    excluded: Exclusions,
 }
 
 impl std::fmt::Debug for RegistryActor {
@@ -239,6 +250,7 @@ impl RegistryActor {
             persist,
             incarnations: 0,
             ticks: 0,
+            excluded: Exclusions::default(),
         }
     }
 

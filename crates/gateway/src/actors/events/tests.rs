@@ -61,6 +61,7 @@ fn record(id: u64, port: u16, replay: Option<u16>) -> WorkerRecord {
         last_error: None,
         incarnation: 1,
         api_key: None,
+        kubernetes: None,
     }
 }
 

@@ -106,7 +106,11 @@ impl Handler<RemoveWorker> for RegistryActor {
             .remove(&id)
             .ok_or_else(|| RegistryError::NotFound(msg.key.clone()))?;
         info!(worker = %rec.url, "worker removed");
-        self.remember(rec.url.as_str(), false);
+        match &rec.kubernetes {
+            // Its pod still serves: out until the pod changes, and never persisted.
+            Some(pod) => self.excluded.exclude(&rec.url, pod),
+            None => self.remember(rec.url.as_str(), false),
+        }
         self.publish();
         Ok(rec)
     }
