@@ -5,7 +5,7 @@ use serde_json::Value;
 
 use crate::client::{Answer, Gateway, percent_encode};
 use crate::index::index_shares;
-use crate::render::{num, percent, run_wait, table, text};
+use crate::render::{num, percent, run_wait, table, table_keeping, text};
 
 /// The workers, each with its share of the prefix index's units.
 pub(crate) async fn workers(gw: Gateway<'_>) -> anyhow::Result<Answer> {
@@ -121,7 +121,7 @@ pub(crate) fn workers_table(v: &Value) -> String {
             ]
         })
         .collect();
-    table(
+    table_keeping(
         &[
             "ID",
             "URL",
@@ -134,6 +134,7 @@ pub(crate) fn workers_table(v: &Value) -> String {
             "INDEX",
         ],
         &rows,
+        &[0, 1],
     )
 }
 

@@ -8,6 +8,12 @@ const WIDTH: u16 = 100;
 
 /// An aligned table with a header row, at most [`WIDTH`] columns wide.
 pub(crate) fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    table_keeping(headers, rows, &[])
+}
+
+/// [`table`], the columns `whole` never wrapped (an id or a URL is copied from the
+/// output): the others give up the width.
+pub(crate) fn table_keeping(headers: &[&str], rows: &[Vec<String>], whole: &[usize]) -> String {
     let mut t = comfy_table::Table::new();
     t.load_preset(comfy_table::presets::NOTHING)
         .set_content_arrangement(comfy_table::ContentArrangement::Dynamic)
@@ -15,6 +21,11 @@ pub(crate) fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
         .set_header(headers.iter().copied());
     for r in rows {
         t.add_row(r.iter().map(String::as_str));
+    }
+    for &i in whole {
+        if let Some(c) = t.column_mut(i) {
+            c.set_constraint(comfy_table::ColumnConstraint::ContentWidth);
+        }
     }
     // The preset pads every cell by one space on each side; lines keep no trailing blanks.
     let mut out: String = t

@@ -43,6 +43,13 @@ fn renders_workers() {
         ],
         "{t}"
     );
+    // Ids and URLs are copied from the output: never wrapped, even with wide cells beside.
+    let mut wide = v.clone();
+    wide["workers"][0]["url"] = json!("http://127.0.0.1:34619");
+    wide["workers"][0]["models"] = json!(["a-model-with-a-long-name"]);
+    let t2 = workers_table(&wide);
+    assert!(t2.lines().all(|l| l.chars().count() <= 100), "{t2}");
+    assert!(t2.contains("http://127.0.0.1:34619"), "{t2}");
     // A discovered worker names its pod.
     let row: Vec<&str> = t.lines().nth(2).unwrap().split_whitespace().collect();
     assert_eq!(
