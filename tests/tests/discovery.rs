@@ -199,7 +199,8 @@ async fn pods_join_leave_and_come_back_while_every_request_succeeds() {
     futures_util::future::join(scenario, lanes).await;
 
     assert_eq!(load.failures.borrow().as_slice(), [] as [String; 0]);
-    assert!(load.ok.get() >= 60, "{} answers", load.ok.get());
+    // What `more` waited for, at least.
+    assert!(load.ok.get() >= 50, "{} answers", load.ok.get());
     // The stranger's engine, alive all along, was never a worker.
     assert_eq!(engines[ips[2]].engine(0).stats().requests, 0);
     assert_eq!(
