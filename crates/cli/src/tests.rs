@@ -23,30 +23,32 @@ fn tables_fit_a_hundred_columns() {
 #[test]
 fn renders_workers() {
     let v = json!({"workers": [{"id": "ab", "url": "http://x:1", "status": "ready", "in_flight": 2, "models": ["m"],
-        "source": "config", "load": {"running": 3, "waiting": 1, "kv_usage": 0.25}, "index_share": 0.5},
-        {"id": "cd", "url": "http://10.1.0.7:8000", "status": "draining", "in_flight": 1, "models": ["m"],
-        "source": "kubernetes", "pod": "sglang-0", "namespace": "ml", "pod_uid": "u"}]});
+        "source": "config", "load": {"running": 3, "waiting": 1, "kv_usage": 0.25}, "index_share": 0.5}]});
     let t = workers_table(&v);
     let row: Vec<&str> = t.lines().nth(1).unwrap().split_whitespace().collect();
     assert_eq!(
         row,
-        [
-            "ab",
-            "http://x:1",
-            "m",
-            "ready",
-            "config",
-            "2",
-            "3/1",
-            "25%",
-            "50%"
-        ],
+        ["ab", "http://x:1", "m", "ready", "2", "3/1", "25%", "50%"],
         "{t}"
     );
-    // A discovered worker names its pod.
-    let row: Vec<&str> = t.lines().nth(2).unwrap().split_whitespace().collect();
+    assert!(!t.contains("SOURCE"), "{t}");
+}
+
+#[test]
+fn a_discovered_worker_names_its_pod() {
+    let v = json!({"workers": [{"id": "ab", "url": "http://x:1", "status": "ready", "in_flight": 2, "models": ["m"],
+        "source": "config"},
+        {"id": "cd", "url": "http://10.1.0.7:8000", "status": "draining", "in_flight": 1, "models": ["m"],
+        "source": "kubernetes", "pod": "sglang-0", "namespace": "ml", "pod_uid": "u"}]});
+    let t = workers_table(&v);
+    let line = |i: usize| -> Vec<String> {
+        let l = t.lines().nth(i).unwrap();
+        l.split_whitespace().map(str::to_owned).collect()
+    };
+    assert_eq!(line(0)[4], "SOURCE", "{t}");
+    assert_eq!(line(1)[4], "config", "{t}");
     assert_eq!(
-        row[..6],
+        line(2)[..6],
         [
             "cd",
             "http://10.1.0.7:8000",
