@@ -153,6 +153,21 @@ async fn pods_join_leave_and_come_back_while_every_request_succeeds() {
         until_workers(&gw, "d ready", |ws| ready(ws).contains(&at(ips[3]))).await;
         let d = engines[ips[3]].engine(0).clone();
         wait_for(30, "d serving", || d.stats().requests > 0).await;
+        // A readiness flap: unready, ready again at once. The same engine: it serves on,
+        // the same registration, nothing cut.
+        let incarnation = |ws: &[Value]| {
+            (ws.iter().find(|w| w["url"] == at(ips[3]))).map(|w| w["incarnation"].clone())
+        };
+        let before = incarnation(&workers(&gw).await);
+        api.set_ready("engine-d", false);
+        api.set_ready("engine-d", true);
+        load.more(10).await;
+        let ws = until_workers(&gw, "d ready after its flap", |ws| {
+            ready(ws).contains(&at(ips[3]))
+        })
+        .await;
+        assert_eq!(incarnation(&ws), before, "{ws:?}");
+        assert_eq!(d.stats().aborted, 0);
 
         // Unready, its engine still up: drained, then removed, and sent nothing more.
         api.set_ready("engine-a", false);
@@ -199,7 +214,8 @@ async fn pods_join_leave_and_come_back_while_every_request_succeeds() {
     futures_util::future::join(scenario, lanes).await;
 
     assert_eq!(load.failures.borrow().as_slice(), [] as [String; 0]);
-    assert!(load.ok.get() >= 60, "{} answers", load.ok.get());
+    // What `more` waited for, at least.
+    assert!(load.ok.get() >= 50, "{} answers", load.ok.get());
     // The stranger's engine, alive all along, was never a worker.
     assert_eq!(engines[ips[2]].engine(0).stats().requests, 0);
     assert_eq!(

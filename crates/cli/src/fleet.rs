@@ -102,40 +102,37 @@ fn source(w: &Value) -> String {
     }
 }
 
+/// The workers table; a `SOURCE` column (each worker's pod) only when some worker was
+/// discovered, so the usual table keeps its width.
 pub(crate) fn workers_table(v: &Value) -> String {
-    let rows: Vec<Vec<String>> = v["workers"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    let workers: Vec<&Value> = v["workers"].as_array().into_iter().flatten().collect();
+    let pods = workers.iter().any(|w| w["pod"].is_string());
+    let rows: Vec<Vec<String>> = (workers.iter())
         .map(|w| {
-            vec![
+            let mut row = vec![
                 text(&w["id"]),
                 text(&w["url"]),
                 text(&w["models"]),
                 text(&w["status"]),
-                source(w),
+            ];
+            if pods {
+                row.push(source(w));
+            }
+            row.extend([
                 text(&w["in_flight"]),
                 run_wait(&w["load"]),
                 percent(&w["load"]["kv_usage"]),
                 percent(&w["index_share"]),
-            ]
+            ]);
+            row
         })
         .collect();
-    table_keeping(
-        &[
-            "ID",
-            "URL",
-            "MODELS",
-            "STATUS",
-            "SOURCE",
-            "IN-FLIGHT",
-            "RUN/WAIT",
-            "KV",
-            "INDEX",
-        ],
-        &rows,
-        &[0, 1],
-    )
+    let mut headers = vec!["ID", "URL", "MODELS", "STATUS"];
+    if pods {
+        headers.push("SOURCE");
+    }
+    headers.extend(["IN-FLIGHT", "RUN/WAIT", "KV", "INDEX"]);
+    table_keeping(&headers, &rows, &[0, 1])
 }
 
 fn loads_table(v: &Value) -> String {

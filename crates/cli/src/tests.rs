@@ -23,37 +23,32 @@ fn tables_fit_a_hundred_columns() {
 #[test]
 fn renders_workers() {
     let v = json!({"workers": [{"id": "ab", "url": "http://x:1", "status": "ready", "in_flight": 2, "models": ["m"],
-        "source": "config", "load": {"running": 3, "waiting": 1, "kv_usage": 0.25}, "index_share": 0.5},
-        {"id": "cd", "url": "http://10.1.0.7:8000", "status": "draining", "in_flight": 1, "models": ["m"],
-        "source": "kubernetes", "pod": "sglang-0", "namespace": "ml", "pod_uid": "u"}]});
+        "source": "config", "load": {"running": 3, "waiting": 1, "kv_usage": 0.25}, "index_share": 0.5}]});
     let t = workers_table(&v);
     let row: Vec<&str> = t.lines().nth(1).unwrap().split_whitespace().collect();
     assert_eq!(
         row,
-        [
-            "ab",
-            "http://x:1",
-            "m",
-            "ready",
-            "config",
-            "2",
-            "3/1",
-            "25%",
-            "50%"
-        ],
+        ["ab", "http://x:1", "m", "ready", "2", "3/1", "25%", "50%"],
         "{t}"
     );
-    // Ids and URLs are copied from the output: never wrapped, even with wide cells beside.
-    let mut wide = v.clone();
-    wide["workers"][0]["url"] = json!("http://127.0.0.1:34619");
-    wide["workers"][0]["models"] = json!(["a-model-with-a-long-name"]);
-    let t2 = workers_table(&wide);
-    assert!(t2.lines().all(|l| l.chars().count() <= 100), "{t2}");
-    assert!(t2.contains("http://127.0.0.1:34619"), "{t2}");
-    // A discovered worker names its pod.
-    let row: Vec<&str> = t.lines().nth(2).unwrap().split_whitespace().collect();
+    assert!(!t.contains("SOURCE"), "{t}");
+}
+
+#[test]
+fn a_discovered_worker_names_its_pod() {
+    let v = json!({"workers": [{"id": "ab", "url": "http://x:1", "status": "ready", "in_flight": 2, "models": ["m"],
+        "source": "config"},
+        {"id": "cd", "url": "http://10.1.0.7:8000", "status": "draining", "in_flight": 1, "models": ["m"],
+        "source": "kubernetes", "pod": "sglang-0", "namespace": "ml", "pod_uid": "u"}]});
+    let t = workers_table(&v);
+    let line = |i: usize| -> Vec<String> {
+        let l = t.lines().nth(i).unwrap();
+        l.split_whitespace().map(str::to_owned).collect()
+    };
+    assert_eq!(line(0)[4], "SOURCE", "{t}");
+    assert_eq!(line(1)[4], "config", "{t}");
     assert_eq!(
-        row[..6],
+        line(2)[..6],
         [
             "cd",
             "http://10.1.0.7:8000",
@@ -93,4 +88,18 @@ fn encodes_urls() {
     assert_eq!(percent_encode("http://a:8/x"), "http%3A%2F%2Fa%3A8%2Fx");
     // RFC 3986's unreserved characters stay; anything else, UTF-8 included, is escaped.
     assert_eq!(percent_encode("a-b_c.d~e f/é"), "a-b_c.d~e%20f%2F%C3%A9");
+}
+
+#[test]
+fn ids_and_urls_are_never_wrapped() {
+    // Copied from the output into `kvgatectl remove`: wide cells beside them wrap instead.
+    let v = json!({"workers": [{"id": "bb8cf756b6a73977", "url": "http://127.0.0.1:34619",
+        "status": "ready", "in_flight": 0, "models": ["a-model-with-a-rather-long-name"],
+        "source": "kubernetes", "pod": "sglang-engine-0", "namespace": "inference", "pod_uid": "u"}]});
+    let t = workers_table(&v);
+    assert!(t.lines().all(|l| l.chars().count() <= 100), "{t}");
+    assert!(
+        t.contains("bb8cf756b6a73977") && t.contains("http://127.0.0.1:34619"),
+        "{t}"
+    );
 }

@@ -69,8 +69,25 @@ impl Handler<AddDiscovered> for RegistryActor {
                 Some(p) if *p == msg.pod && rec.status != WorkerStatus::Draining => {
                     return Box::pin(fut::ready(Ok(Some(rec.clone()))));
                 }
-                // An earlier incarnation at this address, still draining: it is gone from
-                // the fleet first, so nothing it cached is taken for the new one's.
+                // The same pod ready again before its drain ended (a readiness flap): the
+                // same engine, so it serves on, and the pending drop passes it by.
+                Some(p) if *p == msg.pod => {
+                    let back = if rec.models.is_empty() {
+                        WorkerStatus::Pending
+                    } else {
+                        WorkerStatus::Ready
+                    };
+                    info!(worker = %url, pod = %msg.pod.pod, "pod ready again while draining: it serves on");
+                    let out = self.workers.get_mut(&id).map(|r| {
+                        r.status = back;
+                        r.clone()
+                    });
+                    self.publish();
+                    return Box::pin(fut::ready(Ok(out)));
+                }
+                // Another pod (a new uid) at this address while the old one drains: the old
+                // one is gone from the fleet first, so nothing it cached is taken for the
+                // new one's.
                 Some(_) => {
                     info!(worker = %url, pod = %msg.pod.pod, "a new incarnation of a discovered worker replaces the old one");
                     self.workers.remove(&id);
@@ -124,7 +141,8 @@ impl Handler<RetireDiscovered> for RegistryActor {
     }
 }
 
-/// Drops a discovered worker that has drained, unless a new incarnation replaced it.
+/// Drops a discovered worker that has drained, unless a new incarnation replaced it or
+/// its pod became ready again meanwhile.
 #[derive(Message, Debug)]
 #[rtype(result = "()")]
 pub struct DropDiscovered {
@@ -137,7 +155,9 @@ impl Handler<DropDiscovered> for RegistryActor {
 
     fn handle(&mut self, msg: DropDiscovered, _: &mut Context<Self>) {
         let ours = self.workers.get(&msg.worker).is_some_and(|r| {
-            r.incarnation == msg.incarnation && r.source == WorkerSource::Kubernetes
+            r.incarnation == msg.incarnation
+                && r.source == WorkerSource::Kubernetes
+                && r.status == WorkerStatus::Draining
         });
         if ours && let Some(rec) = self.workers.remove(&msg.worker) {
             info!(worker = %rec.url, "discovered worker removed");
