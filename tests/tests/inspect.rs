@@ -61,6 +61,17 @@ async fn explain_names_the_worker_the_path_and_every_candidates_figures_and_disp
             .unwrap()
             .contains(&json!("prefill_rate_configured"))
     );
+    // A new prefix says its place in the rendezvous ranking every replica computes.
+    assert!(
+        miss["notes"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("rendezvous"))
+            && miss["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("note=rendezvous(")),
+        "{miss}"
+    );
     assert_eq!(h.split(), vec![0, 0], "explain dispatched nothing");
 
     // A real request; then the follow-up is explained as a hit on the engine that served it.

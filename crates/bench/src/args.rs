@@ -179,8 +179,11 @@ pub(crate) struct WorkloadArgs {
     pub pool_tokens: usize,
     /// Gateway instances in front of each fleet (kvgate and smg alike); request i of the
     /// plan goes to instance i mod N, as behind a balancer without session affinity.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=8))]
-    pub gateway_replicas: u64,
+    /// Several counts (`1,2,4`) run every target at each, on fresh fleets, and add the
+    /// replicas table: each count's hit rate over one replica's in the same run.
+    #[arg(long, value_delimiter = ',', default_value = "1",
+          value_parser = clap::value_parser!(u64).range(1..=8))]
+    pub gateway_replicas: Vec<u64>,
     /// Before each gateway starts, each prompt group (conversation) has already been served
     /// once by an engine, group g by engine g mod N, with a question the plan never asks:
     /// a gateway restarted or added in front of a busy fleet.

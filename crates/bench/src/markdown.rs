@@ -236,6 +236,69 @@ pub(crate) fn workload(rows: &[RunReport], setting: &str) -> Vec<Block> {
     blocks
 }
 
+/// `kvgate-bench workload --gateway-replicas 1,2,4`: one row per workload, target and
+/// replica count, with the hit rate over the same target's at one replica in this run.
+pub(crate) fn replicas(rows: &[RunReport], setting: &str) -> Block {
+    let header = [
+        "workload",
+        "target",
+        "replicas",
+        "hit",
+        "÷ 1 replica",
+        "hit ÷ ideal",
+        "split",
+        "TTFT p99 ms",
+    ];
+    let mut order: Vec<(WorkloadKind, &str)> = Vec::new();
+    for r in rows {
+        if !order.contains(&(r.workload, r.target.as_str())) {
+            order.push((r.workload, r.target.as_str()));
+        }
+    }
+    let mut out = Vec::new();
+    for (kind, target) in order {
+        let mut runs: Vec<&RunReport> = rows
+            .iter()
+            .filter(|r| r.workload == kind && r.target == target)
+            .collect();
+        runs.sort_by_key(|r| r.replicas);
+        let single = runs.iter().find(|r| r.replicas == 1).map(|r| r.hit_rate());
+        for r in runs {
+            let over_one = match single {
+                Some(one) if one > 0.0 => format!("{:.3}", r.hit_rate() / one),
+                _ => NONE.to_owned(),
+            };
+            out.push(vec![
+                kind.to_string(),
+                target.to_owned(),
+                r.replicas.to_string(),
+                format!("{:.3}", r.hit_rate()),
+                over_one,
+                r.ratio().map_or(NONE.to_owned(), |v| format!("{v:.3}")),
+                split(r),
+                if r.completed > 0 {
+                    format!("{:.1}", r.ttft_ms.p99)
+                } else {
+                    NONE.to_owned()
+                },
+            ]);
+        }
+    }
+    Block {
+        title: format!(
+            "kvgate-bench workload --gateway-replicas --markdown: {setting}, one value per run"
+        ),
+        header: header.map(String::from).to_vec(),
+        rows: out,
+        merge: Merge::PerRun { keys: 3 },
+    }
+}
+
+/// The replicas table as the console shows it.
+pub(crate) fn replicas_text(rows: &[RunReport]) -> String {
+    render(&[replicas(rows, "this run")])
+}
+
 /// One workload's policies, one row each, as the run printed them.
 fn policies(kind: WorkloadKind, rows: &[RunReport], setting: &str) -> Block {
     let header = [

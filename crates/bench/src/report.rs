@@ -39,6 +39,13 @@ pub struct RunReport {
     /// Fleet and load in words (engines, slots, arrivals, seed), for the chart's subtitle.
     #[serde(default)]
     pub setting: String,
+    /// Gateway replicas in front of the fleet, the requests alternating between them.
+    #[serde(default = "one")]
+    pub replicas: usize,
+}
+
+fn one() -> usize {
+    1
 }
 
 impl RunReport {

@@ -80,7 +80,7 @@ impl<'a> Ctx<'a> {
                 let w = &self.fleet.workers[i];
                 CandidateScore {
                     matched: has_matches.then_some(self.matched[i]),
-                    gated: self.gate.gated(w.in_flight),
+                    gated: self.gate.gated(self.fleet.requests(i)),
                     ..CandidateScore::new(w.id, w.in_flight)
                 }
             })

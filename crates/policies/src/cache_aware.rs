@@ -130,7 +130,7 @@ fn threshold(ctx: &Ctx<'_>, rng: &mut dyn RngCore) -> Decision {
     let safe: Few<usize> = holders
         .iter()
         .copied()
-        .filter(|&i| !ctx.gate.gated(ctx.fleet.in_flight(i)))
+        .filter(|&i| !ctx.gate.gated(ctx.fleet.requests(i)))
         .collect();
     if safe.is_empty() {
         ctx.by_wait(&ctx.ungated_eligible(), DecisionPath::Spill, true, rng)

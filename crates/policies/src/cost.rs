@@ -25,8 +25,9 @@
 //!                 the lowest is an idle worker (nothing in flight);
 //!              3. spread: when the choice holds nothing useful, the worker with the
 //!                 fewest recent new prefixes (`WorkerView::recent`, ties within 0.5)
-//!                 among those within PLACEMENT_REACH (3) margins of the lowest, cheapest
-//!                 first
+//!                 among those within PLACEMENT_REACH (3) margins of the lowest, the
+//!                 best ranked by rendezvous hashing of the prompt's head over the
+//!                 workers' URLs first (`placement` module: every replica ranks alike)
 //! worth(w)   = traffic(w's prefix) / (traffic total + 2n) · n, n = |candidates|, from the index's
 //!              decayed lookup counts (`PrefixMatches::traffic`); unknown → rule 1 skipped
 //! m(w)       = 1 + waiting_reqs(w) + dispatched_since_sample(w) + cache_hit_rate(w)
@@ -99,6 +100,7 @@ use rand::RngCore;
 use crate::affinity::Ctx;
 use crate::decision::{CostRule, Decision, DecisionNote, DecisionPath, PrefillRate, RateSource};
 use crate::estimate;
+use crate::placement;
 use crate::snapshot::MatchSource;
 use crate::wait::{Few, Pick, argmin_uniform, mean_positive};
 
@@ -176,17 +178,35 @@ pub(crate) fn select(ctx: &Ctx<'_>, rng: &mut dyn RngCore) -> Decision {
             (at, rule) = (h, CostRule::Affinity);
         }
     }
+    // Each candidate's rendezvous rank, when the spread below placed the request.
+    let mut placed: Option<Vec<u32>> = None;
     if !holds(at) {
         // Nobody's prefix decided: the request starts a prefix group, so it goes where
         // the fewest new prefixes started lately instead of wherever an instant's costs
-        // point.
+        // point; among those, the rendezvous ranking of its head decides, so that other
+        // replicas, which have not seen this prefix either, choose the same engine.
         let wide = totals[cheapest] * (1.0 + PLACEMENT_REACH * ctx.cfg.affinity_margin.max(0.0));
         let least = (0..set.len())
             .filter(|&i| totals[i] <= wide)
             .map(|i| ctx.fleet.workers[set[i]].recent)
             .fold(f64::INFINITY, f64::min);
         let spare = |i: usize| ctx.fleet.workers[set[i]].recent < least + 0.5;
-        if let Some(s) = cheapest_of(&spare, wide, rng)
+        let deepest = set.iter().map(|&w| ctx.matched[w]).max().unwrap_or(0);
+        let chosen = match placement::key(ctx.input.request, deepest, ctx.cfg) {
+            Some(key) => {
+                let weights = placement::weights(key, ctx.fleet.workers);
+                let ranks = placement::ranks(&weights, &set);
+                // A holder is not a place to start a prefix: it would be a hit the
+                // affinity rules already declined.
+                let best = (0..set.len())
+                    .filter(|&i| !holds(i) && spare(i) && totals[i] <= wide)
+                    .min_by_key(|&i| ranks[i]);
+                placed = Some(ranks);
+                best
+            }
+            None => cheapest_of(&|i| !holds(i) && spare(i), wide, rng),
+        };
+        if let Some(s) = chosen
             && s != at
         {
             (at, rule) = (s, CostRule::Spread);
@@ -226,6 +246,15 @@ pub(crate) fn select(ctx: &Ctx<'_>, rng: &mut dyn RngCore) -> Decision {
             c.recent = Some(w.recent);
             c.prefill_rate = Some(rates[k]);
         }
+    }
+    if let Some(ranks) = &placed {
+        for (&i, &rank) in set.iter().zip(ranks) {
+            let id = ctx.fleet.workers[i].id;
+            if let Some(c) = d.candidates.iter_mut().find(|c| c.worker == id) {
+                c.placement_rank = Some(rank);
+            }
+        }
+        d.notes.push(DecisionNote::Rendezvous { rank: ranks[at] });
     }
     if rates.iter().any(|r| r.source == RateSource::Configured) {
         d.notes.push(DecisionNote::PrefillRateConfigured);

@@ -83,6 +83,10 @@ pub struct CandidateScore {
     /// ([`WorkerView::recent`](crate::WorkerView::recent)).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recent: Option<f64>,
+    /// Cost mode only, when the request started a new prefix: the worker's place in the
+    /// rendezvous ranking of the prompt's head (0: every replica's first choice).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement_rank: Option<u32>,
     /// Cost mode only: the prefill rate this worker's tokens were priced at.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefill_rate: Option<PrefillRate>,
@@ -121,6 +125,7 @@ impl CandidateScore {
             prefill: None,
             prefix_traffic: None,
             recent: None,
+            placement_rank: None,
             prefill_rate: None,
         }
     }
@@ -155,6 +160,10 @@ pub enum DecisionNote {
     /// Cost mode: no candidate reports its prefill counters, so prefill was priced at the
     /// configured `default_prefill_throughput`, not a measured rate.
     PrefillRateConfigured,
+    /// Cost mode: the request started a new prefix, placed by the rendezvous ranking of
+    /// its head; `rank` is the chosen worker's place in it (0: the first choice; more when
+    /// the balance or load terms ruled better-ranked workers out).
+    Rendezvous { rank: u32 },
 }
 
 impl DecisionNote {
@@ -164,6 +173,7 @@ impl DecisionNote {
             DecisionNote::TextNotHashed => "text_not_hashed",
             DecisionNote::Retry { .. } => "retry",
             DecisionNote::PrefillRateConfigured => "prefill_rate_configured",
+            DecisionNote::Rendezvous { .. } => "rendezvous",
         }
     }
 }
@@ -269,6 +279,7 @@ impl fmt::Display for Decision {
         for n in &self.notes {
             match n {
                 DecisionNote::Retry { attempt } => write!(f, " note=retry({attempt})")?,
+                DecisionNote::Rendezvous { rank } => write!(f, " note=rendezvous({rank})")?,
                 other => write!(f, " note={}", other.name())?,
             }
         }

@@ -1,10 +1,17 @@
 //! The count-pressure gate and the fleet-wide KV-pressure trigger.
 //!
-//! Count gate: with `avg` the mean in-flight over the eligible workers,
+//! Count gate: with `avg` the mean of `requests` over the eligible workers,
 //!
 //! ```text
-//! gated(w) ⇔ in_flight(w) > avg · balance_rel_threshold  AND  in_flight(w) > avg + balance_abs_threshold
+//! requests(w) = max(in_flight(w), running(w) + waiting(w) + dispatched_since_sample(w))  fresh report
+//!             = in_flight(w)                                                            otherwise
+//! gated(w)   ⇔ requests(w) > avg · balance_rel_threshold  AND  requests(w) > avg + balance_abs_threshold
 //! ```
+//!
+//! `in_flight` is this gateway's own; the engine's counts are every gateway's. With
+//! several replicas in front of one fleet, a gate on own counts alone lets each replica
+//! pile its margin onto the same engine; the engine's report is the truth they share, and
+//! each adds only what it dispatched since that report was taken.
 //!
 //! Both margins must clear, so the gate ignores small-count noise but still fires on a
 //! deep queue. It removes a too-hot holder from a hit (the request spills), and it bounds
@@ -38,7 +45,7 @@ impl Gate {
         let total: f64 = fleet
             .eligible
             .iter()
-            .map(|&i| fleet.in_flight(i) as f64)
+            .map(|&i| fleet.requests(i) as f64)
             .sum();
         Gate {
             avg: total / n,
@@ -57,7 +64,7 @@ impl Gate {
         let open: Few<usize> = set
             .iter()
             .copied()
-            .filter(|&i| !self.gated(fleet.in_flight(i)))
+            .filter(|&i| !self.gated(fleet.requests(i)))
             .collect();
         if open.is_empty() {
             Few::from_slice(set)

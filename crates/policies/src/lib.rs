@@ -70,6 +70,7 @@ mod gate;
 mod input;
 mod least_load;
 mod ledger;
+mod placement;
 mod power_of_two;
 mod prefix_hash;
 mod ring;

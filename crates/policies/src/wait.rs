@@ -80,6 +80,8 @@ pub(crate) struct Load {
     pub usage: f64,
     /// Waiting requests summed over ranks.
     pub waiting_reqs: f64,
+    /// Running and waiting requests summed over ranks: every gateway's, at the sample.
+    pub requests: f64,
     /// Number of data-parallel ranks (at least 1).
     pub ranks: f64,
     /// Mean per-rank prefill rate from the cumulative counters; 0 when unknown.
@@ -101,6 +103,7 @@ impl Load {
             .map(|r| r.num_waiting_uncached_tokens as f64)
             .sum();
         let waiting_reqs: f64 = ranks.iter().map(|r| r.num_waiting_reqs as f64).sum();
+        let running_reqs: f64 = ranks.iter().map(|r| r.num_running_reqs as f64).sum();
         let queued = if uncached > 0.0 {
             uncached
         } else {
@@ -130,6 +133,7 @@ impl Load {
             queued,
             usage,
             waiting_reqs,
+            requests: waiting_reqs + running_reqs,
             ranks: n,
             prefill_rate,
             hit_rate,
@@ -206,6 +210,19 @@ impl<'a> Fleet<'a> {
 
     pub(crate) fn in_flight(&self, i: usize) -> u64 {
         self.workers[i].in_flight
+    }
+
+    /// Requests on worker `i` as far as this gateway can tell: the engine's running and
+    /// waiting requests at its fresh report (other gateways' among them) plus what this
+    /// gateway dispatched since, or its own in flight when that is more or there is no
+    /// report. Counting only its own would let N gateways each pile a gate's margin onto
+    /// one engine.
+    pub(crate) fn requests(&self, i: usize) -> u64 {
+        let own = self.in_flight(i);
+        match self.load(i) {
+            Some(l) => own.max((l.requests as u64).saturating_add(self.workers[i].credit.requests)),
+            None => own,
+        }
     }
 
     /// The reference expected wait of each worker of `set` (indices into `workers`).

@@ -33,14 +33,24 @@ pub(crate) fn run(a: WorkloadArgs) -> anyhow::Result<()> {
     let sys = actix_rt::System::new();
     println!("before: {}", machine());
     let mut all: Vec<RunReport> = Vec::new();
+    let counts = replica_counts(&a);
     for kind in kinds {
         let plan = plan(&a, kind);
-        let settings = settings(&a, kind, &plan, &sim, &tokens);
-        println!("\n== {kind}: {}", settings.setting);
-        let rows = run_each(&sys, &targets, &plan, &settings);
-        print!("{}", table(&rows));
-        write(&a.out.join(format!("{kind}.svg")), &workload_chart(&rows))?;
-        all.extend(rows);
+        for &replicas in &counts {
+            let settings = settings(&a, kind, &plan, &sim, &tokens, replicas);
+            println!("\n== {kind}: {}", settings.setting);
+            let rows = run_each(&sys, &targets, &plan, &settings);
+            print!("{}", table(&rows));
+            let name = match counts.len() {
+                1 => format!("{kind}.svg"),
+                _ => format!("{kind}-{replicas}-replicas.svg"),
+            };
+            write(&a.out.join(name), &workload_chart(&rows))?;
+            all.extend(rows);
+        }
+    }
+    if counts.len() > 1 {
+        print!("\n{}", markdown::replicas_text(&all));
     }
     println!("\nafter: {}", machine());
     write(
@@ -52,10 +62,30 @@ pub(crate) fn run(a: WorkloadArgs) -> anyhow::Result<()> {
         a.out.display()
     );
     if let Some(path) = &a.markdown {
-        markdown::update(path, markdown::workload(&all, &label(&a)))?;
+        let blocks = match counts.len() {
+            1 => markdown::workload(&all, &label(&a, counts[0])),
+            _ => vec![markdown::replicas(&all, &label(&a, 1))],
+        };
+        markdown::update(path, blocks)?;
         println!("wrote {}", path.display());
     }
     Ok(())
+}
+
+/// The replica counts to run, each once, in the order given.
+fn replica_counts(a: &WorkloadArgs) -> Vec<usize> {
+    let mut counts: Vec<usize> = Vec::new();
+    for &n in &a.gateway_replicas {
+        // clap's range keeps each count within 1..=8.
+        let n = n as usize;
+        if !counts.contains(&n) {
+            counts.push(n);
+        }
+    }
+    if counts.is_empty() {
+        counts.push(1);
+    }
+    counts
 }
 
 /// What clap's types cannot say about the arguments.
@@ -157,6 +187,7 @@ fn settings(
     plan: &Plan,
     sim: &SimConfig,
     tokens: &Arc<EngineTokens>,
+    replicas: usize,
 ) -> Settings {
     let engines = if kind == WorkloadKind::Burst {
         a.burst_engines
@@ -181,9 +212,8 @@ fn settings(
         max_wall: Duration::from_secs(a.max_run_secs),
         request_timeout: Duration::from_secs(a.max_run_secs),
         log_dir: a.out.clone(),
-        setting: describe(a, plan, engines, arrival),
-        // The range on --gateway-replicas keeps this small.
-        replicas: a.gateway_replicas as usize,
+        setting: describe(a, plan, engines, arrival, replicas),
+        replicas,
         form: a.prompt_form,
         tokens: Arc::clone(tokens),
         kv_events: a.kv_events,
@@ -192,7 +222,13 @@ fn settings(
 }
 
 /// The run's setting in words, for the table's heading and the chart's subtitle.
-fn describe(a: &WorkloadArgs, plan: &Plan, engines: usize, arrival: Arrival) -> String {
+fn describe(
+    a: &WorkloadArgs,
+    plan: &Plan,
+    engines: usize,
+    arrival: Arrival,
+    replicas: usize,
+) -> String {
     let load = match arrival {
         Arrival::Closed(c) => format!("closed loop, {c} in flight"),
         Arrival::Poisson(r) => format!("Poisson {r}/s"),
@@ -201,7 +237,7 @@ fn describe(a: &WorkloadArgs, plan: &Plan, engines: usize, arrival: Arrival) -> 
         Some(ms) => format!(", traffic {ms} ms after the gateway starts"),
         None => String::new(),
     };
-    let replicas = match a.gateway_replicas {
+    let replicas = match replicas {
         1 => String::new(),
         n => format!(", {n} gateway replicas"),
     };
@@ -221,7 +257,7 @@ fn describe(a: &WorkloadArgs, plan: &Plan, engines: usize, arrival: Arrival) -> 
 
 /// The setting in a few words, the key of a row in the markdown tables: the prompts' form
 /// and what differs from a fresh fleet behind one gateway that waits for its first reports.
-fn label(a: &WorkloadArgs) -> String {
+fn label(a: &WorkloadArgs, replicas: usize) -> String {
     let mut parts = vec![match a.prompt_form {
         PromptForm::Chat => "chat".to_owned(),
         PromptForm::Tokens => "tokens".to_owned(),
@@ -229,8 +265,8 @@ fn label(a: &WorkloadArgs) -> String {
     if a.warm_engines {
         parts.push("warm engines".to_owned());
     }
-    if a.gateway_replicas > 1 {
-        parts.push(format!("{} replicas", a.gateway_replicas));
+    if replicas > 1 {
+        parts.push(format!("{replicas} replicas"));
     }
     if a.pool_tokens != 200_000 {
         parts.push(format!("pools of {} tokens", a.pool_tokens));

@@ -35,6 +35,7 @@ fn run(kind: WorkloadKind, target: &str, cached: u64, p99: f64, split: Vec<u64>)
         capped: false,
         errors: Vec::new(),
         setting: String::new(),
+        replicas: 1,
     }
 }
 
@@ -247,4 +248,34 @@ fn numbers_are_grouped_by_three_and_pipes_survive_a_round_trip() {
     let again = merge(&text, vec![b]);
     assert!(again.ends_with("| a\\|b | 1 / 1 |\n"), "{again}");
     assert_eq!(merge("notes a person wrote\n", Vec::new()), "");
+}
+
+#[test]
+fn the_replicas_table_gives_each_count_over_one_replica() {
+    let at = |replicas: usize, cached: u64| RunReport {
+        replicas,
+        ..run(
+            WorkloadKind::SharedPrefix,
+            "cache_aware",
+            cached,
+            100.0,
+            vec![16, 16],
+        )
+    };
+    let rows = [at(1, 800), at(2, 780), at(4, 400)];
+    let b = replicas(&rows, "chat");
+    assert_eq!(b.merge, Merge::PerRun { keys: 3 });
+    let cells: Vec<(&str, &str)> = b
+        .rows
+        .iter()
+        .map(|r| (r[2].as_str(), r[4].as_str()))
+        .collect();
+    assert_eq!(cells, [("1", "1.000"), ("2", "0.975"), ("4", "0.500")]);
+    assert_eq!(b.rows[1][5], "0.867", "hit ÷ ideal: 0.78 / 0.9");
+    // A second seed appends to the same rows.
+    let text = merge(&merge("", vec![b.clone()]), vec![b]);
+    assert!(text.contains("| 0.975 / 0.975 |"), "{text}");
+    // Without a one-replica run there is nothing to divide by.
+    let b = replicas(&rows[1..], "chat");
+    assert_eq!(b.rows[0][4], NONE);
 }

@@ -275,6 +275,7 @@ fn report(
             .take(5)
             .collect(),
         setting: s.setting.clone(),
+        replicas: s.replicas.max(1),
     }
 }
 

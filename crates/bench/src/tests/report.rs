@@ -136,6 +136,7 @@ fn report(target: &str, split: Vec<u64>, cached: u64, p99: f64, reference: bool)
         capped: false,
         errors: vec![],
         setting: "4 engines".into(),
+        replicas: 1,
     }
 }
 

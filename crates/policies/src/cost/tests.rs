@@ -332,8 +332,12 @@ fn a_text_prompt_on_the_hash_index_is_priced_in_tokens_and_says_it_was_not_hashe
     assert_eq!(d.credit_tokens, 1000, "{d:?}");
     let chosen = d.chosen().and_then(|c| c.prefill).unwrap_or_default();
     assert!(approx(chosen, 0.1), "1000 tokens at 10k tok/s: {d:?}");
-    assert_eq!(d.notes, vec![crate::DecisionNote::TextNotHashed]);
-    assert!(d.to_string().ends_with("note=text_not_hashed"), "{d}");
+    // A new prefix also says where the rendezvous ranking put it.
+    assert!(
+        d.notes.contains(&crate::DecisionNote::TextNotHashed),
+        "{d:?}"
+    );
+    assert!(d.to_string().contains("note=text_not_hashed"), "{d}");
     // A token prompt on the same index carries no such note.
     let d = pick(
         &cfg,
@@ -345,7 +349,10 @@ fn a_text_prompt_on_the_hash_index_is_priced_in_tokens_and_says_it_was_not_hashe
         }),
         0,
     );
-    assert!(d.notes.is_empty(), "{d:?}");
+    assert!(
+        !d.notes.contains(&crate::DecisionNote::TextNotHashed),
+        "{d:?}"
+    );
 }
 
 #[test]
@@ -622,7 +629,10 @@ fn the_prefill_rate_says_where_it_came_from() {
             (10_000.0, RateSource::Configured)
         );
     }
-    assert_eq!(d.notes, vec![DecisionNote::PrefillRateConfigured]);
+    assert!(
+        d.notes.contains(&DecisionNote::PrefillRateConfigured),
+        "{d:?}"
+    );
     assert!(
         d.to_string().contains("note=prefill_rate_configured"),
         "{d}"
@@ -642,5 +652,146 @@ fn the_prefill_rate_says_where_it_came_from() {
             Some((20_000.0, RateSource::FleetMean))
         ]
     );
-    assert!(d.notes.is_empty());
+    assert!(
+        !d.notes.contains(&DecisionNote::PrefillRateConfigured),
+        "{d:?}"
+    );
+}
+
+/// A token prompt whose first block is `head`'s.
+fn headed(head: u32, len: u32) -> RequestFacts {
+    RequestFacts {
+        key: crate::RoutingText::Tokens(
+            (0..len)
+                .map(|i| head.wrapping_mul(1_000_003).wrapping_add(i))
+                .collect(),
+        ),
+        ..RequestFacts::default()
+    }
+}
+
+fn rendezvous_rank(d: &crate::Decision) -> Option<u32> {
+    d.notes.iter().find_map(|n| match n {
+        DecisionNote::Rendezvous { rank } => Some(*rank),
+        _ => None,
+    })
+}
+
+#[test]
+fn a_new_prefix_goes_to_the_same_worker_in_any_order_under_any_ids() {
+    let fleet_a: Vec<WorkerView> = (1..=4).map(|i| w(i).load(idle(0.0))).collect();
+    // Another replica: the same URLs registered in another order, under other ids.
+    let fleet_b: Vec<WorkerView> = fleet_a
+        .iter()
+        .rev()
+        .enumerate()
+        .map(|(i, v)| WorkerView {
+            id: id(50 + i as u64),
+            ..v.clone()
+        })
+        .collect();
+    let url = |ws: &[WorkerView], d: &crate::Decision| {
+        let w = d.worker.expect("a worker");
+        ws.iter().find(|v| v.id == w).map(|v| v.url.clone())
+    };
+    let miss = token_matches(600, &[]);
+    let mut firsts = std::collections::BTreeMap::new();
+    for head in 0..64 {
+        let req = headed(head, 600);
+        let d = pick(&cost_cfg(), &fleet_a, &req, Some(&miss), 0);
+        assert_eq!(d.path, DecisionPath::Miss, "{d:?}");
+        assert_eq!(
+            rendezvous_rank(&d),
+            Some(0),
+            "an idle fleet: the first choice"
+        );
+        for seed in 1..4 {
+            let again = pick(&cost_cfg(), &fleet_a, &req, Some(&miss), seed);
+            assert_eq!(again.worker, d.worker, "seed {seed}");
+            let other = pick(&cost_cfg(), &fleet_b, &req, Some(&miss), seed);
+            assert_eq!(url(&fleet_b, &other), url(&fleet_a, &d), "head {head}");
+        }
+        *firsts.entry(url(&fleet_a, &d)).or_insert(0) += 1;
+    }
+    // Different heads spread over the fleet.
+    assert_eq!(firsts.len(), 4, "{firsts:?}");
+}
+
+#[test]
+fn one_replica_keeps_new_prefixes_balanced() {
+    // The selector's bookkeeping: `recent` decays per dispatch and counts new prefixes.
+    let keep = 0.5f64.powf(1.0 / crate::RECENT_HALF_LIFE);
+    let mut workers: Vec<WorkerView> = (1..=4).map(|i| w(i).load(idle(0.0))).collect();
+    let miss = token_matches(600, &[]);
+    let mut started = [0u32; 4];
+    let mut ranked_first = 0;
+    for head in 0..200 {
+        let d = pick(&cost_cfg(), &workers, &headed(head, 600), Some(&miss), 0);
+        let at = workers
+            .iter()
+            .position(|v| Some(v.id) == d.worker)
+            .expect("a worker");
+        assert!(d.new_prefix);
+        ranked_first += usize::from(rendezvous_rank(&d) == Some(0));
+        workers.iter_mut().for_each(|v| v.recent *= keep);
+        workers[at].recent += 1.0;
+        started[at] += 1;
+        let (lo, hi) = (started.iter().min(), started.iter().max());
+        assert!(
+            hi.zip(lo).is_some_and(|(h, l)| h - l <= 1),
+            "after {head}: {started:?}"
+        );
+    }
+    // The hash still decides often: the first choice whenever it is among the fewest.
+    assert!(ranked_first > 50, "{ranked_first} of 200 first choices");
+}
+
+#[test]
+fn load_still_vetoes_the_first_choice() {
+    let idle_fleet: Vec<WorkerView> = (1..=3).map(|i| w(i).load(idle(0.0))).collect();
+    let miss = token_matches(2000, &[]);
+    let req = headed(7, 2000);
+    let first = pick(&cost_cfg(), &idle_fleet, &req, Some(&miss), 0)
+        .worker
+        .expect("a worker");
+    // The first choice with a backlog beyond the placement reach: 40 000 queued tokens,
+    // 4 s against 0.2 s for a 2000-token miss elsewhere.
+    let loaded: Vec<WorkerView> = idle_fleet
+        .iter()
+        .map(|v| {
+            if v.id == first {
+                v.clone().load(prefilling(10_000, 40_000, 8, 0.0))
+            } else {
+                v.clone().load(prefilling(10_000, 0, 0, 0.0))
+            }
+        })
+        .collect();
+    let d = pick(&cost_cfg(), &loaded, &req, Some(&miss), 0);
+    assert_ne!(d.worker, Some(first), "{d:?}");
+    assert!(rendezvous_rank(&d).is_some_and(|r| r > 0), "{d:?}");
+    let first_rank = d
+        .candidates
+        .iter()
+        .find(|c| c.worker == first)
+        .and_then(|c| c.placement_rank);
+    assert_eq!(first_rank, Some(0), "explain shows the rank it passed over");
+    // So does the count gate, on the engine's own counts: another gateway's 100 requests
+    // there (over 1.5 and 32 past the mean of 33), none of them this one's.
+    let crowded: Vec<WorkerView> = idle_fleet
+        .iter()
+        .map(|v| {
+            if v.id == first {
+                v.clone().load(report(vec![RankLoad {
+                    num_running_reqs: 100,
+                    ..RankLoad::default()
+                }]))
+            } else {
+                v.clone()
+            }
+        })
+        .collect();
+    let d = pick(&cost_cfg(), &crowded, &req, Some(&miss), 0);
+    assert_ne!(d.worker, Some(first), "{d:?}");
+    let c = d.candidates.iter().find(|c| c.worker == first);
+    assert!(c.is_some_and(|c| c.gated && c.in_flight == 0), "{d:?}");
 }
