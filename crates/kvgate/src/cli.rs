@@ -175,41 +175,22 @@ mod tests {
         assert!(e.contains("'selector'"), "{e}");
         let e = load(&["--service-discovery", "--selector", "app"], &[]).unwrap_err();
         assert!(e.contains("'selector'") && e.contains("'app'"), "{e}");
-        let e = load(
-            &[
-                "--service-discovery",
-                "--selector",
-                "a=b",
-                "--service-discovery-port",
-                "0",
-            ],
-            &[],
-        )
-        .unwrap_err();
-        assert!(e.contains("service_discovery_port"), "{e}");
-        let e = load(
-            &[
-                "--service-discovery",
-                "--selector",
-                "a=b",
+        for (flag, value, key) in [
+            ("--service-discovery-port", "0", "service_discovery_port"),
+            (
                 "--service-discovery-port",
                 "70000",
-            ],
-            &[],
-        )
-        .unwrap_err();
-        assert!(e.contains("service_discovery_port"), "{e}");
-        let e = load(
-            &[
-                "--service-discovery",
-                "--selector",
-                "a=b",
+                "service_discovery_port",
+            ),
+            (
                 "--service-discovery-namespace",
                 "No_Such",
-            ],
-            &[],
-        )
-        .unwrap_err();
-        assert!(e.contains("service_discovery_namespace"), "{e}");
+                "service_discovery_namespace",
+            ),
+        ] {
+            let args = ["--service-discovery", "--selector", "a=b", flag, value];
+            let e = load(&args, &[]).unwrap_err();
+            assert!(e.contains(key), "{flag} {value}: {e}");
+        }
     }
 }

@@ -200,20 +200,38 @@ fn sigterm_restart_keeps_every_prefix_on_its_engine() {
 
     let gw = Kvgate::start(dir.path(), &fleet.urls(), &[]);
     gw.wait_line("prefix index restored");
+    // The restored index knows every prefix: each is a hit before it is sent again.
+    assert_eq!(paths(&gw), ["hit"; 20]);
     let again: Vec<usize> = (0..20)
         .map(|i| route(&gw, &fleet, i, "after the restart"))
         .collect();
     assert_eq!(again, placed);
     drop(gw);
 
-    // The control: the same engines behind a gateway with an empty data dir scatter the
-    // prefixes (all 20 landing as before by chance has odds of about 4^-20).
+    // The control: a gateway with an empty data dir knows none of them. (New prefixes are
+    // placed by a rendezvous ranking that every gateway shares, so where they would land
+    // does not tell the two apart; what the index holds does.)
     let empty = tempfile::tempdir().expect("dir");
     let gw = Kvgate::start(empty.path(), &fleet.urls(), &[]);
-    let cold: Vec<usize> = (0..20)
-        .map(|i| route(&gw, &fleet, i, "cold gateway"))
-        .collect();
-    assert_ne!(cold, placed);
+    assert_eq!(paths(&gw), ["miss"; 20]);
+}
+
+/// The decision path `/admin/explain` gives each of the 20 prefixes with a new question.
+fn paths(gw: &Kvgate) -> Vec<String> {
+    (0..20)
+        .map(|i| {
+            let (status, d) = http(
+                "POST",
+                &format!("{}/admin/explain/chat", gw.url),
+                Some(
+                    json!({"messages": [{"role": "system", "content": prompt(i)},
+                    {"role": "user", "content": "a question not asked before"}], "max_tokens": 1}),
+                ),
+            );
+            assert_eq!(status, 200, "{d}");
+            d["path"].as_str().unwrap_or("").to_owned()
+        })
+        .collect()
 }
 
 #[test]

@@ -181,31 +181,8 @@ pub(crate) fn select(ctx: &Ctx<'_>, rng: &mut dyn RngCore) -> Decision {
     // Each candidate's rendezvous rank, when the spread below placed the request.
     let mut placed: Option<Vec<u32>> = None;
     if !holds(at) {
-        // Nobody's prefix decided: the request starts a prefix group, so it goes where
-        // the fewest new prefixes started lately instead of wherever an instant's costs
-        // point; among those, the rendezvous ranking of its head decides, so that other
-        // replicas, which have not seen this prefix either, choose the same engine.
-        let wide = totals[cheapest] * (1.0 + PLACEMENT_REACH * ctx.cfg.affinity_margin.max(0.0));
-        let least = (0..set.len())
-            .filter(|&i| totals[i] <= wide)
-            .map(|i| ctx.fleet.workers[set[i]].recent)
-            .fold(f64::INFINITY, f64::min);
-        let spare = |i: usize| ctx.fleet.workers[set[i]].recent < least + 0.5;
-        let deepest = set.iter().map(|&w| ctx.matched[w]).max().unwrap_or(0);
-        let chosen = match placement::key(ctx.input.request, deepest, ctx.cfg) {
-            Some(key) => {
-                let weights = placement::weights(key, ctx.fleet.workers);
-                let ranks = placement::ranks(&weights, &set);
-                // A holder is not a place to start a prefix: it would be a hit the
-                // affinity rules already declined.
-                let best = (0..set.len())
-                    .filter(|&i| !holds(i) && spare(i) && totals[i] <= wide)
-                    .min_by_key(|&i| ranks[i]);
-                placed = Some(ranks);
-                best
-            }
-            None => cheapest_of(&|i| !holds(i) && spare(i), wide, rng),
-        };
+        let (chosen, ranks) = place_new_prefix(ctx, &set, &totals, cheapest, &useful, rng);
+        placed = ranks;
         if let Some(s) = chosen
             && s != at
         {
@@ -238,7 +215,40 @@ pub(crate) fn select(ctx: &Ctx<'_>, rng: &mut dyn RngCore) -> Decision {
     let mut d = ctx.decide(&pick, path, estimate::to_credit(uncached), ctx.recordable());
     d.rule = Some(rule);
     d.new_prefix = !holds(at);
-    for (k, (&i, &(_, prefill))) in set.iter().zip(&costs).enumerate() {
+    annotate(
+        &mut d,
+        ctx,
+        &set,
+        &costs,
+        &worth,
+        &rates,
+        placed.as_deref(),
+        at,
+    );
+    if rates.iter().any(|r| r.source == RateSource::Configured) {
+        d.notes.push(DecisionNote::PrefillRateConfigured);
+    }
+    d
+}
+
+/// What the decision shows of each candidate: its prefill, its prefix's traffic, the new
+/// prefixes it started lately, its rate and, when the spread ranked them, its rendezvous
+/// rank (with the chosen one's as a note).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the parts of one decision, computed apart in `select`"
+)]
+fn annotate(
+    d: &mut Decision,
+    ctx: &Ctx<'_>,
+    set: &[usize],
+    costs: &[(f64, f64)],
+    worth: &[Option<f64>],
+    rates: &[PrefillRate],
+    placed: Option<&[u32]>,
+    at: usize,
+) {
+    for (k, (&i, &(_, prefill))) in set.iter().zip(costs).enumerate() {
         let w = &ctx.fleet.workers[i];
         if let Some(c) = d.candidates.iter_mut().find(|c| c.worker == w.id) {
             c.prefill = Some(prefill);
@@ -247,7 +257,7 @@ pub(crate) fn select(ctx: &Ctx<'_>, rng: &mut dyn RngCore) -> Decision {
             c.prefill_rate = Some(rates[k]);
         }
     }
-    if let Some(ranks) = &placed {
+    if let Some(ranks) = placed {
         for (&i, &rank) in set.iter().zip(ranks) {
             let id = ctx.fleet.workers[i].id;
             if let Some(c) = d.candidates.iter_mut().find(|c| c.worker == id) {
@@ -256,10 +266,53 @@ pub(crate) fn select(ctx: &Ctx<'_>, rng: &mut dyn RngCore) -> Decision {
         }
         d.notes.push(DecisionNote::Rendezvous { rank: ranks[at] });
     }
-    if rates.iter().any(|r| r.source == RateSource::Configured) {
-        d.notes.push(DecisionNote::PrefillRateConfigured);
+}
+
+/// Where a request that starts a prefix group goes (nobody's prefix decided), as an index
+/// into `set`, and each candidate's rendezvous rank when one was taken. It goes where the
+/// fewest new prefixes started lately, within [`PLACEMENT_REACH`] margins of the cheapest,
+/// instead of wherever an instant's costs point; among those, the rendezvous ranking of
+/// its head decides, so that other replicas, which have not seen this prefix either,
+/// choose the same engine. A holder is not a place to start a prefix: it would be a hit
+/// the affinity rules already declined.
+fn place_new_prefix(
+    ctx: &Ctx<'_>,
+    set: &[usize],
+    totals: &[f64],
+    cheapest: usize,
+    useful: &[usize],
+    rng: &mut dyn RngCore,
+) -> (Option<usize>, Option<Vec<u32>>) {
+    let wide = totals[cheapest] * (1.0 + PLACEMENT_REACH * ctx.cfg.affinity_margin.max(0.0));
+    let least = (0..set.len())
+        .filter(|&i| totals[i] <= wide)
+        .map(|i| ctx.fleet.workers[set[i]].recent)
+        .fold(f64::INFINITY, f64::min);
+    let open = |i: usize| {
+        useful[i] == 0 && ctx.fleet.workers[set[i]].recent < least + 0.5 && totals[i] <= wide
+    };
+    let deepest = set.iter().map(|&w| ctx.matched[w]).max().unwrap_or(0);
+    match placement::key(ctx.input.request, deepest, ctx.cfg) {
+        Some(key) => {
+            let weights = placement::weights(key, ctx.fleet.workers);
+            let ranks = placement::ranks(&weights, set);
+            let best = (0..set.len())
+                .filter(|&i| open(i))
+                .min_by_key(|&i| ranks[i]);
+            (best, Some(ranks))
+        }
+        None => {
+            let masked: Few<f64> = (0..set.len())
+                .map(|i| if open(i) { totals[i] } else { f64::INFINITY })
+                .collect();
+            let best = masked
+                .iter()
+                .any(|c| c.is_finite())
+                .then(|| argmin_uniform(&masked, rng))
+                .flatten();
+            (best, None)
+        }
     }
-    d
 }
 
 /// The prefill rate each member of `set` is priced at: its own counters' rate, else the
