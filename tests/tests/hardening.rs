@@ -103,22 +103,10 @@ async fn a_page_of_another_site_cannot_change_an_open_admin() {
     // Scripts and curl send no Origin: the legacy query forms and JSON keep working, and
     // so does the gateway's own origin.
     let own = h.gw.url();
-    let r = send(
-        "POST",
-        &h.url(&format!("/add_worker?url={other}")),
-        &[],
-        None,
-    )
-    .await;
-    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
-    let r = send(
-        "POST",
-        &h.url(&format!("/remove_worker?url={other}")),
-        &[],
-        None,
-    )
-    .await;
-    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    for legacy in ["add_worker", "remove_worker"] {
+        let r = send("POST", &h.url(&format!("/{legacy}?url={other}")), &[], None).await;
+        assert_eq!(r.status.as_u16(), 200, "{legacy}: {}", r.text());
+    }
     let r = send(
         "POST",
         &h.url("/workers"),

@@ -136,9 +136,7 @@ where
     Args: actix_web::FromRequest + 'static,
     F::Output: actix_web::Responder + 'static,
 {
-    web::resource(path)
-        .route(web::post().to(handler))
-        .default_service(web::to(routes::method_not_allowed))
+    only(path, web::post().to(handler))
 }
 
 /// An admin route that takes a JSON body.
@@ -148,8 +146,13 @@ where
     Args: actix_web::FromRequest + 'static,
     F::Output: actix_web::Responder + 'static,
 {
+    only(path, json_post(handler))
+}
+
+/// A resource answering `route` alone; any other method is 405.
+fn only(path: &str, route: actix_web::Route) -> actix_web::Resource {
     web::resource(path)
-        .route(json_post(handler))
+        .route(route)
         .default_service(web::to(routes::method_not_allowed))
 }
 
