@@ -71,3 +71,44 @@ async fn a_burst_split_over_two_replicas_lands_evenly_on_two_engines() {
         second.stop();
     }
 }
+
+#[actix_rt::test]
+async fn two_replicas_that_never_met_place_a_new_prompt_on_the_same_engine() {
+    // Four engines, so a shared choice is not a coin flip between two.
+    let h = Harness::start(4, sim(), |c| c.seed = Some(1));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut cfg = test_config(&dir);
+    cfg.worker_urls = h.fleet.urls();
+    cfg.seed = Some(2);
+    let second = Gateway::start(cfg).expect("second replica starts");
+    reports(&h.gw).await;
+    reports(&second).await;
+    let mut firsts = std::collections::HashSet::new();
+    for i in 0..8 {
+        let body = json!({
+            "model": "kvgate-sim-model",
+            "messages": [
+                {"role": "system", "content": format!("group {i}: {}", "a long shared system prompt. ".repeat(40))},
+                {"role": "user", "content": "hello"},
+            ],
+        });
+        let mut chosen = Vec::new();
+        for url in [h.gw.url(), second.url()] {
+            let r = post_json(&format!("{url}/admin/explain/v1/chat/completions"), &body).await;
+            assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+            let v = r.json();
+            let pick = v["candidates"]
+                .as_array()
+                .and_then(|cs| cs.iter().find(|c| c["chosen"] == true))
+                .cloned()
+                .unwrap_or_default();
+            assert_eq!(pick["placement_rank"], 0, "{v}");
+            chosen.push(pick["worker"].as_str().unwrap_or_default().to_string());
+        }
+        assert_eq!(chosen[0], chosen[1], "prompt {i}");
+        firsts.insert(chosen[0].clone());
+    }
+    // The ranking depends on the prompt: eight prompts do not all share one first choice.
+    assert!(firsts.len() > 1, "{firsts:?}");
+    second.stop();
+}
