@@ -150,6 +150,10 @@ pub struct Metrics {
     models: RwLock<HashMap<String, ModelCounters>>,
     pub requests: Family<RequestLabels, Counter>,
     pub retries: Counter,
+    /// Retries the budget refused (`--retry-budget-*`).
+    pub retries_refused: Counter,
+    /// Decisions made in panic mode: most circuits open, all ready workers routed.
+    pub panic_routed: Counter,
     pub predicted_cached: Counter,
     pub reported_cached: Counter,
     pub selector_wait: Histogram,
@@ -208,6 +212,18 @@ impl Metrics {
             "retries",
             "Attempts on another worker after one failed before any byte reached the client",
             retries.clone(),
+        );
+        let retries_refused = Counter::default();
+        r.register(
+            "retries_refused",
+            "Retries the retry budget refused: the client got the failed attempt's answer",
+            retries_refused.clone(),
+        );
+        let panic_routed = Counter::default();
+        r.register(
+            "panic_routed",
+            "Decisions made while more than half of the ready workers had open circuits, routed as if none were open",
+            panic_routed.clone(),
         );
         let cache_reports = Family::<ReportLabels, Counter>::default();
         r.register(
@@ -278,6 +294,8 @@ impl Metrics {
             models: RwLock::new(HashMap::new()),
             requests,
             retries,
+            retries_refused,
+            panic_routed,
             predicted_cached,
             reported_cached,
             selector_wait,

@@ -342,6 +342,18 @@ pub(super) const FLAGS: &[(&str, &str, Kind, &str)] = &[
         "Each wait is drawn within this fraction of its nominal value",
     ),
     (
+        "retry-budget-percent",
+        "retry_budget_percent",
+        Kind::Float,
+        "Retries across all requests within this percent of the requests of the last 10 s...",
+    ),
+    (
+        "retry-budget-min-per-sec",
+        "retry_budget_min_per_sec",
+        Kind::Int,
+        "...or within this many in the current second",
+    ),
+    (
         "cb-failure-threshold",
         "cb_failure_threshold",
         Kind::Int,
@@ -388,6 +400,12 @@ pub(super) const FLAGS: &[(&str, &str, Kind, &str)] = &[
         "stream_first_token_timeout_secs",
         Kind::Float,
         "A streamed request with no first byte by then is tried elsewhere, seconds",
+    ),
+    (
+        "first-byte-timeout-secs",
+        "first_byte_timeout_secs",
+        Kind::Float,
+        "A plain (non-streamed) answer not begun by then is a failure, tried elsewhere once, seconds",
     ),
     (
         "max-concurrent-requests",
