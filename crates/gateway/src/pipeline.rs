@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use actix::{Addr, MailboxError};
 use kvgate_core::Endpoint;
-use kvgate_policies::{RequestFacts, WorkerId};
+use kvgate_policies::{DecisionNote, RequestFacts, WorkerId};
 use tracing::{Instrument, Span, warn};
 
 use crate::actors::selector::{Dispatch, Failed, Select, SelectError, Selected, SelectorActor};
@@ -173,6 +173,9 @@ impl Pipeline {
             may_hold = actix_rt::time::Instant::now() < end;
         };
         self.metrics.dispatched(d.decision.path, number);
+        if d.decision.notes.contains(&DecisionNote::Panic) {
+            self.metrics.panic_routed.inc();
+        }
         let note = self.decisions.decided(
             &mut d.decision,
             Decided {

@@ -227,9 +227,13 @@ pub(crate) async fn forward(
     if retryable_status(status) {
         return Err(shed(&mut call, status, resp.body, builder).await);
     }
-    // A worker's own refusal (4xx) says nothing about its health; a 500 neither.
+    // A worker's own refusal (4xx) says nothing about its health. A 500 goes to the
+    // client as it is (the request may be what failed), but a run of them ejects the
+    // engine (`--cb-consecutive-5xx`).
     let outcome = if status.is_success() {
         Outcome::Success
+    } else if status.is_server_error() {
+        Outcome::ServerError
     } else {
         Outcome::Neutral
     };

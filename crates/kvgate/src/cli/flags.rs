@@ -360,6 +360,12 @@ pub(super) const FLAGS: &[(&str, &str, Kind, &str)] = &[
         "Failures within the window that open a worker's circuit",
     ),
     (
+        "cb-consecutive-5xx",
+        "cb_consecutive_5xx",
+        Kind::Int,
+        "5xx answers in a row (a 500 included) that open a worker's circuit",
+    ),
+    (
         "cb-success-threshold",
         "cb_success_threshold",
         Kind::Int,

@@ -130,6 +130,9 @@ impl SelectorActor {
         if attempt > 1 {
             decision.notes.push(DecisionNote::Retry { attempt });
         }
+        if self.panic {
+            decision.notes.push(DecisionNote::Panic);
+        }
         let idx = idx.ok_or(SelectError::NoHealthy)?;
         let worker = self.views[idx].id;
         if may_hold && let Some(rx) = self.holds.join(worker, &facts.key) {
@@ -171,8 +174,9 @@ impl SelectorActor {
         let probe = meta.circuit.sent(&self.circuit, now);
         let v = &mut self.views[idx];
         if probe.is_some() {
-            // A half-open circuit admits a bounded number of probes at once.
-            v.eligible = meta.circuit.admits(&self.circuit, now);
+            // A half-open circuit admits a bounded number of probes at once (in panic, any
+            // ready worker is eligible; the next decision counts again).
+            v.eligible = self.panic || meta.circuit.admits(&self.circuit, now);
             self.breakers_tripped = true;
         }
         v.in_flight += 1;
