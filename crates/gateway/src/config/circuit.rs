@@ -17,9 +17,9 @@ pub struct CircuitConfig {
     /// Failures within `cb_window_duration_secs` that open a worker's circuit.
     #[serde(rename = "cb_failure_threshold")]
     pub failure_threshold: u32,
-    /// 5xx answers in a row (relayed 500s and retried 502/503/504 alike, as Envoy's
-    /// outlier detection counts them) that open a worker's circuit; a success resets the
-    /// count.
+    /// 5xx answers in a row that open a worker's circuit (Envoy's outlier ejection):
+    /// relayed 500s and the failures `cb_failure_threshold` counts alike; a success resets
+    /// the count.
     #[serde(rename = "cb_consecutive_5xx")]
     pub consecutive_5xx: u32,
     /// Successful probes that close a half-open circuit.

@@ -363,7 +363,7 @@ pub(super) const FLAGS: &[(&str, &str, Kind, &str)] = &[
         "cb-consecutive-5xx",
         "cb_consecutive_5xx",
         Kind::Int,
-        "5xx answers in a row (a 500 included) that open a worker's circuit",
+        "5xx answers (a relayed 500 included) or failures in a row that open a worker's circuit",
     ),
     (
         "cb-success-threshold",
