@@ -141,9 +141,14 @@ async fn a_fleet_wide_burst_of_503s_leaves_no_blackout() {
     let log = get(&h.url("/admin/decisions?limit=1")).await.json();
     let notes = &log["decisions"][0]["notes"];
     assert!(
-        notes.as_array().is_some_and(|n| n.contains(&json!("panic"))),
+        notes
+            .as_array()
+            .is_some_and(|n| n.contains(&json!("panic"))),
         "{log}"
     );
     let metrics = get(&h.url("/metrics")).await.text();
-    assert!(counter(&metrics, "kvgate_panic_routed_total ") >= 50.0, "{metrics}");
+    assert!(
+        counter(&metrics, "kvgate_panic_routed_total ") >= 50.0,
+        "{metrics}"
+    );
 }

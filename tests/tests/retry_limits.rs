@@ -128,7 +128,8 @@ async fn an_engine_that_hangs_while_healthy_is_left_after_the_first_byte_limit()
     assert_eq!(h.fleet.engine(0).stats().http_requests, 2);
     let url = h.fleet.urls()[0].clone();
     until_workers(&h.gw, "the hanging engine's circuit open", |ws| {
-        ws.iter().any(|w| w["url"] == url.as_str() && w["circuit"] == "open")
+        ws.iter()
+            .any(|w| w["url"] == url.as_str() && w["circuit"] == "open")
     })
     .await;
     // Hanging everywhere: tried on a second engine, never a third (it may have started).
