@@ -33,7 +33,7 @@ pub struct RetryConfig {
     /// last 10 s...
     #[serde(rename = "retry_budget_percent")]
     pub budget_percent: f64,
-    /// ...or within this many in the current second (the floor for quiet traffic).
+    /// ...plus this many per second of those 10 s (the floor for quiet traffic).
     #[serde(rename = "retry_budget_min_per_sec")]
     pub budget_min_per_sec: u64,
 }

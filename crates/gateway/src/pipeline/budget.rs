@@ -1,9 +1,9 @@
-//! The retry budget, as Finagle's and Envoy's: across all requests, a retry is allowed
-//! while the retries of the last [`WINDOW`] seconds stay within `--retry-budget-percent`
-//! of its requests, or while the current second has had fewer than
-//! `--retry-budget-min-per-sec` retries (the floor, so quiet traffic can still retry). A
-//! fleet that sheds load then gets at most that share more of it, whatever each request's
-//! own attempts allow.
+//! The retry budget, as Finagle's: across all requests, a retry is allowed while the
+//! retries of the last [`WINDOW`] seconds stay within `--retry-budget-percent` of its
+//! requests plus a floor of `--retry-budget-min-per-sec` for each of its seconds (so
+//! quiet traffic, and a gateway that just started, can still retry). A fleet that sheds
+//! load then gets at most that share more of it, whatever each request's own attempts
+//! allow.
 //!
 //! Counts are kept per second in a ring; time comes in as an argument, so tests pin it.
 
@@ -68,14 +68,14 @@ impl Budget {
             .iter()
             .filter(live)
             .fold((0, 0), |(q, r), s| (q + s.requests, r + s.retries));
-        let this_second = self.slot(second).retries;
+        let floor = self.min_per_sec.saturating_mul(WINDOW as u64);
         // Counts of ten seconds are far below 2^52: exact as floats.
-        let share = (retries + 1) as f64 <= requests as f64 * self.percent / 100.0;
-        let floor = this_second < self.min_per_sec;
-        if share || floor {
+        let allowed = requests as f64 * self.percent / 100.0 + floor as f64;
+        let fits = (retries + 1) as f64 <= allowed;
+        if fits {
             self.slot(second).retries += 1;
         }
-        share || floor
+        fits
     }
 }
 
@@ -138,13 +138,15 @@ mod tests {
 
     #[test]
     fn retries_are_a_share_of_requests_plus_a_floor_per_second() {
-        // 400 requests within one second, each failing: 20 % of them (the floor's first
-        // three count against the share).
+        // 400 requests within one second, each failing: 20 % of them plus the floor of
+        // 3 per second over the window.
         let mut b = budget(20.0, 3);
-        assert_eq!(allowed(&mut b, 400, |i| ms(i * 2)), 80);
-        // No floor: the share alone; no share: the floor alone, per second.
+        assert_eq!(allowed(&mut b, 400, |i| ms(i * 2)), 80 + 30);
+        // No floor: the share alone; no share: the floor alone, 30 in any ten seconds.
         assert_eq!(allowed(&mut budget(20.0, 0), 100, ms), 20);
-        assert_eq!(allowed(&mut budget(0.0, 3), 100, |i| ms(i * 30)), 9);
+        assert_eq!(allowed(&mut budget(0.0, 3), 100, |i| ms(i * 30)), 30);
+        // Twenty seconds of it: the floor again once the first retries leave the window.
+        assert_eq!(allowed(&mut budget(0.0, 3), 100, |i| ms(i * 200)), 60);
         // Ten seconds later the old requests no longer pay for retries.
         let mut b = budget(50.0, 0);
         for i in 0..100 {

@@ -351,7 +351,7 @@ pub(super) const FLAGS: &[(&str, &str, Kind, &str)] = &[
         "retry-budget-min-per-sec",
         "retry_budget_min_per_sec",
         Kind::Int,
-        "...or within this many in the current second",
+        "...plus this many per second of those 10 s (a floor for quiet traffic)",
     ),
     (
         "cb-failure-threshold",
