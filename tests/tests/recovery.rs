@@ -146,6 +146,15 @@ async fn a_fleet_wide_burst_of_503s_leaves_no_blackout() {
             .is_some_and(|n| n.contains(&json!("panic"))),
         "{log}"
     );
+    let body = json!({"prompt": "explain me"});
+    let explained = post_json(&h.url("/admin/explain/v1/completions"), &body).await;
+    assert!(
+        explained.json()["notes"]
+            .as_array()
+            .is_some_and(|n| n.contains(&json!("panic"))),
+        "{}",
+        explained.text()
+    );
     let metrics = get(&h.url("/metrics")).await.text();
     assert!(
         counter(&metrics, "kvgate_panic_routed_total ") >= 50.0,

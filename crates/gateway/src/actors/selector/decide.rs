@@ -93,7 +93,11 @@ impl SelectorActor {
             now,
             ring: self.ring.as_ref(),
         };
-        let decision = kvgate_policies::select(&self.policy, &input, &mut self.rng);
+        let mut decision = kvgate_policies::select(&self.policy, &input, &mut self.rng);
+        if self.panic {
+            // Said for dispatches and explains alike.
+            decision.notes.push(DecisionNote::Panic);
+        }
         let Some(worker) = decision.worker else {
             return Err(if decision.path == DecisionPath::Saturated {
                 SelectError::Saturated
@@ -129,9 +133,6 @@ impl SelectorActor {
         } = self.decide(facts, matches, exclude, self.seq)?;
         if attempt > 1 {
             decision.notes.push(DecisionNote::Retry { attempt });
-        }
-        if self.panic {
-            decision.notes.push(DecisionNote::Panic);
         }
         let idx = idx.ok_or(SelectError::NoHealthy)?;
         let worker = self.views[idx].id;
