@@ -81,6 +81,17 @@ async fn a_shedding_fleet_gets_at_most_a_fifth_more_requests() {
 }
 
 #[actix_rt::test]
+async fn with_the_default_breaker_and_backoff_the_budget_holds_too() {
+    // Circuits open and the panic threshold routes across them: still within budget.
+    let h = Harness::start(4, SimConfig::default(), |_| {});
+    set_all(&h, &busy());
+    let replies = send(&h, 400, 16).await;
+    assert!(replies.iter().all(|r| r.status.as_u16() == 503));
+    let sent = engine_requests(&h);
+    assert!(sent <= 520, "400 requests made {sent} engine requests");
+}
+
+#[actix_rt::test]
 async fn quiet_traffic_still_retries_within_the_floor() {
     let h = fleet(2, |_| {});
     h.fleet.engine(0).set_fault(busy());
