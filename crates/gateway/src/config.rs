@@ -81,6 +81,12 @@ pub struct GatewayConfig {
     /// tried elsewhere.
     #[serde(rename = "stream_first_token_timeout_secs", with = "kvgate_core::secs")]
     pub stream_first_token_timeout: Duration,
+    /// A non-streamed request whose answer has not begun within this (its head comes when
+    /// generation ends) counts as a failure of the worker and is tried elsewhere once:
+    /// long enough for the longest generation, short of the request timeout, so an engine
+    /// that hangs while its health passes is left.
+    #[serde(rename = "first_byte_timeout_secs", with = "kvgate_core::secs")]
+    pub first_byte_timeout: Duration,
     /// Longest wait of a request held behind a streamed request that is still prefilling
     /// the prefix both share on the worker they go to; 0 turns holds off.
     #[serde(rename = "prefill_hold_secs", with = "kvgate_core::secs")]
@@ -150,6 +156,7 @@ impl Default for GatewayConfig {
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(60),
             stream_first_token_timeout: Duration::from_secs(600),
+            first_byte_timeout: Duration::from_secs(300),
             prefill_hold: Duration::from_millis(500),
             http_workers: Some(1),
             prometheus_port: None,
@@ -323,6 +330,7 @@ impl GatewayConfig {
                 self.stream_first_token_timeout,
                 false,
             ),
+            ("first_byte_timeout_secs", self.first_byte_timeout, false),
             ("prefill_hold_secs", self.prefill_hold, true),
             (
                 "shutdown_grace_period_secs",

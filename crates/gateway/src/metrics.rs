@@ -150,6 +150,10 @@ pub struct Metrics {
     models: RwLock<HashMap<String, ModelCounters>>,
     pub requests: Family<RequestLabels, Counter>,
     pub retries: Counter,
+    /// Retries the budget refused (`--retry-budget-*`).
+    pub retries_refused: Counter,
+    /// Decisions made in panic mode: most circuits open, all ready workers routed.
+    pub panic_routed: Counter,
     pub predicted_cached: Counter,
     pub reported_cached: Counter,
     pub selector_wait: Histogram,
@@ -168,6 +172,23 @@ fn short_histogram() -> Histogram {
 }
 
 type Histograms = Family<RouteLabels, Histogram, fn() -> Histogram>;
+
+/// The help lines of the plain counters (kept here: `Metrics::new` stays short).
+const RETRIES: &str =
+    "Attempts on another worker after one failed before any byte reached the client";
+const RETRIES_REFUSED: &str =
+    "Retries the retry budget refused: the client got the failed attempt's answer";
+const PANIC_ROUTED: &str = "Decisions made while more than half of the ready workers had open circuits, routed as if none were open";
+const PREDICTED_CACHED_TOKENS: &str =
+    "Cached tokens the index predicted for the chosen worker, over answers that reported theirs";
+const REPORTED_CACHED_TOKENS: &str = "Cached tokens the engines reported in their answers";
+
+/// A counter registered under `name`.
+fn counter(r: &mut Registry, name: &str, help: &str) -> Counter {
+    let c = Counter::default();
+    r.register(name, help, c.clone());
+    c
+}
 
 impl Metrics {
     /// The metrics of a gateway running `policy` (the `policy` label of its decisions).
@@ -203,30 +224,17 @@ impl Metrics {
             "Routing decisions by policy and path (hit, spill, miss, kv_pressure, hash, load, fallback, retry...)",
             decisions.clone(),
         );
-        let retries = Counter::default();
-        r.register(
-            "retries",
-            "Attempts on another worker after one failed before any byte reached the client",
-            retries.clone(),
-        );
+        let retries = counter(&mut r, "retries", RETRIES);
+        let retries_refused = counter(&mut r, "retries_refused", RETRIES_REFUSED);
+        let panic_routed = counter(&mut r, "panic_routed", PANIC_ROUTED);
         let cache_reports = Family::<ReportLabels, Counter>::default();
         r.register(
             "cache_reports",
             "Answers that did (yes) or did not (no) report cached tokens",
             cache_reports.clone(),
         );
-        let predicted_cached = Counter::default();
-        r.register(
-            "predicted_cached_tokens",
-            "Cached tokens the index predicted for the chosen worker, over answers that reported theirs",
-            predicted_cached.clone(),
-        );
-        let reported_cached = Counter::default();
-        r.register(
-            "reported_cached_tokens",
-            "Cached tokens the engines reported in their answers",
-            reported_cached.clone(),
-        );
+        let predicted_cached = counter(&mut r, "predicted_cached_tokens", PREDICTED_CACHED_TOKENS);
+        let reported_cached = counter(&mut r, "reported_cached_tokens", REPORTED_CACHED_TOKENS);
         let selector_wait = short_histogram();
         r.register(
             "selector_mailbox_wait_seconds",
@@ -278,6 +286,8 @@ impl Metrics {
             models: RwLock::new(HashMap::new()),
             requests,
             retries,
+            retries_refused,
+            panic_routed,
             predicted_cached,
             reported_cached,
             selector_wait,

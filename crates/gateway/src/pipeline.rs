@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use actix::{Addr, MailboxError};
 use kvgate_core::Endpoint;
-use kvgate_policies::{RequestFacts, WorkerId};
+use kvgate_policies::{DecisionNote, RequestFacts, WorkerId};
 use tracing::{Instrument, Span, warn};
 
 use crate::actors::selector::{Dispatch, Failed, Select, SelectError, Selected, SelectorActor};
@@ -23,9 +23,11 @@ use crate::config::RetryConfig;
 use crate::metrics::Metrics;
 
 mod admission;
+mod budget;
 mod decisions;
 
 pub(crate) use admission::{Admission, AdmitError, Ticket};
+pub(crate) use budget::SharedBudget;
 pub(crate) use decisions::{AnswerNote, DECISION_LOG_SIZE, Decided, DecisionSink, is_text};
 
 /// Why a request got no worker.
@@ -58,11 +60,24 @@ pub(crate) struct Attempt {
     pub number: u32,
 }
 
+/// Whether the engine may have started the work of a failed attempt (the table is in
+/// `docs/operations.md`, "Retries").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FailureKind {
+    /// It certainly did not: no connection, or its answer (503, 429) said so.
+    NotStarted,
+    /// It may have: the request was written, then the answer broke off or never came.
+    /// Retried at most once per request, so a request that kills engines does not walk
+    /// the fleet.
+    MayHaveStarted,
+}
+
 /// An attempt that failed, as the front door that made it tells it.
 pub(crate) trait AttemptFailure: std::fmt::Display {
     /// Whether another worker may serve the request (nothing reached the client, and the
     /// failure was the worker's, not the request's).
     fn retryable(&self) -> bool;
+    fn kind(&self) -> FailureKind;
 }
 
 /// How a run ended without an answer.
@@ -82,6 +97,8 @@ pub(crate) struct Pipeline {
     pub(crate) decisions: DecisionSink,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) retry: RetryConfig,
+    /// Retries across all requests (`--retry-budget-*`).
+    pub(crate) budget: Arc<SharedBudget>,
     /// The policy's text-to-token estimate, for the predicted cached tokens.
     pub(crate) bytes_per_token: f64,
 }
@@ -156,6 +173,9 @@ impl Pipeline {
             may_hold = actix_rt::time::Instant::now() < end;
         };
         self.metrics.dispatched(d.decision.path, number);
+        if d.decision.notes.contains(&DecisionNote::Panic) {
+            self.metrics.panic_routed.inc();
+        }
         let note = self.decisions.decided(
             &mut d.decision,
             Decided {
@@ -178,8 +198,9 @@ impl Pipeline {
     }
 
     /// Runs `job` to an answer: an attempt, handed to `send`; on a retryable failure, with
-    /// attempts and time left, the failed worker is left out and another attempt follows
-    /// after a backoff. Nothing of a failed attempt stays in the index.
+    /// attempts, time and retry budget left, the failed worker is left out and another
+    /// attempt follows after a backoff. A failure the engine may have started is retried
+    /// once per request at most. Nothing of a failed attempt stays in the index.
     pub(crate) async fn run<T, F, Fut, E>(
         &self,
         job: &Job,
@@ -194,6 +215,8 @@ impl Pipeline {
         let mut exclude: Vec<WorkerId> = Vec::new();
         let mut last: Option<E> = None;
         let mut number = 1;
+        let mut maybe_started = false;
+        self.budget.request();
         loop {
             let mut a = match self.attempt(job, &exclude, number).await {
                 Ok(a) => a,
@@ -212,14 +235,25 @@ impl Pipeline {
                     facts: job.facts.clone(),
                 });
             }
-            let out_of_time = Instant::now() >= deadline;
-            if !failure.retryable() || number >= self.retry.attempts() || out_of_time {
-                if failure.retryable() {
-                    warn!(request_id = %job.request_id, worker = %url, attempt = number, error = %failure, "attempt failed; no retry left");
-                }
+            let started = failure.kind() == FailureKind::MayHaveStarted;
+            let refused = if !failure.retryable() {
+                return Err(RunError::Failed(failure));
+            } else if number >= self.retry.attempts() || Instant::now() >= deadline {
+                Some("no retry left")
+            } else if started && maybe_started {
+                Some("it may have started on two engines")
+            } else if !self.budget.retry() {
+                self.metrics.retries_refused.inc();
+                Some("the retry budget is spent")
+            } else {
+                None
+            };
+            if let Some(why) = refused {
+                warn!(request_id = %job.request_id, worker = %url, attempt = number, error = %failure, "attempt failed; not retried: {why}");
                 return Err(RunError::Failed(failure));
             }
             warn!(request_id = %job.request_id, worker = %url, attempt = number, error = %failure, "attempt failed; trying another worker");
+            maybe_started |= started;
             exclude.push(worker);
             number += 1;
             let wait = self.retry.backoff(number, &mut rand::thread_rng());

@@ -25,7 +25,7 @@ use crate::http::auth::{AllowList, Keys};
 use crate::http::forwarded::TrustedProxies;
 use crate::http::state::{AppState, Lifecycle};
 use crate::metrics::Metrics;
-use crate::pipeline::{Admission, DECISION_LOG_SIZE, DecisionSink, Pipeline};
+use crate::pipeline::{Admission, DECISION_LOG_SIZE, DecisionSink, Pipeline, SharedBudget};
 
 mod listen;
 mod wiring;
@@ -156,6 +156,7 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         decisions: DecisionSink::new(DECISION_LOG_SIZE, metrics.clone()),
         metrics: metrics.clone(),
         retry: cfg.retry,
+        budget: Arc::new(SharedBudget::new(&cfg.retry)),
         bytes_per_token: cfg.policy.bytes_per_token,
     };
     let state = web::Data::new(AppState {
@@ -166,6 +167,7 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         max_payload_size: cfg.max_payload_size,
         request_timeout: cfg.request_timeout,
         first_token_timeout: cfg.stream_first_token_timeout,
+        first_byte_timeout: cfg.first_byte_timeout,
         body_timeout: cfg.body_read_timeout,
         keys: Keys::new(&cfg.access),
         allow,

@@ -134,6 +134,48 @@ mod tests {
     }
 
     #[test]
+    fn the_retry_and_outlier_limits_take_flags_and_variables() {
+        let c = load(
+            &[
+                "--retry-budget-percent",
+                "10",
+                "--retry-budget-min-per-sec",
+                "1",
+                "--cb-consecutive-5xx",
+                "3",
+                "--first-byte-timeout-secs",
+                "60",
+            ],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.retry.budget_percent, 10.0);
+        assert_eq!(c.retry.budget_min_per_sec, 1);
+        assert_eq!(c.circuit.consecutive_5xx, 3);
+        assert_eq!(c.first_byte_timeout, std::time::Duration::from_secs(60));
+        let env = [
+            ("KVGATE_RETRY_BUDGET_PERCENT", "50"),
+            ("KVGATE_CB_CONSECUTIVE_5XX", "7"),
+        ];
+        let c = load(&[], &env).unwrap();
+        assert_eq!(c.retry.budget_percent, 50.0);
+        assert_eq!(c.circuit.consecutive_5xx, 7);
+        let d = GatewayConfig::default();
+        assert_eq!(d.retry.budget_percent, 20.0);
+        assert_eq!(d.retry.budget_min_per_sec, 3);
+        assert_eq!(d.circuit.consecutive_5xx, 5);
+        assert_eq!(d.first_byte_timeout, std::time::Duration::from_secs(300));
+        for (flag, value, key) in [
+            ("--retry-budget-percent", "150", "retry_budget_percent"),
+            ("--cb-consecutive-5xx", "0", "cb_consecutive_5xx"),
+            ("--first-byte-timeout-secs", "0", "first_byte_timeout_secs"),
+        ] {
+            let e = load(&[flag, value], &[]).unwrap_err();
+            assert!(e.contains(key), "{flag} {value}: {e}");
+        }
+    }
+
+    #[test]
     fn service_discovery_takes_the_reference_flags_and_their_variables() {
         let c = load(
             &[

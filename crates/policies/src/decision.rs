@@ -164,6 +164,10 @@ pub enum DecisionNote {
     /// its head; `rank` is the chosen worker's place in it (0: the first choice; more when
     /// the balance or load terms ruled better-ranked workers out).
     Rendezvous { rank: u32 },
+    /// More than half of the ready workers had open circuits: every ready worker was a
+    /// candidate, as if none were open (Envoy's panic threshold), so a fleet-wide burst of
+    /// failures does not leave the whole fleet dark until the circuits close.
+    Panic,
 }
 
 impl DecisionNote {
@@ -174,6 +178,7 @@ impl DecisionNote {
             DecisionNote::Retry { .. } => "retry",
             DecisionNote::PrefillRateConfigured => "prefill_rate_configured",
             DecisionNote::Rendezvous { .. } => "rendezvous",
+            DecisionNote::Panic => "panic",
         }
     }
 }

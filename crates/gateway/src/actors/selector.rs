@@ -71,6 +71,9 @@ pub struct SelectorActor {
     circuit: CircuitConfig,
     /// Some circuit is not closed, so eligibility is checked against the clock.
     breakers_tripped: bool,
+    /// Panic mode: more than half of the ready targets' circuits admit nothing, so every
+    /// ready target is eligible as if none were open.
+    panic: bool,
     /// Told when a worker refused a connection.
     registry: Option<Recipient<WorkerFailed>>,
     /// The registry's last word, to rebuild from after a failed decision.
@@ -150,6 +153,7 @@ impl SelectorActor {
             meta: Vec::new(),
             circuit: CircuitConfig::default(),
             breakers_tripped: false,
+            panic: false,
             registry: None,
             fleet: None,
             #[cfg(feature = "fault-injection")]
@@ -209,14 +213,47 @@ impl SelectorActor {
         self.epoch.elapsed()
     }
 
-    /// A view is eligible while its worker is ready and its circuit admits a request.
+    /// A view is eligible while its worker is ready and its circuit admits a request; in
+    /// panic (more than half of the ready targets' circuits admit nothing), while its
+    /// worker is ready. A fleet-wide burst of failures opens every circuit, and a fleet
+    /// kept dark until they close would serve nobody after the engines recover.
     fn refresh_eligibility(&mut self, now: Duration) {
         let mut tripped = false;
+        let (mut ready, mut shut) = (0usize, 0usize);
         for (v, m) in self.views.iter_mut().zip(&mut self.meta) {
-            v.eligible = m.ready && m.circuit.admits(&self.circuit, now);
+            let admits = m.circuit.admits(&self.circuit, now);
+            v.eligible = m.ready && admits;
+            ready += usize::from(m.ready);
+            shut += usize::from(m.ready && !admits);
             tripped |= m.circuit.state(&self.circuit, now) != CircuitState::Closed;
         }
         self.breakers_tripped = tripped;
+        let panic = shut * 2 > ready;
+        if panic != self.panic {
+            tracing::warn!(
+                ready,
+                shut,
+                "panic routing {}: {}",
+                if panic { "on" } else { "off" },
+                if panic {
+                    "most circuits are open, every ready worker is routed"
+                } else {
+                    "most circuits admit traffic again"
+                }
+            );
+        }
+        self.panic = panic;
+        if panic {
+            for (v, m) in self.views.iter_mut().zip(&self.meta) {
+                v.eligible = m.ready;
+            }
+        }
+    }
+
+    /// Whether some target can be routed to now (readiness).
+    fn routable(&mut self) -> bool {
+        self.refresh_eligibility(self.now());
+        self.views.iter().any(|v| v.eligible)
     }
 
     fn apply_fleet(&mut self, fleet: &Fleet) {

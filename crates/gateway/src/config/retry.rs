@@ -1,4 +1,5 @@
-//! How failed attempts are tried again (`retry_*`, `disable_retries`).
+//! How failed attempts are tried again (`retry_*`, `disable_retries`), and how many may be
+//! across all requests (`retry_budget_*`).
 
 use std::time::Duration;
 
@@ -28,6 +29,13 @@ pub struct RetryConfig {
     /// Each backoff is drawn within ± this fraction of its nominal value.
     #[serde(rename = "retry_jitter_factor")]
     pub jitter: f64,
+    /// Retries across all requests stay within this percentage of the requests of the
+    /// last 10 s...
+    #[serde(rename = "retry_budget_percent")]
+    pub budget_percent: f64,
+    /// ...plus this many per second of those 10 s (the floor for quiet traffic).
+    #[serde(rename = "retry_budget_min_per_sec")]
+    pub budget_min_per_sec: u64,
 }
 
 impl Default for RetryConfig {
@@ -38,6 +46,8 @@ impl Default for RetryConfig {
             initial_backoff: Duration::from_millis(50),
             max_backoff: Duration::from_secs(1),
             jitter: 0.2,
+            budget_percent: 20.0,
+            budget_min_per_sec: 3,
         }
     }
 }
@@ -49,6 +59,9 @@ impl Section for RetryConfig {
         duration("retry_max_backoff_secs", self.max_backoff, true)?;
         if !(0.0..=1.0).contains(&self.jitter) {
             return invalid("retry_jitter_factor", "must be a number from 0 to 1");
+        }
+        if !(0.0..=100.0).contains(&self.budget_percent) {
+            return invalid("retry_budget_percent", "must be a number from 0 to 100");
         }
         Ok(())
     }
@@ -87,6 +100,7 @@ mod tests {
             initial_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_millis(300),
             jitter: 0.2,
+            ..RetryConfig::default()
         };
         let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
         for (n, nominal) in [(2, 100.0), (3, 200.0), (4, 300.0), (9, 300.0)] {

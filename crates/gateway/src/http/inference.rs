@@ -151,6 +151,7 @@ async fn proxy_request(
         timeout: state.request_timeout,
         deadline: Instant::now() + state.request_timeout,
         first_token_timeout: state.first_token_timeout,
+        first_byte_timeout: state.first_byte_timeout,
         max_response: 256 * 1024 * 1024,
         stream: job.facts.stream,
         pass_authorization: !state.keys.any(),

@@ -16,7 +16,7 @@ use tokio::sync::watch;
 
 use crate::actors::selector::{Booking, Outcome};
 use crate::http::error::ApiError;
-use crate::pipeline::{AnswerNote, Attempt, AttemptFailure, Ticket};
+use crate::pipeline::{AnswerNote, Attempt, AttemptFailure, FailureKind, Ticket};
 use crate::upstream::{Body, Pool, Response, UpstreamError};
 
 mod headers;
@@ -37,6 +37,8 @@ pub(crate) struct Upstream<'a> {
     pub deadline: Instant,
     /// Longest wait for a streamed answer's first byte.
     pub first_token_timeout: Duration,
+    /// Longest wait for a plain answer's head (it comes when generation ends).
+    pub first_byte_timeout: Duration,
     pub max_response: usize,
     pub stream: bool,
     /// The client's `Authorization` goes to the worker only when the gateway checks no
@@ -53,14 +55,25 @@ pub(crate) struct Failure {
     pub answer: Option<HttpResponse>,
     /// Whether trying another worker can help.
     pub retry: bool,
+    pub kind: FailureKind,
 }
 
 impl Failure {
-    fn retry(error: ApiError) -> Failure {
+    /// The engine certainly did not start the work: retry freely.
+    fn not_started(error: ApiError) -> Failure {
         Failure {
             error,
             answer: None,
             retry: true,
+            kind: FailureKind::NotStarted,
+        }
+    }
+
+    /// The engine may have started the work: the pipeline retries it once at most.
+    fn maybe_started(error: ApiError) -> Failure {
+        Failure {
+            kind: FailureKind::MayHaveStarted,
+            ..Failure::not_started(error)
         }
     }
 
@@ -69,6 +82,7 @@ impl Failure {
             error,
             answer: None,
             retry: false,
+            kind: FailureKind::MayHaveStarted,
         }
     }
 
@@ -91,6 +105,10 @@ impl AttemptFailure for Failure {
     fn retryable(&self) -> bool {
         self.retry
     }
+
+    fn kind(&self) -> FailureKind {
+        self.kind
+    }
 }
 
 fn upstream_error(worker: &WorkerUrl, source: UpstreamError) -> ApiError {
@@ -103,6 +121,24 @@ fn upstream_error(worker: &WorkerUrl, source: UpstreamError) -> ApiError {
 /// Statuses that say the worker, not the request, failed: another worker may serve it.
 fn retryable_status(s: StatusCode) -> bool {
     matches!(s.as_u16(), 429 | 502 | 503 | 504)
+}
+
+/// 429 and 503 say the engine refused the work; a 502 or 504 (a proxy in front of it)
+/// may come after the engine started.
+fn status_kind(s: StatusCode) -> FailureKind {
+    if matches!(s.as_u16(), 429 | 503) {
+        FailureKind::NotStarted
+    } else {
+        FailureKind::MayHaveStarted
+    }
+}
+
+/// Whether the engine certainly never got the whole request: it cannot have started it.
+fn before_request(e: &UpstreamError) -> bool {
+    matches!(
+        e,
+        UpstreamError::Connect(_) | UpstreamError::ConnectTimeout(_) | UpstreamError::Write(_)
+    )
 }
 
 /// How long the body of a retryable error answer may take to arrive: it is kept only to
@@ -191,9 +227,13 @@ pub(crate) async fn forward(
     if retryable_status(status) {
         return Err(shed(&mut call, status, resp.body, builder).await);
     }
-    // A worker's own refusal (4xx) says nothing about its health; a 500 neither.
+    // A worker's own refusal (4xx) says nothing about its health. A 500 goes to the
+    // client as it is (the request may be what failed), but a run of them ejects the
+    // engine (`--cb-consecutive-5xx`).
     let outcome = if status.is_success() {
         Outcome::Success
+    } else if status.is_server_error() {
+        Outcome::ServerError
     } else {
         Outcome::Neutral
     };
@@ -231,6 +271,14 @@ async fn send(
     headers.push(("x-request-id", up.request_id.as_bytes()));
     let member = rank.and_then(|r| rank_member(&body, r));
     let insert = member.as_ref().map(|(at, m)| (*at, m.as_slice()));
+    // The head of a plain answer comes when generation ends; of a stream, at once. An
+    // engine that hangs while its health passes is left after the first-byte limit.
+    let first = if up.stream {
+        up.first_token_timeout
+    } else {
+        up.first_byte_timeout
+    };
+    let head_by = call.deadline.min(tokio::time::Instant::now() + first);
     // Pinned where it is made: moved into the timeout and the select, the exchange's state
     // was copied twice per request.
     let answered = {
@@ -241,12 +289,17 @@ async fn send(
         tokio::select! {
             // The answer before the cancellation when both are ready (and no RNG per request).
             biased;
-            r = tokio::time::timeout_at(call.deadline, sent) => Some(r),
+            r = tokio::time::timeout_at(head_by, sent) => Some(r),
             () = taken_out(&mut call.down) => None,
         }
     };
     match answered {
-        None => Err(Failure::retry(taken_out_error(&call.worker))),
+        None => Err(Failure::maybe_started(taken_out_error(&call.worker))),
+        Some(Err(_)) if head_by < call.deadline => {
+            let e = UpstreamError::NoFirstToken(first.as_secs_f64());
+            let e = upstream_error(&call.worker, e);
+            Err(call.failed(Failure::maybe_started(e)))
+        }
         Some(Err(_)) => {
             let e = call.timed_out();
             Err(call.failed(Failure::last(e)))
@@ -261,7 +314,13 @@ async fn send(
             } else {
                 call.booking.set_outcome(Outcome::Failure);
             }
-            Err(Failure::retry(upstream_error(&call.worker, e)))
+            let kind = before_request(&e);
+            let e = upstream_error(&call.worker, e);
+            Err(if kind {
+                Failure::not_started(e)
+            } else {
+                Failure::maybe_started(e)
+            })
         }
     }
 }
@@ -295,6 +354,7 @@ async fn shed(
         error: upstream_error(&call.worker, UpstreamError::Status(status.as_u16())),
         answer: Some(builder.body(text)),
         retry: true,
+        kind: status_kind(status),
     }
 }
 
@@ -316,14 +376,14 @@ async fn relay_stream(
         biased;
         r = tokio::time::timeout_at(first_by, body.next()) => r,
         () = taken_out(&mut call.down) => {
-            return Err(Failure::retry(taken_out_error(&call.worker)));
+            return Err(Failure::maybe_started(taken_out_error(&call.worker)));
         }
     };
     let first = match first {
         Err(_) if first_by < call.deadline => {
             let secs = up.first_token_timeout.as_secs_f64();
             let e = upstream_error(&call.worker, UpstreamError::NoFirstToken(secs));
-            return Err(call.failed(Failure::retry(e)));
+            return Err(call.failed(Failure::maybe_started(e)));
         }
         Err(_) => {
             let e = call.timed_out();
@@ -332,12 +392,12 @@ async fn relay_stream(
         Ok(Some(Ok(b))) => Some(b),
         Ok(Some(Err(e))) => {
             let e = upstream_error(&call.worker, e);
-            return Err(call.failed(Failure::retry(e)));
+            return Err(call.failed(Failure::maybe_started(e)));
         }
         // An event stream that ends before its first event is a failed one.
         Ok(None) if is_sse => {
             let e = upstream_error(&call.worker, UpstreamError::StreamUnfinished);
-            return Err(call.failed(Failure::retry(e)));
+            return Err(call.failed(Failure::maybe_started(e)));
         }
         Ok(None) => None,
     };
@@ -387,12 +447,12 @@ async fn collect(
             }
             Ok(Err(e)) => {
                 let e = upstream_error(&call.worker, e);
-                return Err(call.failed(Failure::retry(e)));
+                return Err(call.failed(Failure::maybe_started(e)));
             }
             Ok(Ok(b)) => b,
         },
         () = taken_out(&mut call.down) => {
-            return Err(Failure::retry(taken_out_error(&call.worker)));
+            return Err(Failure::maybe_started(taken_out_error(&call.worker)));
         }
     };
     call.booking.set_outcome(outcome);

@@ -41,19 +41,19 @@ pub(crate) async fn readiness(state: web::Data<AppState>) -> Result<HttpResponse
     let healthy = fleet.iter().filter(|w| w.healthy()).count();
     let body = |status: &str| json!({"status": status, "healthy_workers": healthy, "total_workers": fleet.len()});
     let ping = Duration::from_secs(2);
-    let routing = matches!(
-        (
-            actix_rt::time::timeout(ping, state.selector.send(Ping)).await,
-            actix_rt::time::timeout(ping, state.index.send(IndexPing)).await,
-        ),
-        (Ok(Ok(())), Ok(Ok(())))
+    let (selector, index) = (
+        actix_rt::time::timeout(ping, state.selector.send(Ping)).await,
+        actix_rt::time::timeout(ping, state.index.send(IndexPing)).await,
     );
-    let reason = if !routing {
-        Some("the routing actors do not answer")
-    } else if healthy == 0 {
-        Some("no healthy worker")
-    } else {
-        None
+    let routable = match (selector, index) {
+        (Ok(Ok(routable)), Ok(Ok(()))) => Some(routable),
+        _ => None,
+    };
+    let reason = match routable {
+        None => Some("the routing actors do not answer"),
+        Some(_) if healthy == 0 => Some("no healthy worker"),
+        Some(false) => Some("no worker can be routed to"),
+        Some(true) => None,
     };
     match reason {
         None => Ok(HttpResponse::Ok().json(body("ready"))),

@@ -35,6 +35,8 @@ pub(crate) struct AppState {
     pub max_payload_size: usize,
     pub request_timeout: Duration,
     pub first_token_timeout: Duration,
+    /// `--first-byte-timeout-secs`: a plain answer's head.
+    pub first_byte_timeout: Duration,
     pub body_timeout: Duration,
     pub keys: Keys,
     pub allow: AllowList,

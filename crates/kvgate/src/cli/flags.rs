@@ -342,10 +342,28 @@ pub(super) const FLAGS: &[(&str, &str, Kind, &str)] = &[
         "Each wait is drawn within this fraction of its nominal value",
     ),
     (
+        "retry-budget-percent",
+        "retry_budget_percent",
+        Kind::Float,
+        "Retries across all requests within this percent of the requests of the last 10 s...",
+    ),
+    (
+        "retry-budget-min-per-sec",
+        "retry_budget_min_per_sec",
+        Kind::Int,
+        "...plus this many per second of those 10 s (a floor for quiet traffic)",
+    ),
+    (
         "cb-failure-threshold",
         "cb_failure_threshold",
         Kind::Int,
         "Failures within the window that open a worker's circuit",
+    ),
+    (
+        "cb-consecutive-5xx",
+        "cb_consecutive_5xx",
+        Kind::Int,
+        "5xx answers (a relayed 500 included) or failures in a row that open a worker's circuit",
     ),
     (
         "cb-success-threshold",
@@ -388,6 +406,12 @@ pub(super) const FLAGS: &[(&str, &str, Kind, &str)] = &[
         "stream_first_token_timeout_secs",
         Kind::Float,
         "A streamed request with no first byte by then is tried elsewhere, seconds",
+    ),
+    (
+        "first-byte-timeout-secs",
+        "first_byte_timeout_secs",
+        Kind::Float,
+        "A plain (non-streamed) answer not begun by then is a failure, tried elsewhere once, seconds",
     ),
     (
         "max-concurrent-requests",

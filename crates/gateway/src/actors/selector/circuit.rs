@@ -1,7 +1,8 @@
 //! One worker's circuit breaker, fed by the outcome of every request sent to it.
 //!
 //! Closed: traffic flows; a failure is remembered for `window`. `failure_threshold`
-//! failures within the window open it. Open: no traffic for `open_for`. Half-open: at most
+//! failures within the window open it, and so do `consecutive_5xx` 5xx answers in a row
+//! (Envoy's outlier ejection: an engine that answers 500 to everything is taken out). Open: no traffic for `open_for`. Half-open: at most
 //! `half_open_max` probe requests at once, the rest of the traffic goes elsewhere;
 //! `success_threshold` successful probes close it, a failed one opens it again. Time is the
 //! selector's clock, passed in.
@@ -32,6 +33,9 @@ pub enum Outcome {
     /// The worker failed the request: no connection, no answer, a reset, a timeout, or a
     /// 429, 502, 503 or 504.
     Failure,
+    /// The worker answered another 5xx (a 500), relayed to the client: it counts only
+    /// toward the run of consecutive 5xx.
+    ServerError,
 }
 
 #[derive(Debug, Clone)]
@@ -39,6 +43,8 @@ pub(super) struct Circuit {
     state: CircuitState,
     /// Times of the failures still inside the window (closed).
     failures: VecDeque<Duration>,
+    /// 5xx answers and failures since the last success (closed).
+    streak: u32,
     /// When it last opened.
     opened_at: Duration,
     /// Probes in flight and successful probes (half-open).
@@ -53,6 +59,7 @@ impl Default for Circuit {
         Circuit {
             state: CircuitState::Closed,
             failures: VecDeque::new(),
+            streak: 0,
             opened_at: Duration::ZERO,
             probing: 0,
             successes: 0,
@@ -118,8 +125,20 @@ impl Circuit {
         }
         match (state, outcome) {
             (_, Outcome::Neutral) => false,
-            (CircuitState::Closed, Outcome::Success) => false,
+            (CircuitState::Closed, Outcome::Success) => {
+                self.streak = 0;
+                false
+            }
+            (CircuitState::Closed, Outcome::ServerError) => {
+                self.streak += 1;
+                if self.streak >= cfg.consecutive_5xx {
+                    self.open(now);
+                    return true;
+                }
+                false
+            }
             (CircuitState::Closed, Outcome::Failure) => {
+                self.streak += 1;
                 self.failures.push_back(now);
                 while self
                     .failures
@@ -128,7 +147,9 @@ impl Circuit {
                 {
                     self.failures.pop_front();
                 }
-                if self.failures.len() >= cfg.failure_threshold as usize {
+                if self.failures.len() >= cfg.failure_threshold as usize
+                    || self.streak >= cfg.consecutive_5xx
+                {
                     self.open(now);
                     return true;
                 }
@@ -146,7 +167,7 @@ impl Circuit {
                 }
                 false
             }
-            (CircuitState::HalfOpen, Outcome::Failure) => {
+            (CircuitState::HalfOpen, Outcome::Failure | Outcome::ServerError) => {
                 self.open(now);
                 true
             }
@@ -158,6 +179,7 @@ impl Circuit {
         self.state = CircuitState::Open;
         self.opened_at = now;
         self.failures.clear();
+        self.streak = 0;
         self.probing = 0;
         self.successes = 0;
     }
@@ -224,6 +246,38 @@ mod tests {
         assert_eq!(c.state(&cfg, s(44)), CircuitState::HalfOpen);
         assert!(!c.admits(&cfg, s(44)), "its own probe is still out");
         assert!(c.ended(&cfg, s(44), Outcome::Failure, now_probe));
+    }
+
+    #[test]
+    fn consecutive_5xx_eject_the_worker_until_a_probe_passes() {
+        let cfg = CircuitConfig {
+            consecutive_5xx: 3,
+            failure_threshold: 100,
+            success_threshold: 1,
+            open_for: s(10),
+            ..CircuitConfig::default()
+        };
+        let mut c = Circuit::default();
+        // A success breaks the run; a 4xx (neutral) does not.
+        assert!(!c.ended(&cfg, s(0), Outcome::ServerError, None));
+        assert!(!c.ended(&cfg, s(0), Outcome::ServerError, None));
+        assert!(!c.ended(&cfg, s(0), Outcome::Success, None));
+        assert!(!c.ended(&cfg, s(1), Outcome::ServerError, None));
+        assert!(!c.ended(&cfg, s(1), Outcome::Neutral, None));
+        assert!(!c.ended(&cfg, s(1), Outcome::Failure, None));
+        assert!(
+            c.ended(&cfg, s(2), Outcome::ServerError, None),
+            "three 5xx in a row, a 503 among them"
+        );
+        assert!(!c.admits(&cfg, s(5)));
+        // Half-open: a probe answered 500 ejects it again; one that passes brings it back.
+        assert!(c.admits(&cfg, s(12)));
+        let probe = c.sent(&cfg, s(12));
+        assert!(c.ended(&cfg, s(12), Outcome::ServerError, probe));
+        assert!(c.admits(&cfg, s(23)));
+        let probe = c.sent(&cfg, s(23));
+        assert!(!c.ended(&cfg, s(23), Outcome::Success, probe));
+        assert_eq!(c.state(&cfg, s(23)), CircuitState::Closed);
     }
 
     #[test]

@@ -93,7 +93,11 @@ impl SelectorActor {
             now,
             ring: self.ring.as_ref(),
         };
-        let decision = kvgate_policies::select(&self.policy, &input, &mut self.rng);
+        let mut decision = kvgate_policies::select(&self.policy, &input, &mut self.rng);
+        if self.panic {
+            // Said for dispatches and explains alike.
+            decision.notes.push(DecisionNote::Panic);
+        }
         let Some(worker) = decision.worker else {
             return Err(if decision.path == DecisionPath::Saturated {
                 SelectError::Saturated
@@ -171,8 +175,9 @@ impl SelectorActor {
         let probe = meta.circuit.sent(&self.circuit, now);
         let v = &mut self.views[idx];
         if probe.is_some() {
-            // A half-open circuit admits a bounded number of probes at once.
-            v.eligible = meta.circuit.admits(&self.circuit, now);
+            // A half-open circuit admits a bounded number of probes at once (in panic, any
+            // ready worker is eligible; the next decision counts again).
+            v.eligible = self.panic || meta.circuit.admits(&self.circuit, now);
             self.breakers_tripped = true;
         }
         v.in_flight += 1;

@@ -254,15 +254,19 @@ fn worst(a: CircuitState, b: CircuitState) -> CircuitState {
     if rank(b) > rank(a) { b } else { a }
 }
 
-/// Answers at once: the selector is alive and its mailbox moves (readiness).
+/// Answers at once (the selector is alive and its mailbox moves) whether some target
+/// can be routed to now: ready, and its circuit admitting or the fleet in panic
+/// (readiness).
 #[derive(Message, Debug)]
-#[rtype(result = "()")]
+#[rtype(result = "bool")]
 pub struct Ping;
 
 impl Handler<Ping> for SelectorActor {
-    type Result = ();
+    type Result = bool;
 
-    fn handle(&mut self, _: Ping, _: &mut Context<Self>) {}
+    fn handle(&mut self, _: Ping, _: &mut Context<Self>) -> bool {
+        self.routable()
+    }
 }
 
 /// The selector's current view of every routing target (inspection, tests).

@@ -90,3 +90,40 @@ fn tail_sees_done_across_chunks() {
     t.push(b"data: [DONE]\r\n\r\n");
     assert!(t.is_done());
 }
+
+#[test]
+fn the_failure_table_says_which_the_engine_may_have_started() {
+    use super::{before_request, status_kind};
+    use crate::pipeline::FailureKind::{MayHaveStarted, NotStarted};
+    use crate::upstream::UpstreamError;
+    for (status, kind) in [
+        (503, NotStarted),
+        (429, NotStarted),
+        (502, MayHaveStarted),
+        (504, MayHaveStarted),
+    ] {
+        let s = StatusCode::from_u16(status).expect("a status");
+        assert_eq!(status_kind(s), kind, "{status}");
+    }
+    let io = |k| std::io::Error::from(k);
+    for (e, before) in [
+        (
+            UpstreamError::Connect(io(std::io::ErrorKind::ConnectionRefused)),
+            true,
+        ),
+        (UpstreamError::ConnectTimeout(1.0), true),
+        (
+            UpstreamError::Write(io(std::io::ErrorKind::BrokenPipe)),
+            true,
+        ),
+        (
+            UpstreamError::Read(io(std::io::ErrorKind::ConnectionReset)),
+            false,
+        ),
+        (UpstreamError::ClosedBeforeHead, false),
+        (UpstreamError::Truncated { got: 1, want: 2 }, false),
+        (UpstreamError::ChunkedTruncated, false),
+    ] {
+        assert_eq!(before_request(&e), before, "{e}");
+    }
+}
