@@ -68,6 +68,10 @@ pub(crate) struct SoakArgs {
     /// One engine is killed and started again this often, in seconds.
     #[arg(long, default_value_t = 60)]
     pub restart_every_secs: u64,
+    /// One more argument for `kvgate` (repeat it: `--kvgate-arg=--max-tree-size
+    /// --kvgate-arg=4194304`).
+    #[arg(long = "kvgate-arg", value_name = "ARG", allow_hyphen_values = true)]
+    pub kvgate_args: Vec<String>,
     /// The `kvgate` binary (default: the release one beside this binary).
     #[arg(long)]
     pub kvgate_bin: Option<PathBuf>,

@@ -33,6 +33,7 @@ pub(crate) fn soak(a: SoakArgs) -> anyhow::Result<()> {
         rate: a.rate,
         engines: a.engines,
         restart_every: Duration::from_secs(a.restart_every_secs),
+        kvgate_args: a.kvgate_args.clone(),
         kvgate_bin: kvgate_bin(a.kvgate_bin.as_ref())?,
         out: a.out.clone(),
     };

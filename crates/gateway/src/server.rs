@@ -26,6 +26,7 @@ use crate::http::forwarded::TrustedProxies;
 use crate::http::state::{AppState, Lifecycle};
 use crate::metrics::Metrics;
 use crate::pipeline::{Admission, DECISION_LOG_SIZE, DecisionSink, Pipeline, SharedBudget};
+use crate::upstream::ConnectGuard;
 
 mod listen;
 mod wiring;
@@ -145,7 +146,8 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
     routing.selector.0.read_events_from(events.clone());
     // Checked by `validate`: an entry that does not parse was refused then.
     let allow = AllowList::new(cfg.access.allowed().unwrap_or_default());
-    register(&registry, (&index, &events), workers, &allow).await;
+    let guard = ConnectGuard::new(allow.connect_judge());
+    register(&registry, (&index, &events), workers, (&allow, &guard)).await;
     // After the configured workers: a pod at one of their addresses is theirs.
     DiscoveryActor::start_if_on(cfg, &control.handle(), &registry, &selector);
     let lifecycle = Arc::new(Lifecycle::default());
@@ -171,6 +173,7 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         body_timeout: cfg.body_read_timeout,
         keys: Keys::new(&cfg.access),
         allow,
+        guard,
         // Checked by `validate`, like the allow-list.
         proxies: TrustedProxies::new(cfg.access.trusted().unwrap_or_default()),
         grace: cfg.shutdown_grace_period,

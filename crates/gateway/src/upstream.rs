@@ -20,12 +20,14 @@ use thiserror::Error;
 
 mod body;
 mod chunked;
+mod guard;
 mod head;
 mod idle;
 mod pool;
 mod read;
 
 pub(crate) use body::{Body, Response};
+pub(crate) use guard::{ConnectGuard, GuardError, Judge};
 pub(crate) use pool::Pool;
 
 /// What can go wrong between the gateway and a worker.
@@ -35,6 +37,9 @@ pub enum UpstreamError {
     Connect(#[source] io::Error),
     #[error("connecting timed out after {0:.1}s")]
     ConnectTimeout(f64),
+    /// A name re-vetted at connect time (`guard`) resolved to no allowed address.
+    #[error("{0}")]
+    Guard(#[source] GuardError),
     #[error("sending the request: {0}")]
     Write(#[source] io::Error),
     #[error("reading the response: {0}")]

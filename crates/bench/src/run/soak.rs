@@ -21,6 +21,8 @@ pub(crate) struct SoakSettings {
     pub rate: f64,
     pub engines: usize,
     pub restart_every: Duration,
+    /// Passed to `kvgate` after the soak's own flags.
+    pub kvgate_args: Vec<String>,
     pub kvgate_bin: PathBuf,
     pub out: PathBuf,
 }
@@ -142,7 +144,10 @@ pub(crate) fn run(s: &SoakSettings) -> anyhow::Result<SoakReport> {
             "1",
             "--health-check-timeout-secs",
             "1",
-        ],
+        ]
+        .into_iter()
+        .chain(s.kvgate_args.iter().map(String::as_str))
+        .collect::<Vec<_>>(),
         &s.out.join("soak-kvgate.log"),
     )?;
     let url = format!("{}/v1/chat/completions", gw.url());

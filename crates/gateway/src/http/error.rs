@@ -144,7 +144,7 @@ pub(crate) fn with_request_id(body: &mut serde_json::Value, request_id: &str) {
 /// An upstream failure as a client may see it: what happened, not where.
 fn upstream_summary(e: &UpstreamError) -> String {
     match e {
-        UpstreamError::Connect(_) | UpstreamError::ConnectTimeout(_) => {
+        UpstreamError::Connect(_) | UpstreamError::ConnectTimeout(_) | UpstreamError::Guard(_) => {
             "could not connect to it".into()
         }
         UpstreamError::Write(_)

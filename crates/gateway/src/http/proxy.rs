@@ -137,7 +137,10 @@ fn status_kind(s: StatusCode) -> FailureKind {
 fn before_request(e: &UpstreamError) -> bool {
     matches!(
         e,
-        UpstreamError::Connect(_) | UpstreamError::ConnectTimeout(_) | UpstreamError::Write(_)
+        UpstreamError::Connect(_)
+            | UpstreamError::ConnectTimeout(_)
+            | UpstreamError::Guard(_)
+            | UpstreamError::Write(_)
     )
 }
 

@@ -223,6 +223,7 @@ async fn add(
             why: why.to_string(),
         });
     }
+    state.guard.watch(parsed.host());
     Ok(state
         .registry
         .send(AddWorker {

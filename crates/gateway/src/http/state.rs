@@ -22,6 +22,7 @@ use crate::http::error::ApiError;
 use crate::http::forwarded::TrustedProxies;
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
+use crate::upstream::ConnectGuard;
 
 /// Shared by every HTTP worker thread.
 #[derive(Debug, Clone)]
@@ -40,6 +41,8 @@ pub(crate) struct AppState {
     pub body_timeout: Duration,
     pub keys: Keys,
     pub allow: AllowList,
+    /// API-added workers' host names, vetted again at each upstream connection.
+    pub guard: ConnectGuard,
     /// Whose forwarding headers name the client of the per-address rate limit.
     pub proxies: TrustedProxies,
     /// Longest drain of a worker removed through the API, and of the gateway at SIGTERM.

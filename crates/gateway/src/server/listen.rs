@@ -94,7 +94,7 @@ pub(super) fn http_server(
                 r.run_here();
             }
             // One upstream pool per HTTP thread.
-            let pool = Pool::new(connect_timeout, UPSTREAM_KEEP_ALIVE);
+            let pool = Pool::new(connect_timeout, UPSTREAM_KEEP_ALIVE, state.guard.clone());
             pool.spawn_sweeper();
             let app = crate::http::app::app(state.clone(), pool)
                 .into_factory()

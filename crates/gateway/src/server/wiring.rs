@@ -12,6 +12,7 @@ use crate::actors::tokenizers::{TokenizerActor, Tokenizers};
 use crate::config::GatewayConfig;
 use crate::http::auth::AllowList;
 use crate::metrics::Metrics;
+use crate::upstream::ConnectGuard;
 use actix::dev::channel::AddressReceiver;
 use actix::{Actor, Addr, Arbiter, Context};
 use kvgate_core::WorkerUrl;
@@ -211,7 +212,7 @@ pub(super) async fn register(
     registry: &Addr<RegistryActor>,
     (index, events): (&Addr<IndexActor>, &Addr<EventsActor>),
     workers: Vec<(String, WorkerSource)>,
-    allow: &AllowList,
+    (allow, guard): (&AllowList, &ConnectGuard),
 ) {
     let adds = workers.into_iter().map(|(url, source)| {
         let registry = registry.clone();
@@ -223,6 +224,11 @@ pub(super) async fn register(
             {
                 warn!(worker = %url, reason = %why, "not registered again");
                 return;
+            }
+            if source == WorkerSource::Api
+                && let Ok(u) = WorkerUrl::parse(&url)
+            {
+                guard.watch(u.host());
             }
             let r = registry
                 .send(AddWorker {

@@ -13,6 +13,7 @@ use tracing::warn;
 
 use super::UpstreamError;
 use super::body::{Body, Response};
+use super::guard::ConnectGuard;
 use super::head::parse_head;
 use super::idle::IdleConns;
 use super::read::read_more;
@@ -23,6 +24,7 @@ const MAX_HEAD: usize = 64 * 1024;
 struct Inner {
     idle: IdleConns,
     connect_timeout: Duration,
+    guard: ConnectGuard,
 }
 
 /// The upstream connections of one HTTP thread. Cloning shares the pool.
@@ -41,10 +43,16 @@ impl std::fmt::Debug for Pool {
 impl Pool {
     /// `keep_alive` must be shorter than the workers' own idle timeout (uvicorn's is 5 s),
     /// so the pool drops a connection before the worker closes it under a request.
-    pub(crate) fn new(connect_timeout: Duration, keep_alive: Duration) -> Pool {
+    /// `guard` names the hosts whose addresses are vetted again at each connection.
+    pub(crate) fn new(
+        connect_timeout: Duration,
+        keep_alive: Duration,
+        guard: ConnectGuard,
+    ) -> Pool {
         Pool(Rc::new(Inner {
             idle: IdleConns::new(keep_alive),
             connect_timeout,
+            guard,
         }))
     }
 
@@ -79,13 +87,20 @@ impl Pool {
 
     async fn connect(&self, w: &WorkerUrl) -> Result<TcpStream, UpstreamError> {
         let secs = self.0.connect_timeout.as_secs_f64();
-        let conn = tokio::time::timeout(
-            self.0.connect_timeout,
-            TcpStream::connect((w.host(), w.port())),
-        )
-        .await
-        .map_err(|_| UpstreamError::ConnectTimeout(secs))?
-        .map_err(UpstreamError::Connect)?;
+        let connecting = async {
+            match self.0.guard.addresses(w.host(), w.port()).await {
+                None => TcpStream::connect((w.host(), w.port()))
+                    .await
+                    .map_err(UpstreamError::Connect),
+                Some(Ok(addrs)) => TcpStream::connect(&addrs[..])
+                    .await
+                    .map_err(UpstreamError::Connect),
+                Some(Err(e)) => Err(UpstreamError::Guard(e)),
+            }
+        };
+        let conn = tokio::time::timeout(self.0.connect_timeout, connecting)
+            .await
+            .map_err(|_| UpstreamError::ConnectTimeout(secs))??;
         // Requests and answers are single small writes; Nagle would hold them back.
         if let Err(e) = conn.set_nodelay(true) {
             warn!(error = %e, "cannot set TCP_NODELAY on an upstream connection");

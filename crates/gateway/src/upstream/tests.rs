@@ -14,6 +14,7 @@ use kvgate_core::WorkerUrl;
 use proptest::prelude::*;
 
 use super::chunked::{Chunked, MAX_LINE, MAX_TRAILER, decode_all, encode_chunked};
+use super::guard::ConnectGuard;
 use super::head::{Framing, parse_head};
 use super::*;
 
@@ -131,7 +132,11 @@ const OK: &[u8] =
     b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}";
 
 fn pool() -> Pool {
-    Pool::new(Duration::from_secs(2), Duration::from_secs(30))
+    Pool::new(
+        Duration::from_secs(2),
+        Duration::from_secs(30),
+        ConnectGuard::default(),
+    )
 }
 
 /// Polls `done` every 5 ms until it holds; fails after 10 s naming `what`. For waiting on
@@ -510,7 +515,11 @@ async fn closed_or_expired_idle_connections_are_not_reused() {
 
     // Idle past the keep-alive.
     let server = serve(|_, _| Reply::once(OK));
-    let p = Pool::new(Duration::from_secs(2), Duration::ZERO);
+    let p = Pool::new(
+        Duration::from_secs(2),
+        Duration::ZERO,
+        ConnectGuard::default(),
+    );
     post_ok(&p, &server.url).await;
     post_ok(&p, &server.url).await;
     assert_eq!(server.connections.load(Ordering::SeqCst), 2);
@@ -673,7 +682,11 @@ async fn bodies_that_leave_the_connection_in_doubt_are_not_pooled() {
 #[actix_rt::test]
 async fn idle_connections_past_the_keep_alive_are_closed_without_traffic() {
     let server = serve(|_, _| Reply::once(OK));
-    let p = Pool::new(Duration::from_secs(2), Duration::from_millis(50));
+    let p = Pool::new(
+        Duration::from_secs(2),
+        Duration::from_millis(50),
+        ConnectGuard::default(),
+    );
     p.spawn_sweeper();
     post_ok(&p, &server.url).await;
     assert_eq!(p.idle_count(&server.url), 1);
@@ -696,7 +709,7 @@ async fn idle_connections_past_the_keep_alive_are_closed_without_traffic() {
 async fn expired_connections_are_dropped_at_checkout() {
     let server = serve(|_, _| Reply::once(OK));
     let keep_alive = Duration::from_millis(100);
-    let p = Pool::new(Duration::from_secs(2), keep_alive);
+    let p = Pool::new(Duration::from_secs(2), keep_alive, ConnectGuard::default());
     // Two at once: two connections, both pooled.
     futures_util::future::join(post_ok(&p, &server.url), post_ok(&p, &server.url)).await;
     assert_eq!(p.idle_count(&server.url), 2);
@@ -713,4 +726,43 @@ async fn expired_connections_are_dropped_at_checkout() {
         1,
         "the two expired ones are gone"
     );
+}
+
+#[actix_rt::test]
+async fn a_watched_name_that_now_resolves_outside_the_rule_is_never_connected_to() {
+    let s = serve(|_, _| Reply::once(OK));
+    let by_name = WorkerUrl::parse(&format!("http://localhost:{}", s.url.port())).expect("url");
+    // As if `localhost` had been vetted at another address and DNS now answered loopback.
+    let rebound = ConnectGuard::new(Arc::new(|_, ip: std::net::IpAddr| !ip.is_loopback()));
+    let p = Pool::new(
+        Duration::from_secs(2),
+        Duration::from_secs(30),
+        rebound.clone(),
+    );
+    post_ok(&p, &by_name).await;
+    assert_eq!(
+        s.connections.load(Ordering::SeqCst),
+        1,
+        "not watched: connects"
+    );
+    rebound.watch("localhost");
+    let fresh = Pool::new(Duration::from_secs(2), Duration::from_secs(30), rebound);
+    let e = fresh
+        .post(&by_name, "/v1/x", &[], Bytes::from_static(b"{}"))
+        .await
+        .err();
+    assert!(matches!(e, Some(UpstreamError::Guard(_))), "{e:?}");
+    assert_eq!(
+        s.connections.load(Ordering::SeqCst),
+        1,
+        "watched: no connection"
+    );
+    // An address the rule allows is connected to by the name's resolution.
+    let v4 = ConnectGuard::new(Arc::new(|_, ip: std::net::IpAddr| {
+        ip == std::net::IpAddr::from([127, 0, 0, 1])
+    }));
+    v4.watch("localhost");
+    let p = Pool::new(Duration::from_secs(2), Duration::from_secs(30), v4);
+    post_ok(&p, &by_name).await;
+    assert_eq!(s.connections.load(Ordering::SeqCst), 2);
 }

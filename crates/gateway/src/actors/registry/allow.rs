@@ -75,6 +75,13 @@ impl AllowList {
         AllowList(entries)
     }
 
+    /// The rule for one address a vetted name resolves to at connect time
+    /// ([`ConnectGuard`](crate::upstream::ConnectGuard)): the same as when it was added.
+    pub(crate) fn connect_judge(&self) -> crate::upstream::Judge {
+        let list = self.clone();
+        std::sync::Arc::new(move |host: &str, ip: IpAddr| list.judge(host, &[ip]).is_ok())
+    }
+
     /// Whether `url` may be added.
     #[cfg(test)]
     pub(crate) async fn allows(&self, url: &kvgate_core::WorkerUrl) -> bool {

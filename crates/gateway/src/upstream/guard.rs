@@ -1,0 +1,138 @@
+//! Names vetted when a worker was added, vetted again at each new connection.
+//!
+//! An API-added worker named by a host name passed the allow-list (or, without one, the
+//! link-local and metadata refusal) with the addresses the name had then. The pool opens
+//! connections long after, and DNS can answer differently by then (rebinding): a name
+//! that resolved to an engine can come to point at the host's metadata service. For a
+//! watched name the pool resolves itself, keeps only the addresses the same rule allows,
+//! and connects to those; a name that now resolves to none of them fails as a refused
+//! connection, which the engine certainly never saw.
+
+use std::collections::HashSet;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, PoisonError, RwLock};
+
+/// Whether a name may be reached at an address it resolved to.
+pub(crate) type Judge = Arc<dyn Fn(&str, IpAddr) -> bool + Send + Sync>;
+
+struct Inner {
+    names: RwLock<HashSet<String>>,
+    judge: Judge,
+}
+
+/// Shared by the registry's checks and every HTTP thread's pool; `off` watches nothing.
+#[derive(Clone, Default)]
+pub(crate) struct ConnectGuard(Option<Arc<Inner>>);
+
+impl std::fmt::Debug for ConnectGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.0.as_ref().map_or(0, |i| {
+            i.names.read().unwrap_or_else(PoisonError::into_inner).len()
+        });
+        f.debug_struct("ConnectGuard").field("names", &n).finish()
+    }
+}
+
+/// Why a watched name cannot be connected to.
+#[derive(Debug, thiserror::Error)]
+pub enum GuardError {
+    #[error("resolving the worker's name: {0}")]
+    Resolve(#[source] std::io::Error),
+    #[error("the worker's name now resolves only outside the allowed hosts")]
+    Refused,
+}
+
+impl ConnectGuard {
+    pub(crate) fn new(judge: Judge) -> ConnectGuard {
+        ConnectGuard(Some(Arc::new(Inner {
+            names: RwLock::new(HashSet::new()),
+            judge,
+        })))
+    }
+
+    /// Re-vets `host` at each connection from now on (stored lowercased, without a
+    /// trailing dot, as URLs compare). An address literal cannot change: not watched.
+    pub(crate) fn watch(&self, host: &str) {
+        let bare = host.trim_start_matches('[').trim_end_matches(']');
+        if bare.parse::<IpAddr>().is_ok() {
+            return;
+        }
+        if let Some(i) = &self.0 {
+            i.names
+                .write()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(normal(host));
+        }
+    }
+
+    fn watched(&self, host: &str) -> Option<&Inner> {
+        let i = self.0.as_deref()?;
+        let names = i.names.read().unwrap_or_else(PoisonError::into_inner);
+        // Most hosts are never watched; an empty set costs no allocation.
+        (!names.is_empty() && names.contains(&normal(host))).then_some(i)
+    }
+
+    /// The addresses a connection to `host:port` may use: `None` when `host` is not
+    /// watched (connect as usual), else those of its current addresses the rule allows.
+    pub(crate) async fn addresses(
+        &self,
+        host: &str,
+        port: u16,
+    ) -> Option<Result<Vec<SocketAddr>, GuardError>> {
+        let inner = self.watched(host)?;
+        let judge = inner.judge.clone();
+        let found = match tokio::net::lookup_host((host, port)).await {
+            Ok(a) => a.collect::<Vec<_>>(),
+            Err(e) => return Some(Err(GuardError::Resolve(e))),
+        };
+        let allowed: Vec<SocketAddr> = found.into_iter().filter(|a| judge(host, a.ip())).collect();
+        Some(if allowed.is_empty() {
+            Err(GuardError::Refused)
+        } else {
+            Ok(allowed)
+        })
+    }
+}
+
+fn normal(host: &str) -> String {
+    host.trim_end_matches('.').to_ascii_lowercase()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[actix_rt::test]
+    async fn a_watched_name_connects_only_to_addresses_the_rule_allows() {
+        // "localhost" resolves to loopback; the rule refuses 127.0.0.1 as a rebound name would be.
+        let refuse_v4_loopback: Judge = Arc::new(|_, ip| ip != IpAddr::from([127, 0, 0, 1]));
+        let g = ConnectGuard::new(refuse_v4_loopback);
+        assert!(
+            g.addresses("localhost", 80).await.is_none(),
+            "not watched yet"
+        );
+        g.watch("LocalHost.");
+        match g.addresses("localhost", 80).await {
+            Some(Ok(a)) => assert!(
+                a.iter().all(|a| a.ip() != IpAddr::from([127, 0, 0, 1])),
+                "{a:?}"
+            ),
+            Some(Err(GuardError::Refused)) => {}
+            other => panic!("{other:?}"),
+        }
+        let allow_all: Judge = Arc::new(|_, _| true);
+        let open = ConnectGuard::new(allow_all);
+        open.watch("localhost");
+        let a = open.addresses("localhost", 8080).await;
+        assert!(
+            matches!(&a, Some(Ok(v)) if v.iter().all(|s| s.port() == 8080)),
+            "{a:?}"
+        );
+        assert!(
+            ConnectGuard::default()
+                .addresses("localhost", 80)
+                .await
+                .is_none()
+        );
+    }
+}
