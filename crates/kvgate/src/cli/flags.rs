@@ -69,7 +69,7 @@ pub(super) const FLAGS: &[(&str, &str, Kind, &str)] = &[
         "body-read-timeout-secs",
         "body_read_timeout_secs",
         Kind::Float,
-        "Time an admitted request has to send its body (408 after it), seconds",
+        "Time a request has to send its body (408 after it; no slot is held meanwhile), seconds",
     ),
     (
         "header-read-timeout-secs",
