@@ -105,6 +105,12 @@ pub(super) fn routing_actors(
         SelectorActor::new(cfg.policy.clone(), cfg.seed, epoch, Some(index.clone()))
             .with_prefill_hold(cfg.prefill_hold)
             .with_circuit_breaker(cfg.circuit)
+            // Out on its checks for as long again as it took to go out, and never under
+            // 10 s: a slow engine shows progress by then, a frozen one does not.
+            .with_stall_grace(
+                (cfg.health.interval * cfg.health.failure_threshold + cfg.health.timeout)
+                    .max(std::time::Duration::from_secs(10)),
+            )
             .with_mailbox_histogram(metrics.selector_wait.clone());
     let start = RoutingStart {
         index: (index_actor, index_rx),
