@@ -152,6 +152,7 @@ pub(super) fn control_actors(
     };
     // Its subscriber tasks run on this arbiter's runtime, beside the poller's.
     let max_blocks = cfg.events.kv_events_max_blocks;
+    let silence = cfg.events.kv_events_silence;
     let to_selector = SelectorLink {
         loads: selector.clone().recipient(),
         live: selector.clone().recipient(),
@@ -168,6 +169,7 @@ pub(super) fn control_actors(
             .with_snapshots(snapshots, events_image)
             .with_prefix_index(routed)
             .with_allow_list(allow)
+            .with_silence(silence)
     });
     let tokenizers = Arc::new(Tokenizers::new(cfg.events.tokenizer_path.clone()));
     let loader = TokenizerActor {

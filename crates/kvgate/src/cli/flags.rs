@@ -288,6 +288,12 @@ pub(super) const FLAGS: &[(&str, &str, Kind, &str)] = &[
         "Blocks the KV-event chain index holds before it evicts (about 170 B each)",
     ),
     (
+        "kv-events-silence-secs",
+        "kv_events_silence_secs",
+        Kind::Float,
+        "A rank silent this long has its KV-event publisher asked (replay); no answer shows it stalled, seconds",
+    ),
+    (
         "kv-events-config",
         "kv_events_config",
         Kind::Text,

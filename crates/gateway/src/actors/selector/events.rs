@@ -10,7 +10,7 @@ use tracing::warn;
 use std::time::Duration;
 
 use super::{GetViews, GetWorkerStates, Outcome, Release, SelectorActor, Warmed, WorkerState};
-use crate::actors::events::{EventsLive, LoadPushed};
+use crate::actors::events::{EngineBusy, EventsLive, LoadPushed};
 use crate::actors::registry::{FleetChanged, WorkerFailed};
 
 impl Handler<Release> for SelectorActor {
@@ -107,6 +107,12 @@ impl Handler<LoadsPolled> for SelectorActor {
 
     fn handle(&mut self, msg: LoadsPolled, _: &mut Context<Self>) {
         let LoadsPolled { worker: id, load } = msg;
+        // An engine at work should be publishing: the events actor judges silence by it.
+        if let (Some(events), Some(l)) = (&self.events, &load)
+            && l.ranks.iter().any(|r| r.num_running_reqs > 0)
+        {
+            events.do_send(EngineBusy(id));
+        }
         for (v, m) in self.views.iter_mut().zip(&self.meta) {
             if m.worker != id {
                 continue;
