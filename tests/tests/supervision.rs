@@ -1,10 +1,13 @@
-//! A routing actor that panics on a request rebuilds its state and routing goes on;
-//! readiness keeps telling the truth.
+//! A routing actor that panics (on a request, or anywhere else in it) is restarted with
+//! its state rebuilt and routing goes on; one that cannot be restarted fails liveness and
+//! readiness.
 
 use std::time::Duration;
 
 use kvgate_engine_sim::SimConfig;
-use kvgate_gateway::testing::inject::{HoldRebuild, IndexPanic, SelectorPanic};
+use kvgate_gateway::testing::inject::{
+    HoldRebuild, IndexCrash, IndexPanic, SelectorCrash, SelectorPanic,
+};
 use kvgate_tests::{Harness, client, finish_reply, get, post_json, wait_for_async};
 use serde_json::json;
 
@@ -108,4 +111,47 @@ async fn requests_are_answered_while_the_index_rebuilds() {
         units(&get(&h.url("/admin/index")).await.json()) >= before
     })
     .await;
+}
+
+#[actix_rt::test]
+async fn a_panic_anywhere_in_a_routing_actor_restarts_it_and_routing_resumes() {
+    let (h, before) = with_a_committed_prefix().await;
+    // Outside the guarded decision and lookup: a handler of each actor panics.
+    h.gw.actors().selector.do_send(SelectorCrash);
+    h.gw.actors().index.do_send(IndexCrash);
+    for i in 0..4 {
+        let r = post_json(&h.url("/v1/chat/completions"), &chat(&format!("after {i}"))).await;
+        assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    }
+    let live = get(&h.url("/liveness")).await;
+    assert_eq!(live.status.as_u16(), 200, "{}", live.text());
+    assert!(
+        live.json()["actor_restarts"].as_u64() >= Some(2),
+        "{}",
+        live.text()
+    );
+    assert_eq!(get(&h.url("/readiness")).await.status.as_u16(), 200);
+    // The selector rebuilt its view from the registry, the index from its snapshot.
+    assert_eq!(get(&h.url("/workers")).await.json()["total"], 2);
+    wait_for_async(10, "the index restored from the snapshot", || async {
+        units(&get(&h.url("/admin/index")).await.json()) >= before
+    })
+    .await;
+}
+
+#[actix_rt::test]
+async fn an_actor_that_keeps_panicking_fails_liveness_and_readiness() {
+    let h = Harness::start(1, SimConfig::default(), |_| {});
+    assert_eq!(get(&h.url("/liveness")).await.status.as_u16(), 200);
+    for _ in 0..11 {
+        h.gw.actors().selector.do_send(SelectorCrash);
+    }
+    wait_for_async(10, "liveness failing", || async {
+        get(&h.url("/liveness")).await.status.as_u16() == 503
+    })
+    .await;
+    let live = get(&h.url("/liveness")).await.json();
+    assert_eq!(live["actors"][0], "selector", "{live}");
+    let ready = get(&h.url("/readiness")).await;
+    assert_eq!(ready.status.as_u16(), 503, "{}", ready.text());
 }

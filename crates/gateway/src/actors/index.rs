@@ -24,7 +24,7 @@ use crate::config::SnapshotConfig;
 mod messages;
 pub(crate) use messages::{ClearWorker, FleetSettled, ForgetPrefix, Ping};
 #[cfg(feature = "fault-injection")]
-pub use messages::{HoldRebuild, InjectPanic};
+pub use messages::{Crash, HoldRebuild, InjectPanic};
 pub use messages::{MatchPrefix, RecordPrefix};
 mod snapshot;
 mod stats;
@@ -465,6 +465,14 @@ impl IndexActor {
             let h = m.hash.sweep(now);
             debug!(model = %name, ?t, ?k, ?h, "index sweep");
         }
+    }
+}
+
+/// Restarted after a panic (`actors::supervise`): rebuilt from the last snapshot, off this
+/// thread, and the registry's fleet.
+impl actix::Supervised for IndexActor {
+    fn restarting(&mut self, _: &mut Context<Self>) {
+        self.restart();
     }
 }
 

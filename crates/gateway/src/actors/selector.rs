@@ -39,7 +39,7 @@ mod select;
 use circuit::Circuit;
 pub(crate) use circuit::{CircuitConfig, CircuitState, Outcome};
 #[cfg(feature = "fault-injection")]
-pub use events::InjectPanic;
+pub use events::{Crash, InjectPanic};
 pub(crate) use hold::Hold;
 use hold::Holds;
 pub(crate) use messages::{
@@ -332,6 +332,14 @@ impl Actor for SelectorActor {
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.set_mailbox_capacity(MAILBOX);
         ctx.run_interval(Duration::from_secs(1), |act, _| act.release_frozen());
+    }
+}
+
+/// Restarted after a panic (`actors::supervise`): the view is rebuilt from the registry's
+/// last fleet; what requests in flight rely on is kept (`restart`).
+impl actix::Supervised for SelectorActor {
+    fn restarting(&mut self, _: &mut Context<Self>) {
+        self.restart();
     }
 }
 

@@ -8,6 +8,7 @@ use crate::actors::registry::{
     AddWorker, PollerLink, RegistryActor, RegistryConfig, RegistryError, WorkerSource,
 };
 use crate::actors::selector::SelectorActor;
+use crate::actors::supervise::{Supervision, run_supervised};
 use crate::actors::tokenizers::{TokenizerActor, Tokenizers};
 use crate::config::GatewayConfig;
 use crate::http::auth::AllowList;
@@ -31,15 +32,26 @@ pub(super) const MAILBOX: usize = 16;
 pub(super) struct RoutingStart {
     pub(super) index: (IndexActor, AddressReceiver<IndexActor>),
     pub(super) selector: (SelectorActor, AddressReceiver<SelectorActor>),
+    pub(super) supervision: Arc<Supervision>,
 }
 
 impl RoutingStart {
-    /// Starts both actors on the current arbiter.
+    /// Starts both actors on the current arbiter, each restarted after a panic.
     pub(super) fn run_here(self) {
         let (index, rx) = self.index;
-        Context::with_receiver(rx).run(index);
+        run_supervised(
+            Context::with_receiver(rx),
+            index,
+            "index",
+            self.supervision.clone(),
+        );
         let (selector, rx) = self.selector;
-        Context::with_receiver(rx).run(selector);
+        run_supervised(
+            Context::with_receiver(rx),
+            selector,
+            "selector",
+            self.supervision,
+        );
     }
 }
 
@@ -90,6 +102,7 @@ pub(super) fn routing_actors(
     persister: Option<Persister>,
     image: Option<Image>,
     metrics: &Metrics,
+    supervision: Arc<Supervision>,
 ) -> (RoutingStart, Addr<IndexActor>, Addr<SelectorActor>) {
     let (index_tx, index_rx) = actix::dev::channel::channel::<IndexActor>(MAILBOX);
     let (selector_tx, selector_rx) = actix::dev::channel::channel::<SelectorActor>(MAILBOX);
@@ -115,6 +128,7 @@ pub(super) fn routing_actors(
     let start = RoutingStart {
         index: (index_actor, index_rx),
         selector: (selector_actor, selector_rx),
+        supervision,
     };
     (start, index, selector)
 }

@@ -223,3 +223,19 @@ impl Handler<HoldRebuild> for IndexActor {
         self.hold_rebuild = Some(msg.0);
     }
 }
+
+/// Test builds only: the handler itself panics, outside the guarded lookup, to show the
+/// supervisor restarts the actor.
+#[cfg(feature = "fault-injection")]
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct Crash;
+
+#[cfg(feature = "fault-injection")]
+impl Handler<Crash> for IndexActor {
+    type Result = ();
+
+    fn handle(&mut self, _: Crash, _: &mut Context<Self>) {
+        panic!("injected panic in an index handler");
+    }
+}

@@ -244,3 +244,19 @@ impl Handler<InjectPanic> for SelectorActor {
         self.panic_next = true;
     }
 }
+
+/// Test builds only: the handler itself panics, outside the guarded decision, to show the
+/// supervisor restarts the actor.
+#[cfg(feature = "fault-injection")]
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct Crash;
+
+#[cfg(feature = "fault-injection")]
+impl Handler<Crash> for SelectorActor {
+    type Result = ();
+
+    fn handle(&mut self, _: Crash, _: &mut Context<Self>) {
+        panic!("injected panic in a selector handler");
+    }
+}
