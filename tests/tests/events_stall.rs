@@ -5,6 +5,10 @@
     clippy::disallowed_methods,
     reason = "a long request in flight while the publisher is silent; the test awaits it"
 )]
+#![expect(
+    clippy::expect_used,
+    reason = "test code: a helper's panic is a failed test"
+)]
 
 use std::time::Duration;
 

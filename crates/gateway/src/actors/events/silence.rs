@@ -33,7 +33,7 @@ impl EventsActor {
         let Some(w) = self.workers.get_mut(&worker) else {
             return;
         };
-        if !w.busy_at.is_some_and(|b| b > w.last_batch + silence) {
+        if w.busy_at.is_none_or(|b| b <= w.last_batch + silence) {
             return;
         }
         if w.ranks.insert(rank, RankState::Stalled) != Some(RankState::Stalled) {
