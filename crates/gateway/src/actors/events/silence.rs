@@ -1,5 +1,6 @@
 //! A publisher without replay that has gone quiet: silent while its engine reports running
-//! requests, it is taken as dead (its rank stalled) until a batch comes again. An idle
+//! requests or its cache changes, it is taken as dead (its rank stalled) until a batch
+//! comes again. An idle
 //! engine publishes nothing either, so silence alone says nothing.
 
 use actix::prelude::*;
@@ -8,8 +9,8 @@ use tracing::warn;
 
 use super::{EventsActor, RankState};
 
-/// The engine reported running requests in a load poll (`do_send` from the selector:
-/// best effort, a lost one only delays a stall).
+/// The engine reported running requests, or a change of its cache's used tokens, in a
+/// load poll (`do_send` from the selector: best effort, a lost one only delays a stall).
 #[derive(Message, Debug, Clone, Copy)]
 #[rtype(result = "()")]
 pub(crate) struct EngineBusy(pub(crate) WorkerId);
@@ -40,7 +41,7 @@ impl EventsActor {
             warn!(worker = %w.url, rank, "KV events: silent while the engine works; routing falls back to the approximate index");
         }
         w.reason = Some(format!(
-            "no KV event for {secs} s while the engine reports running requests"
+            "no KV event for {secs} s while the engine reports running requests or cache changes"
         ));
     }
 }

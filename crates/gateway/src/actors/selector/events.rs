@@ -107,11 +107,20 @@ impl Handler<LoadsPolled> for SelectorActor {
 
     fn handle(&mut self, msg: LoadsPolled, _: &mut Context<Self>) {
         let LoadsPolled { worker: id, load } = msg;
-        // An engine at work should be publishing: the events actor judges silence by it.
-        if let (Some(events), Some(l)) = (&self.events, &load)
-            && l.ranks.iter().any(|r| r.num_running_reqs > 0)
-        {
-            events.do_send(EngineBusy(id));
+        // An engine at work, or whose cache changed, should be publishing: the events
+        // actor judges a silent publisher by it.
+        if let (Some(events), Some(l)) = (&self.events, &load) {
+            let used = |ranks: &[kvgate_policies::RankLoad]| -> u64 {
+                ranks.iter().map(|r| r.num_used_tokens).sum()
+            };
+            let before: Option<u64> = (self.views.iter().zip(&self.meta))
+                .filter(|(_, m)| m.worker == id)
+                .map(|(v, _)| v.load.as_ref().map(|l| used(&l.ranks)))
+                .sum();
+            let changed = before.is_some_and(|b| b != used(&l.ranks));
+            if changed || l.ranks.iter().any(|r| r.num_running_reqs > 0) {
+                events.do_send(EngineBusy(id));
+            }
         }
         for (v, m) in self.views.iter_mut().zip(&self.meta) {
             if m.worker != id {
