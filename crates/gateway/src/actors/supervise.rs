@@ -72,6 +72,19 @@ where
     recent: VecDeque<Instant>,
 }
 
+impl<A> Guarded<A>
+where
+    A: Actor<Context = Context<A>>,
+{
+    fn give_up(&self) {
+        self.sup
+            .given_up
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(self.name);
+    }
+}
+
 impl<A> Future for Guarded<A>
 where
     A: Actor<Context = Context<A>> + Supervised,
@@ -100,11 +113,7 @@ where
                             actor = this.name,
                             "the actor keeps panicking; it is not restarted again (liveness fails)"
                         );
-                        this.sup
-                            .given_up
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .push(this.name);
+                        this.give_up();
                         return Poll::Ready(());
                     }
                     tracing::error!(
@@ -114,8 +123,19 @@ where
                     this.sup
                         .restarts
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    if !this.fut.restart() {
-                        return Poll::Ready(());
+                    // A rebuild that panics itself cannot be retried on the same state.
+                    let fut = &mut this.fut;
+                    match std::panic::catch_unwind(AssertUnwindSafe(|| fut.restart())) {
+                        Ok(true) => {}
+                        Ok(false) => return Poll::Ready(()),
+                        Err(_) => {
+                            tracing::error!(
+                                actor = this.name,
+                                "the actor's rebuild panicked; it is not restarted again (liveness fails)"
+                            );
+                            this.give_up();
+                            return Poll::Ready(());
+                        }
                     }
                 }
             }
