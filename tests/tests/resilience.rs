@@ -174,6 +174,57 @@ async fn a_frozen_engine_costs_no_request_and_is_shown_down() {
 }
 
 #[actix_rt::test]
+async fn slow_health_answers_leave_the_waiting_requests_in_place() {
+    let h = Harness::start(2, sim(), |c| {
+        c.health.interval = Duration::from_millis(100);
+        c.health.timeout = Duration::from_millis(100);
+        c.health.failure_threshold = 3;
+        c.health.success_threshold = 1;
+    });
+    for i in 0..2 {
+        h.fleet
+            .engine(i)
+            .set_fault(Fault::Latency(Duration::from_secs(3)));
+    }
+    let url = h.url("/v1/completions");
+    let asked = actix_rt::spawn(async move {
+        post_json(&url, &json!({"prompt": "wait for me", "max_tokens": 2})).await
+    });
+    wait_for(10, "the request reaches an engine", || {
+        (0..2).any(|i| h.fleet.engine(i).stats().http_requests > 0)
+    })
+    .await;
+    let (x, y) = if h.fleet.engine(0).stats().http_requests > 0 {
+        (0, 1)
+    } else {
+        (1, 0)
+    };
+    // Its /health now times out (the request already there goes on): three slow answers.
+    h.fleet.engine(x).set_fault(Fault::Freeze);
+    wait_for_async(10, "the engine marked unhealthy", || async {
+        worker(&h, x).await["status"] == "unhealthy"
+    })
+    .await;
+    let r = asked.await.expect("the request task");
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    assert_eq!(h.fleet.engine(x).stats().completed, 1);
+    assert_eq!(
+        h.fleet.engine(y).stats().http_requests,
+        0,
+        "not sent elsewhere"
+    );
+    // New requests avoid it meanwhile.
+    h.fleet.engine(y).set_fault(Fault::None);
+    let r = post_json(
+        &h.url("/v1/completions"),
+        &json!({"prompt": "new", "max_tokens": 2}),
+    )
+    .await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    assert_eq!(h.fleet.engine(y).stats().requests, 1);
+}
+
+#[actix_rt::test]
 async fn a_slow_engine_costs_no_request() {
     let h = fleet(|_| {});
     let e = h.fleet.handle(2);

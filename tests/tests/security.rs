@@ -263,6 +263,50 @@ async fn a_queue_wait_past_its_timeout_is_503_with_retry_after() {
     }
 }
 
+/// A client on a raw socket that sends a request head and then one body byte a second
+/// until the returned flag is set.
+fn slow_uploader(gateway: &str) -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+    use std::io::Write;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let addr = gateway.trim_start_matches("http://").to_owned();
+    let flag = stop.clone();
+    std::thread::spawn(move || {
+        let mut s = std::net::TcpStream::connect(&addr).expect("connect");
+        let head = format!(
+            "POST /v1/completions HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: 200\r\n\r\n{{"
+        );
+        s.write_all(head.as_bytes()).expect("head sent");
+        while !flag.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(1000));
+            if s.write_all(b" ").is_err() {
+                return;
+            }
+        }
+    });
+    stop
+}
+
+#[actix_rt::test]
+async fn slow_uploads_hold_no_admission_slot() {
+    let h = Harness::start(1, SimConfig::default(), |c| {
+        c.admission.max_concurrent_requests = Some(2);
+        c.admission.queue_size = 0;
+    });
+    let uploaders = [slow_uploader(&h.gw.url()), slow_uploader(&h.gw.url())];
+    // Their heads are in and their handlers wait on the bodies.
+    actix_rt::time::sleep(Duration::from_millis(500)).await;
+    let asked = client()
+        .post(h.url("/v1/completions"))
+        .timeout(Duration::from_secs(5))
+        .send_json(&json!({"prompt": "x", "max_tokens": 1}));
+    let r = kvgate_tests::finish_reply(asked.await.expect("answered within 5 s")).await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    for u in uploaders {
+        u.store(true, std::sync::atomic::Ordering::Release);
+    }
+}
+
 #[actix_rt::test]
 async fn the_rate_limit_is_per_client_key() {
     let h = Harness::start(1, SimConfig::default(), |c| {

@@ -68,6 +68,8 @@ pub(crate) struct Engine {
     pub(crate) received: AtomicU64,
     /// The KV-event ports bound, once publishing runs.
     kv_events: OnceLock<Ports>,
+    /// Faults of the KV-event publisher alone.
+    pub(crate) publisher_faults: Arc<events::PublisherFaults>,
 }
 
 impl Engine {
@@ -91,6 +93,7 @@ impl Engine {
             next_rank: AtomicUsize::new(0),
             received: AtomicU64::new(0),
             kv_events: OnceLock::new(),
+            publisher_faults: Arc::default(),
         })
     }
 
@@ -98,7 +101,9 @@ impl Engine {
     /// publishing on the current actix runtime; before the schedulers start, so no change
     /// goes unpublished.
     pub(crate) async fn start_events(&self, host: &str) -> std::io::Result<()> {
-        let Some((mut ports, outboxes)) = events::start(host, &self.cfg).await? else {
+        let Some((mut ports, outboxes)) =
+            events::start(host, &self.cfg, &self.publisher_faults).await?
+        else {
             return Ok(());
         };
         for (rank, outbox) in self.ranks.iter().zip(outboxes) {

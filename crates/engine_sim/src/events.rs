@@ -7,6 +7,7 @@
 
 use std::collections::VecDeque;
 use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use bytes::Bytes;
@@ -71,9 +72,24 @@ impl Ports {
 /// Batches kept for replay, oldest first.
 type Buffer = Arc<Mutex<VecDeque<(u64, Bytes)>>>;
 
+/// Faults of the publisher alone, for tests: the engine's HTTP side is untouched.
+#[derive(Debug, Default)]
+pub(crate) struct PublisherFaults {
+    /// Silent: batches are numbered and kept for replay but not sent, and replay requests
+    /// get no answer (a publisher thread that died while the engine serves on).
+    pub(crate) muted: AtomicBool,
+    /// This many next batches are numbered but neither sent nor kept: a gap replay
+    /// cannot cover.
+    pub(crate) lost: AtomicU64,
+}
+
 /// Binds every rank's sockets on `host` and spawns their tasks on the current (actix)
 /// runtime; returns the ports bound and one outbox per rank. `None` when events are off.
-pub(crate) async fn start(host: &str, cfg: &SimConfig) -> io::Result<Option<(Ports, Vec<Outbox>)>> {
+pub(crate) async fn start(
+    host: &str,
+    cfg: &SimConfig,
+    faults: &Arc<PublisherFaults>,
+) -> io::Result<Option<(Ports, Vec<Outbox>)>> {
     let Some(base) = cfg.kv_events_port else {
         return Ok(None);
     };
@@ -99,19 +115,27 @@ pub(crate) async fn start(host: &str, cfg: &SimConfig) -> io::Result<Option<(Por
             reason = "a simulated engine's tasks run on its own runtime, which stops with the fleet"
         )]
         actix_rt::spawn(publish(
-            rank,
-            topic.clone(),
-            socket,
+            Publisher {
+                rank,
+                topic: topic.clone(),
+                socket,
+                buffer: buffer.clone(),
+                keep,
+                faults: Arc::clone(faults),
+            },
             rx,
-            buffer.clone(),
-            keep,
         ));
         if let Some(router) = router {
             #[expect(
                 clippy::disallowed_methods,
                 reason = "a simulated engine's tasks run on its own runtime, which stops with the fleet"
             )]
-            actix_rt::spawn(replay_loop(topic.clone(), router, buffer));
+            actix_rt::spawn(replay_loop(
+                topic.clone(),
+                router,
+                buffer,
+                Arc::clone(faults),
+            ));
         }
     }
     let ports = Ports {
@@ -122,15 +146,26 @@ pub(crate) async fn start(host: &str, cfg: &SimConfig) -> io::Result<Option<(Por
     Ok(Some((ports, outboxes)))
 }
 
-/// Publishes each batch the scheduler hands over, numbering them from 0.
-async fn publish(
+/// One rank's publishing side.
+struct Publisher {
     rank: u32,
     topic: Bytes,
-    mut socket: PubSocket,
-    mut rx: UnboundedReceiver<Publish>,
+    socket: PubSocket,
     buffer: Buffer,
     keep: Option<usize>,
-) {
+    faults: Arc<PublisherFaults>,
+}
+
+/// Publishes each batch the scheduler hands over, numbering them from 0.
+async fn publish(p: Publisher, mut rx: UnboundedReceiver<Publish>) {
+    let Publisher {
+        rank,
+        topic,
+        mut socket,
+        buffer,
+        keep,
+        faults,
+    } = p;
     let mut seq = 0u64;
     while let Some(p) = rx.recv().await {
         let events = match p {
@@ -152,6 +187,14 @@ async fn publish(
         };
         let [_, seq_frame, payload] = encode_message(&topic, seq, &batch);
         let payload = Bytes::from(payload);
+        let lost = faults
+            .lost
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .is_ok();
+        if lost {
+            seq += 1;
+            continue;
+        }
         if let Some(keep) = keep {
             let mut b = buffer.lock().unwrap_or_else(PoisonError::into_inner);
             if b.len() == keep {
@@ -162,6 +205,10 @@ async fn publish(
         let mut msg = ZmqMessage::from(topic.clone());
         msg.push_back(seq_frame.into());
         msg.push_back(payload);
+        if faults.muted.load(Ordering::Acquire) {
+            seq += 1;
+            continue;
+        }
         // PUB drops for slow or absent subscribers; an error here is the socket closing.
         if let Err(e) = socket.send(msg).await {
             tracing::warn!(rank, seq, error = %e, "kv event publish failed");
@@ -171,7 +218,12 @@ async fn publish(
 }
 
 /// Answers replay requests, one at a time, from the buffer.
-async fn replay_loop(topic: Bytes, mut socket: RouterSocket, buffer: Buffer) {
+async fn replay_loop(
+    topic: Bytes,
+    mut socket: RouterSocket,
+    buffer: Buffer,
+    faults: Arc<PublisherFaults>,
+) {
     loop {
         let request = match socket.recv().await {
             Ok(m) => m.into_vec(),
@@ -184,6 +236,9 @@ async fn replay_loop(topic: Bytes, mut socket: RouterSocket, buffer: Buffer) {
         let Some((identity, rest)) = request.split_first() else {
             continue;
         };
+        if faults.muted.load(Ordering::Acquire) {
+            continue;
+        }
         let start = match decode_replay_request(rest) {
             Ok(start) => start,
             Err(e) => {

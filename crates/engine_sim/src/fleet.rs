@@ -208,6 +208,25 @@ impl EngineHandle {
         self.engine.stats()
     }
 
+    /// Silences the KV-event publisher (`true`) or brings it back: while silent it sends
+    /// nothing and answers no replay request, but keeps its batches for replay, as a
+    /// publisher whose thread died would look from outside; the engine serves on.
+    pub fn mute_kv_events(&self, muted: bool) {
+        self.engine
+            .publisher_faults
+            .muted
+            .store(muted, std::sync::atomic::Ordering::Release);
+    }
+
+    /// The next `n` KV-event batches are numbered but neither sent nor kept for replay:
+    /// a gap in the live stream that replay cannot cover.
+    pub fn lose_kv_events(&self, n: u64) {
+        self.engine
+            .publisher_faults
+            .lost
+            .store(n, std::sync::atomic::Ordering::Release);
+    }
+
     /// Simulates an engine restart: requests in flight are aborted, the cache is emptied,
     /// `gen_throughput` starts again at 0 and `startup_time` changes. Counters are kept.
     pub fn restart(&self) {

@@ -12,4 +12,5 @@ pub(crate) mod events;
 pub(crate) mod index;
 pub(crate) mod registry;
 pub(crate) mod selector;
+pub(crate) mod supervise;
 pub(crate) mod tokenizers;

@@ -70,8 +70,8 @@ pub struct GatewayConfig {
     pub request_timeout: Duration,
     #[serde(rename = "connect_timeout_secs", with = "kvgate_core::secs")]
     pub connect_timeout: Duration,
-    /// Time a client has to send its request body once admitted (408 after it), so slow
-    /// uploads cannot hold the concurrency slots.
+    /// Time a client has to send its request body (408 after it). A slot is taken only
+    /// once the body is read, so slow uploads hold none.
     #[serde(rename = "body_read_timeout_secs", with = "kvgate_core::secs")]
     pub body_read_timeout: Duration,
     /// Time a client has to send its request head; stalled connections are closed.

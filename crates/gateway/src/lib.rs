@@ -65,7 +65,10 @@ pub mod testing {
     /// bodies read for routing (feature `fault-injection`).
     #[cfg(feature = "fault-injection")]
     pub mod inject {
+        pub use crate::actors::index::Crash as IndexCrash;
+        pub use crate::actors::index::HoldRebuild;
         pub use crate::actors::index::InjectPanic as IndexPanic;
+        pub use crate::actors::selector::Crash as SelectorCrash;
         pub use crate::actors::selector::InjectPanic as SelectorPanic;
         pub use crate::facts::parsed as facts_parsed;
     }

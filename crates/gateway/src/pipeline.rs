@@ -9,7 +9,6 @@
 //! ([`Failed`]); its slot goes back when its [`Booking`](crate::actors::selector::Booking)
 //! drops. `docs/architecture.md` draws the whole pipeline.
 
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -104,15 +103,6 @@ pub(crate) struct Pipeline {
 }
 
 impl Pipeline {
-    /// A place in the gateway for a request from `client` (its key) or `peer`.
-    pub(crate) async fn admit(
-        &self,
-        client: Option<String>,
-        peer: Option<IpAddr>,
-    ) -> Result<Ticket, AdmitError> {
-        self.admission.admit(client, peer).await
-    }
-
     pub(crate) fn decisions(&self) -> &DecisionSink {
         &self.decisions
     }

@@ -20,6 +20,7 @@ use crate::actors::events::EventsActor;
 use crate::actors::index::IndexActor;
 use crate::actors::registry::RegistryActor;
 use crate::actors::selector::SelectorActor;
+use crate::actors::supervise::Supervision;
 use crate::config::{ConfigError, GatewayConfig};
 use crate::http::auth::{AllowList, Keys};
 use crate::http::forwarded::TrustedProxies;
@@ -125,8 +126,15 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
     let epoch = Instant::now();
     let store = open_store(cfg);
     let metrics = Arc::new(Metrics::new(cfg.policy.kind.name()));
-    let (routing, index, selector) =
-        routing_actors(cfg, epoch, store.persister.clone(), store.image, &metrics);
+    let supervision = Arc::new(Supervision::default());
+    let (routing, index, selector) = routing_actors(
+        cfg,
+        epoch,
+        store.persister.clone(),
+        store.image,
+        &metrics,
+        supervision.clone(),
+    );
     let control = Arbiter::new();
     let workers = startup_workers(cfg, &store.registry);
     let (registry, poller, events, tokenizers) = control_actors(
@@ -178,6 +186,7 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         proxies: TrustedProxies::new(cfg.access.trusted().unwrap_or_default()),
         grace: cfg.shutdown_grace_period,
         lifecycle: lifecycle.clone(),
+        supervision,
         reads_prompt: cfg.policy.kind.reads_prompt(),
         events: events.clone(),
         tokenizers,

@@ -14,6 +14,15 @@ use crate::db::Store;
 use crate::error::StoreError;
 use crate::image::{ChainChunk, Chunk, EventsHeader, Image, ImageHeader, RegistryImage};
 
+/// What is done with a snapshot read back, on the writer's thread.
+pub struct Loaded(Box<dyn FnOnce(Option<Image>) + Send>);
+
+impl std::fmt::Debug for Loaded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Loaded")
+    }
+}
+
 /// Work for the writer.
 #[derive(Debug)]
 pub enum Persist {
@@ -36,7 +45,7 @@ pub enum Persist {
     /// Answered once everything queued before it is on disk.
     Flush(Sender<()>),
     /// Answered with the last committed snapshot (an actor rebuilding its state).
-    Load(Sender<Option<Image>>),
+    Load(Loaded),
 }
 
 /// Counters a person or a test can read.
@@ -91,8 +100,18 @@ impl Persister {
     /// after a failure only).
     pub fn reload(&self) -> Option<Image> {
         let (tx, rx) = crossbeam_channel::bounded(1);
-        self.tx.send(Persist::Load(tx)).ok()?;
+        if !self.reload_then(move |image| {
+            let _ = tx.send(image);
+        }) {
+            return None;
+        }
         rx.recv().ok().flatten()
+    }
+
+    /// Reads the last committed snapshot back without waiting: `done` gets it on the
+    /// writer's thread, after what was queued before. False when the writer is gone.
+    pub fn reload_then(&self, done: impl FnOnce(Option<Image>) + Send + 'static) -> bool {
+        self.tx.send(Persist::Load(Loaded(Box::new(done)))).is_ok()
     }
 
     /// Waits until everything queued so far is written (shutdown only).
@@ -295,7 +314,7 @@ fn run(store: Store, rx: Receiver<Persist>, reg_rx: Receiver<RegistryImage>, sta
                     error!(error = %e, "cannot read the committed snapshot back");
                     None
                 });
-                let _ = reply.send(image);
+                (reply.0)(image);
             }
             Persist::Flush(ack) => {
                 if let Some(r) = reg_rx.try_iter().last() {

@@ -87,6 +87,10 @@ struct Worker {
     replays: u64,
     resets: u64,
     restarts: u64,
+    /// When the engine last reported running requests, and when a batch last came: a
+    /// publisher without replay that is silent while its engine works is stalled.
+    busy_at: Option<std::time::Instant>,
+    last_batch: std::time::Instant,
 }
 
 impl Worker {
@@ -139,6 +143,8 @@ pub struct EventsActor {
     persist: Persistence,
     /// The prefix index: what it recorded of a rank whose cache was cleared is stale too.
     routed: Option<Recipient<ClearWorker>>,
+    /// No batch for this long on a rank makes its task ask whether the publisher is there.
+    silence: std::time::Duration,
 }
 
 impl EventsActor {
@@ -153,7 +159,15 @@ impl EventsActor {
             vetting: HashMap::new(),
             persist: Persistence::default(),
             routed: None,
+            silence: std::time::Duration::from_secs(30),
         }
+    }
+
+    /// How long a rank may send nothing before its publisher is asked (a replay request)
+    /// or, without replay, judged against its engine's reported load.
+    pub fn with_silence(mut self, silence: std::time::Duration) -> Self {
+        self.silence = silence;
+        self
     }
 
     /// Tells `index` to forget what it recorded for a rank whose engine cache was cleared
@@ -256,12 +270,17 @@ impl EventsActor {
             let me = me.clone();
             let from = resume.get(&ep.rank).copied().unwrap_or(0);
             next.insert(ep.rank, from);
-            let h = ctx.spawn(
-                fut::wrap_future::<_, Self>(subscribe(
-                    me, id, ep.rank, ep.events, ep.replay, topic, from,
-                ))
-                .map(|_, _, _| ()),
-            );
+            let feed = RankFeed {
+                me,
+                worker: id,
+                rank: ep.rank,
+                endpoint: ep.events,
+                replay_at: ep.replay,
+                topic,
+                from,
+                silence: self.silence,
+            };
+            let h = ctx.spawn(fut::wrap_future::<_, Self>(subscribe(feed)).map(|_, _, _| ()));
             tasks.push(h);
         }
         self.off.remove(&id);
@@ -281,6 +300,8 @@ impl EventsActor {
                 replays: 0,
                 resets: 0,
                 restarts: 0,
+                busy_at: None,
+                last_batch: std::time::Instant::now(),
             },
         );
     }
@@ -433,6 +454,12 @@ enum Feed {
     Replayed {
         worker: WorkerId,
     },
+    /// No batch for `secs` on a rank without replay.
+    Silent {
+        worker: WorkerId,
+        rank: u32,
+        secs: f64,
+    },
 }
 
 impl Handler<Feed> for EventsActor {
@@ -457,6 +484,7 @@ impl EventsActor {
                     return;
                 };
                 w.batches += 1;
+                w.last_batch = std::time::Instant::now();
                 w.next.insert(rank, seq.saturating_add(1));
                 self.persist.dirty = true;
                 w.ranks.insert(rank, RankState::Live);
@@ -517,13 +545,16 @@ impl EventsActor {
                     w.replays += 1;
                 }
             }
+            Feed::Silent { worker, rank, secs } => self.silent(worker, rank, secs),
         }
     }
 }
 
 mod answers;
 pub(crate) use answers::{ChainAnswer, EventsLive, GetEventStates, LoadPushed, MatchChain};
+pub(crate) use silence::EngineBusy;
 mod persist;
+mod silence;
 mod subscribe;
 #[cfg(test)]
 mod tests;
@@ -531,4 +562,4 @@ mod vet;
 
 use persist::Persistence;
 pub(crate) use persist::SnapshotSettings;
-use subscribe::{pushed_load, subscribe};
+use subscribe::{RankFeed, pushed_load, subscribe};

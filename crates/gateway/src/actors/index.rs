@@ -22,9 +22,9 @@ use super::registry::Fleet;
 use crate::config::SnapshotConfig;
 
 mod messages;
-#[cfg(feature = "fault-injection")]
-pub use messages::InjectPanic;
 pub(crate) use messages::{ClearWorker, FleetSettled, ForgetPrefix, Ping};
+#[cfg(feature = "fault-injection")]
+pub use messages::{Crash, HoldRebuild, InjectPanic};
 pub use messages::{MatchPrefix, RecordPrefix};
 mod snapshot;
 mod stats;
@@ -163,6 +163,15 @@ pub struct IndexActor {
     /// Test builds: the next lookup panics.
     #[cfg(feature = "fault-injection")]
     panic_next: bool,
+    /// Test builds: the next rebuild waits for this before it reads the snapshot.
+    #[cfg(feature = "fault-injection")]
+    hold_rebuild: Option<std::sync::mpsc::Receiver<()>>,
+    /// Its own address, to be told when a rebuild is done (weak: it must not keep
+    /// itself alive).
+    me: Option<actix::WeakAddr<IndexActor>>,
+    /// A rebuild from the last snapshot is under way on the writer's thread: no snapshot
+    /// is taken meanwhile (it would replace the good one with a nearly empty index).
+    rebuilding: bool,
     /// Where each snapshot's duration goes (`/metrics`).
     snapshot_seconds: Option<prometheus_client::metrics::histogram::Histogram>,
     /// Where recent counted lookups ended in their tree, by ticket: the record that
@@ -188,6 +197,10 @@ impl IndexActor {
             fleet: None,
             #[cfg(feature = "fault-injection")]
             panic_next: false,
+            #[cfg(feature = "fault-injection")]
+            hold_rebuild: None,
+            me: None,
+            rebuilding: false,
             generation: 0,
             snapshot_seconds: None,
             observed: VecDeque::new(),
@@ -219,17 +232,42 @@ impl IndexActor {
         }
     }
 
+    /// Starts over empty and rebuilds from the last committed snapshot on the store's
+    /// writer thread, never on this one (the first HTTP thread: a read there would stall
+    /// every request). Until `Rebuilt` comes back lookups find no holder.
     fn restart(&mut self) {
         self.models.clear();
         self.known.clear();
         self.abandon_job();
         self.dirty = false;
-        if let Some(image) = self.persist.as_ref().and_then(Persister::reload) {
-            self.restore(image);
+        let (Some(persist), Some(me)) = (&self.persist, self.me.clone()) else {
+            self.settle_fleet();
+            return;
+        };
+        let (cfg, now) = (self.cfg.clone(), self.now());
+        #[cfg(feature = "fault-injection")]
+        let hold = self.hold_rebuild.take();
+        let sent = persist.reload_then(move |image| {
+            #[cfg(feature = "fault-injection")]
+            if let Some(h) = hold {
+                let _ = h.recv();
+            }
+            let rebuilt = image.map(|i| snapshot::rebuild(&cfg, now, i));
+            if let Some(me) = me.upgrade() {
+                me.do_send(messages::Rebuilt(rebuilt));
+            }
+        });
+        self.rebuilding = sent;
+        if !sent {
+            self.settle_fleet();
         }
+    }
+
+    /// Confirms the workers of the registry's last fleet; restored ones it does not name
+    /// are gone.
+    fn settle_fleet(&mut self) {
         if let Some(fleet) = self.fleet.clone() {
             self.confirm(&fleet);
-            // Restored workers the fleet does not name are gone.
             self.known.retain(|_, k| k.confirmed);
             let known = &self.known;
             for m in self.models.values_mut() {
@@ -430,17 +468,26 @@ impl IndexActor {
     }
 }
 
+/// Restarted after a panic (`actors::supervise`): rebuilt from the last snapshot, off this
+/// thread, and the registry's fleet.
+impl actix::Supervised for IndexActor {
+    fn restarting(&mut self, _: &mut Context<Self>) {
+        self.restart();
+    }
+}
+
 impl Actor for IndexActor {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.set_mailbox_capacity(MAILBOX);
+        self.me = Some(ctx.address().downgrade());
         if let Some(every) = self.cfg.eviction_interval {
             ctx.run_interval(every, |act, _| act.sweep());
         }
         if self.persist.is_some() {
             ctx.run_interval(self.cfg.snapshot_interval, |act, ctx| {
-                if act.next_timed_snapshot.is_none_or(|t| Instant::now() >= t) {
+                if !act.rebuilding && act.next_timed_snapshot.is_none_or(|t| Instant::now() >= t) {
                     act.start_snapshot(ctx);
                 }
             });

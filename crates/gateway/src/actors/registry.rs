@@ -88,6 +88,10 @@ pub struct WorkerRecord {
     pub consecutive_failures: u32,
     pub consecutive_successes: u32,
     pub last_error: Option<String>,
+    /// Out because it refused a connection (a request's or a probe's), not merely slow or
+    /// failing its checks: only then do requests waiting on it go elsewhere.
+    #[serde(skip)]
+    pub refused: bool,
     /// Which registration this is: a worker removed and added again gets a new one.
     pub incarnation: u64,
     /// The key the engine expects (`Authorization: Bearer`); never shown.
@@ -126,6 +130,7 @@ impl WorkerRecord {
             consecutive_failures: 0,
             consecutive_successes: 0,
             last_error: None,
+            refused: false,
             incarnation,
             api_key,
             kubernetes: None,
@@ -423,6 +428,7 @@ fn settle(
             rec.consecutive_failures = 0;
             rec.consecutive_successes = rec.consecutive_successes.saturating_add(1);
             rec.last_error = None;
+            rec.refused = false;
             if let Some(d) = detected {
                 RegistryActor::apply_detected(rec, d, cfg);
             }
@@ -441,6 +447,11 @@ fn settle(
                 && rec.consecutive_failures >= cfg.health.failure_threshold
             {
                 rec.status = WorkerStatus::Unhealthy;
+            }
+            // Nobody listening: the requests waiting on it will not be answered.
+            if rec.status == WorkerStatus::Unhealthy && e.refused() && !rec.refused {
+                rec.refused = true;
+                return true;
             }
         }
     }

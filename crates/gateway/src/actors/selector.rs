@@ -39,7 +39,7 @@ mod select;
 use circuit::Circuit;
 pub(crate) use circuit::{CircuitConfig, CircuitState, Outcome};
 #[cfg(feature = "fault-injection")]
-pub use events::InjectPanic;
+pub use events::{Crash, InjectPanic};
 pub(crate) use hold::Hold;
 use hold::Holds;
 pub(crate) use messages::{
@@ -111,6 +111,9 @@ pub struct SelectorActor {
     /// When each (worker, rank) last pushed its load: a report is as fresh as its oldest
     /// rank.
     pushed: HashMap<(WorkerId, u32), Duration>,
+    /// How long a worker out on failed checks may show no progress before the requests
+    /// waiting on it are tried elsewhere (it is frozen, not slow).
+    stall_grace: Duration,
 }
 
 /// Per target, beside its view.
@@ -128,6 +131,11 @@ struct Meta {
     circuit: Circuit,
     down: watch::Sender<bool>,
     key: Option<Secret>,
+    /// Since when it is out without having refused (failing or slow checks).
+    out_since: Option<Duration>,
+    /// When a request on it last answered or sent its first byte: a worker out on its
+    /// checks that shows none for `stall_grace` is taken as frozen.
+    progress: Duration,
 }
 
 impl std::fmt::Debug for SelectorActor {
@@ -173,7 +181,15 @@ impl SelectorActor {
             events: None,
             events_live: false,
             pushed: HashMap::new(),
+            stall_grace: Duration::from_secs(10),
         }
+    }
+
+    /// How long a worker taken out by its health checks may show no progress before the
+    /// requests waiting on it go elsewhere.
+    pub fn with_stall_grace(mut self, grace: Duration) -> Self {
+        self.stall_grace = grace;
+        self
     }
 
     /// Holds requests behind a streamed request still prefilling their prefix on the
@@ -257,6 +273,7 @@ impl SelectorActor {
     }
 
     fn apply_fleet(&mut self, fleet: &Fleet) {
+        let now = self.now();
         let mut old: HashMap<WorkerId, (WorkerView, Meta)> = self
             .views
             .drain(..)
@@ -286,18 +303,25 @@ impl SelectorActor {
                             circuit: Circuit::default(),
                             down: watch::channel(false).0,
                             key: None,
+                            out_since: None,
+                            progress: now,
                         };
                         (WorkerView::new(target, rec.url.as_str()), meta)
                     }
                 };
                 let ready = rec.healthy();
-                if meta.ready && !ready && rec.status != WorkerStatus::Draining {
-                    // Requests waiting on it may go elsewhere; a draining worker finishes them.
+                // Requests waiting on it go elsewhere only when it refused a connection: a
+                // slow or failing health probe keeps them in place (new ones avoid it), and
+                // a draining worker finishes them.
+                if !ready && rec.refused && rec.status != WorkerStatus::Draining {
                     meta.down.send_replace(true);
                 }
                 if ready && *meta.down.borrow() {
                     meta.down = watch::channel(false).0;
                 }
+                // A draining worker finishes its requests however long they take.
+                meta.out_since =
+                    (rec.status == WorkerStatus::Unhealthy).then(|| meta.out_since.unwrap_or(now));
                 meta.ready = ready;
                 meta.key = rec.api_key.clone();
                 if !ready {
@@ -344,6 +368,15 @@ impl Actor for SelectorActor {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.set_mailbox_capacity(MAILBOX);
+        ctx.run_interval(Duration::from_secs(1), |act, _| act.release_frozen());
+    }
+}
+
+/// Restarted after a panic (`actors::supervise`): the view is rebuilt from the registry's
+/// last fleet; what requests in flight rely on is kept (`restart`).
+impl actix::Supervised for SelectorActor {
+    fn restarting(&mut self, _: &mut Context<Self>) {
+        self.restart();
     }
 }
 

@@ -6,6 +6,7 @@
 //! `kv_events` descriptor, so the subscription is the same as for an advertised one.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -31,6 +32,11 @@ pub struct EventsSection {
     /// for text requests to workers that publish KV events; without it, each worker's
     /// `tokenizer_path` from `/server_info` or `/model_info` is used when it is a local path.
     pub tokenizer_path: Option<PathBuf>,
+    /// A rank that sends no KV event for this long has its publisher asked (a replay
+    /// request; without replay, the engine's reported load is looked at): no answer, or
+    /// silence while the engine works, shows its events as stalled.
+    #[serde(rename = "kv_events_silence_secs", with = "kvgate_core::secs")]
+    pub kv_events_silence: Duration,
 }
 
 impl Default for EventsSection {
@@ -39,6 +45,7 @@ impl Default for EventsSection {
             kv_events_max_blocks: 1_000_000,
             kv_events_config: None,
             tokenizer_path: None,
+            kv_events_silence: Duration::from_secs(30),
         }
     }
 }
@@ -47,6 +54,9 @@ impl Section for EventsSection {
     fn validate(&self) -> Result<(), ConfigError> {
         if self.kv_events_max_blocks == 0 {
             return invalid("kv_events_max_blocks", "must be at least 1");
+        }
+        if self.kv_events_silence.is_zero() {
+            return invalid("kv_events_silence_secs", "must be above 0");
         }
         if let Err(e) = self.publisher() {
             return invalid("kv_events_config", e.to_string());

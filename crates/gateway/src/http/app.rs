@@ -92,7 +92,7 @@ pub(crate) fn app(
         .service(proxied(Endpoint::Completions))
         .service(proxied(Endpoint::Generate))
         .service(get("/health", routes::health))
-        .service(get("/liveness", routes::health))
+        .service(get("/liveness", routes::liveness))
         .service(get("/readiness", routes::readiness))
         .service(get("/v1/models", routes::models))
         .service(

@@ -120,9 +120,8 @@ async fn proxy_request(
 ) -> Result<HttpResponse, ApiError> {
     state.keys.client(&req)?;
     let peer = state.proxies.client_ip(&req);
-    let admitted = state.pipeline.admit(state.keys.client_id(&req), peer);
-    // Handed to the answer that relays a stream, so the slot is held until it ends.
-    let ticket = Cell::new(Some(admitted.await?));
+    let admission = &state.pipeline.admission;
+    admission.rate(state.keys.client_id(&req), peer)?;
     let read = async {
         match seen.claim.take() {
             Some(c) => c
@@ -135,6 +134,9 @@ async fn proxy_request(
     let body = actix_rt::time::timeout(state.body_timeout, read)
         .await
         .map_err(|_| ApiError::BodyTimeout(state.body_timeout.as_secs_f64()))??;
+    // A slot only once the body is here: a slow upload must not hold one. Handed to the
+    // answer that relays a stream, so the slot is held until it ends.
+    let ticket = Cell::new(Some(admission.slot().await?));
     let job = Job {
         facts: Arc::new(facts_of(endpoint, &req, &body, &state).await?),
         endpoint,

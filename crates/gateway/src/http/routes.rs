@@ -30,6 +30,22 @@ pub(crate) async fn health() -> HttpResponse {
     HttpResponse::Ok().json(json!({"status": "ok"}))
 }
 
+/// Alive unless a routing actor panicked too often to be restarted: then only a new
+/// process routes again, and a 503 tells the orchestrator so.
+pub(crate) async fn liveness(state: web::Data<AppState>) -> HttpResponse {
+    let given_up = state.supervision.given_up();
+    let restarts = state.supervision.restarts();
+    if given_up.is_empty() {
+        return HttpResponse::Ok().json(json!({"status": "ok", "actor_restarts": restarts}));
+    }
+    HttpResponse::ServiceUnavailable().json(json!({
+        "status": "failed",
+        "reason": "an actor could not be restarted",
+        "actors": given_up,
+        "actor_restarts": restarts,
+    }))
+}
+
 /// Ready when it serves: not shutting down, its routing actors answer, and some worker
 /// is ready.
 pub(crate) async fn readiness(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
@@ -49,11 +65,15 @@ pub(crate) async fn readiness(state: web::Data<AppState>) -> Result<HttpResponse
         (Ok(Ok(routable)), Ok(Ok(()))) => Some(routable),
         _ => None,
     };
-    let reason = match routable {
-        None => Some("the routing actors do not answer"),
-        Some(_) if healthy == 0 => Some("no healthy worker"),
-        Some(false) => Some("no worker can be routed to"),
-        Some(true) => None,
+    let reason = if !state.supervision.given_up().is_empty() {
+        Some("a routing actor could not be restarted")
+    } else {
+        match routable {
+            None => Some("the routing actors do not answer"),
+            Some(_) if healthy == 0 => Some("no healthy worker"),
+            Some(false) => Some("no worker can be routed to"),
+            Some(true) => None,
+        }
     };
     match reason {
         None => Ok(HttpResponse::Ok().json(body("ready"))),

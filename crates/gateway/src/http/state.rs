@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
+use crate::actors::supervise::Supervision;
 use actix::Addr;
 use actix_web::{HttpRequest, web};
 use bytes::{Bytes, BytesMut};
@@ -48,6 +49,8 @@ pub(crate) struct AppState {
     /// Longest drain of a worker removed through the API, and of the gateway at SIGTERM.
     pub grace: Duration,
     pub lifecycle: Arc<Lifecycle>,
+    /// The routing actors' supervisors: one given up on fails `/liveness`.
+    pub supervision: Arc<Supervision>,
     /// Whether the policy reads the prompt; without it the routing text is not built.
     pub reads_prompt: bool,
     pub metrics: Arc<Metrics>,

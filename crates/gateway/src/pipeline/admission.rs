@@ -92,13 +92,30 @@ impl Admission {
 
     /// A ticket, once the client's rate allows it and a slot is free: 429 when the rate
     /// is spent or the queue is full, 503 when the wait for a slot times out; both with
-    /// `Retry-After`.
+    /// `Retry-After`. The front door takes the two halves apart, around the body's read.
+    #[cfg(test)]
     pub(crate) async fn admit(
         &self,
         client: Option<String>,
         peer: Option<IpAddr>,
     ) -> Result<Ticket, AdmitError> {
-        self.take_token(client, peer)?;
+        self.rate(client, peer)?;
+        self.slot().await
+    }
+
+    /// The client's rate alone: checked before its body is read, so a refused client's
+    /// body is never read.
+    pub(crate) fn rate(
+        &self,
+        client: Option<String>,
+        peer: Option<IpAddr>,
+    ) -> Result<(), AdmitError> {
+        self.take_token(client, peer)
+    }
+
+    /// A slot, once one is free (the second half of [`Admission::admit`]): taken once the
+    /// body is read, so a slow upload holds no slot.
+    pub(crate) async fn slot(&self) -> Result<Ticket, AdmitError> {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         let ticket = |slot| Ticket {
             _slot: slot,

@@ -8,6 +8,7 @@ use crate::actors::registry::{
     AddWorker, PollerLink, RegistryActor, RegistryConfig, RegistryError, WorkerSource,
 };
 use crate::actors::selector::SelectorActor;
+use crate::actors::supervise::{Supervision, run_supervised};
 use crate::actors::tokenizers::{TokenizerActor, Tokenizers};
 use crate::config::GatewayConfig;
 use crate::http::auth::AllowList;
@@ -32,15 +33,26 @@ pub(super) const MAILBOX: usize = 16;
 pub(super) struct RoutingStart {
     pub(super) index: (IndexActor, AddressReceiver<IndexActor>),
     pub(super) selector: (SelectorActor, AddressReceiver<SelectorActor>),
+    pub(super) supervision: Arc<Supervision>,
 }
 
 impl RoutingStart {
-    /// Starts both actors on the current arbiter.
+    /// Starts both actors on the current arbiter, each restarted after a panic.
     pub(super) fn run_here(self) {
         let (index, rx) = self.index;
-        Context::with_receiver(rx).run(index);
+        run_supervised(
+            Context::with_receiver(rx),
+            index,
+            "index",
+            self.supervision.clone(),
+        );
         let (selector, rx) = self.selector;
-        Context::with_receiver(rx).run(selector);
+        run_supervised(
+            Context::with_receiver(rx),
+            selector,
+            "selector",
+            self.supervision,
+        );
     }
 }
 
@@ -91,6 +103,7 @@ pub(super) fn routing_actors(
     persister: Option<Persister>,
     image: Option<Image>,
     metrics: &Metrics,
+    supervision: Arc<Supervision>,
 ) -> (RoutingStart, Addr<IndexActor>, Addr<SelectorActor>) {
     let (index_tx, index_rx) = actix::dev::channel::channel::<IndexActor>(MAILBOX);
     let (selector_tx, selector_rx) = actix::dev::channel::channel::<SelectorActor>(MAILBOX);
@@ -106,10 +119,17 @@ pub(super) fn routing_actors(
         SelectorActor::new(cfg.policy.clone(), cfg.seed, epoch, Some(index.clone()))
             .with_prefill_hold(cfg.prefill_hold)
             .with_circuit_breaker(cfg.circuit)
+            // Out on its checks for as long again as it took to go out, and never under
+            // 10 s: a slow engine shows progress by then, a frozen one does not.
+            .with_stall_grace(
+                (cfg.health.interval * cfg.health.failure_threshold + cfg.health.timeout)
+                    .max(std::time::Duration::from_secs(10)),
+            )
             .with_mailbox_histogram(metrics.selector_wait.clone());
     let start = RoutingStart {
         index: (index_actor, index_rx),
         selector: (selector_actor, selector_rx),
+        supervision,
     };
     (start, index, selector)
 }
@@ -147,6 +167,7 @@ pub(super) fn control_actors(
     };
     // Its subscriber tasks run on this arbiter's runtime, beside the poller's.
     let max_blocks = cfg.events.kv_events_max_blocks;
+    let silence = cfg.events.kv_events_silence;
     let to_selector = SelectorLink {
         loads: selector.clone().recipient(),
         live: selector.clone().recipient(),
@@ -163,6 +184,7 @@ pub(super) fn control_actors(
             .with_snapshots(snapshots, events_image)
             .with_prefix_index(routed)
             .with_allow_list(allow)
+            .with_silence(silence)
     });
     let tokenizers = Arc::new(Tokenizers::new(cfg.events.tokenizer_path.clone()));
     let loader = TokenizerActor {

@@ -69,7 +69,7 @@ pub(super) const FLAGS: &[(&str, &str, Kind, &str)] = &[
         "body-read-timeout-secs",
         "body_read_timeout_secs",
         Kind::Float,
-        "Time an admitted request has to send its body (408 after it), seconds",
+        "Time a request has to send its body (408 after it; no slot is held meanwhile), seconds",
     ),
     (
         "header-read-timeout-secs",
@@ -286,6 +286,12 @@ pub(super) const FLAGS: &[(&str, &str, Kind, &str)] = &[
         "kv_events_max_blocks",
         Kind::Int,
         "Blocks the KV-event chain index holds before it evicts (about 170 B each)",
+    ),
+    (
+        "kv-events-silence-secs",
+        "kv_events_silence_secs",
+        Kind::Float,
+        "A rank silent this long has its KV-event publisher asked (replay); no answer shows it stalled, seconds",
     ),
     (
         "kv-events-config",

@@ -94,16 +94,32 @@ async fn replay(endpoint: &str, from: u64) -> Option<Vec<(u64, EventBatch)>> {
     }
 }
 
+/// What one rank's subscription follows.
+pub(super) struct RankFeed {
+    pub(super) me: Addr<EventsActor>,
+    pub(super) worker: WorkerId,
+    pub(super) rank: u32,
+    pub(super) endpoint: String,
+    pub(super) replay_at: Option<String>,
+    pub(super) topic: String,
+    /// The first sequence wanted.
+    pub(super) from: u64,
+    /// No batch for this long makes the task ask whether the publisher is still there.
+    pub(super) silence: Duration,
+}
+
 /// One rank's subscription, for as long as the actor keeps it.
-pub(super) async fn subscribe(
-    me: Addr<EventsActor>,
-    worker: WorkerId,
-    rank: u32,
-    endpoint: String,
-    replay_at: Option<String>,
-    topic: String,
-    from: u64,
-) {
+pub(super) async fn subscribe(feed: RankFeed) {
+    let RankFeed {
+        me,
+        worker,
+        rank,
+        endpoint,
+        replay_at,
+        topic,
+        from,
+        silence,
+    } = feed;
     let mut backoff = BACKOFF_FIRST;
     // From 0 for a new subscription; from a snapshot's position for one resumed.
     let mut next: u64 = from;
@@ -134,7 +150,13 @@ pub(super) async fn subscribe(
         // What was published before this subscription took effect comes by replay.
         catch_up(&me, worker, rank, replay_at.as_deref(), &mut next, None).await;
         loop {
-            let Ok(m) = sub.recv().await else {
+            // A SUB socket whose publisher died blocks rather than fails: silence is asked
+            // about instead.
+            let Ok(received) = actix_rt::time::timeout(silence, sub.recv()).await else {
+                silent(&me, worker, rank, replay_at.as_deref(), &mut next, silence).await;
+                continue;
+            };
+            let Ok(m) = received else {
                 me.do_send(Feed::State {
                     worker,
                     rank,
@@ -199,37 +221,7 @@ async fn catch_up(
         None => None,
     };
     match replayed {
-        Some(batches) => {
-            me.do_send(Feed::Replayed { worker });
-            for (seq, batch) in batches {
-                if seq < *next {
-                    continue;
-                }
-                if seq > *next {
-                    // What was missed is gone from the replay buffer too: rebuild from here.
-                    me.do_send(Feed::Reset { worker, rank });
-                }
-                *next = seq + 1;
-                me.do_send(Feed::Batch {
-                    worker,
-                    rank,
-                    seq,
-                    batch,
-                });
-            }
-            if let Some(g) = gap_to
-                && *next < g
-            {
-                me.do_send(Feed::Reset { worker, rank });
-                *next = g;
-            }
-            me.do_send(Feed::State {
-                worker,
-                rank,
-                live: true,
-                reason: None,
-            });
-        }
+        Some(batches) => take_replay(me, worker, rank, batches, next, gap_to),
         None => {
             if let Some(g) = gap_to {
                 me.do_send(Feed::Reset { worker, rank });
@@ -243,5 +235,75 @@ async fn catch_up(
                 reason: replay_at.map(|ep| format!("replay at {ep} did not answer")),
             });
         }
+    }
+}
+
+/// Applies a replay's batches from `*next`; with `gap_to`, past a gap up to that sequence.
+/// The rank is live again after it.
+fn take_replay(
+    me: &Addr<EventsActor>,
+    worker: WorkerId,
+    rank: u32,
+    batches: Vec<(u64, EventBatch)>,
+    next: &mut u64,
+    gap_to: Option<u64>,
+) {
+    me.do_send(Feed::Replayed { worker });
+    for (seq, batch) in batches {
+        if seq < *next {
+            continue;
+        }
+        if seq > *next {
+            // What was missed is gone from the replay buffer too: rebuild from here.
+            me.do_send(Feed::Reset { worker, rank });
+        }
+        *next = seq + 1;
+        me.do_send(Feed::Batch {
+            worker,
+            rank,
+            seq,
+            batch,
+        });
+    }
+    if let Some(g) = gap_to
+        && *next < g
+    {
+        me.do_send(Feed::Reset { worker, rank });
+        *next = g;
+    }
+    me.do_send(Feed::State {
+        worker,
+        rank,
+        live: true,
+        reason: None,
+    });
+}
+
+/// No batch for `silence`. With replay, a request for what came since tells a quiet
+/// publisher (it answers, maybe with batches missed) from a dead one (no answer: the rank
+/// is stalled). Without, silence is judged by the actor against the engine's load.
+async fn silent(
+    me: &Addr<EventsActor>,
+    worker: WorkerId,
+    rank: u32,
+    replay_at: Option<&str>,
+    next: &mut u64,
+    silence: Duration,
+) {
+    let secs = silence.as_secs_f64();
+    let Some(ep) = replay_at else {
+        me.do_send(Feed::Silent { worker, rank, secs });
+        return;
+    };
+    match replay(ep, *next).await {
+        Some(batches) => take_replay(me, worker, rank, batches, next, None),
+        None => me.do_send(Feed::State {
+            worker,
+            rank,
+            live: false,
+            reason: Some(format!(
+                "no KV event for {secs} s and no answer to a replay request at {ep}"
+            )),
+        }),
     }
 }

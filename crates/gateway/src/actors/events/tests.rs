@@ -59,6 +59,7 @@ fn record(id: u64, port: u16, replay: Option<u16>) -> WorkerRecord {
         consecutive_failures: 0,
         consecutive_successes: 0,
         last_error: None,
+        refused: false,
         incarnation: 1,
         api_key: None,
         kubernetes: None,

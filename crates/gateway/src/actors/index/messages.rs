@@ -189,3 +189,53 @@ impl Handler<InjectPanic> for IndexActor {
         self.panic_next = true;
     }
 }
+
+/// A rebuild from the last snapshot, done on the writer's thread (`None`: no snapshot
+/// could be read). Records made since the restart are replaced by it.
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub(super) struct Rebuilt(pub(super) Option<super::snapshot::Rebuilt>);
+
+impl Handler<Rebuilt> for IndexActor {
+    type Result = ();
+
+    fn handle(&mut self, Rebuilt(r): Rebuilt, _: &mut Context<Self>) {
+        self.rebuilding = false;
+        if let Some(r) = r {
+            self.install(r);
+        }
+        self.settle_fleet();
+    }
+}
+
+/// Test builds only: the next rebuild waits, on the writer's thread, until a message comes
+/// through this channel (or its sender is dropped), to show requests go on meanwhile.
+#[cfg(feature = "fault-injection")]
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct HoldRebuild(pub std::sync::mpsc::Receiver<()>);
+
+#[cfg(feature = "fault-injection")]
+impl Handler<HoldRebuild> for IndexActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: HoldRebuild, _: &mut Context<Self>) {
+        self.hold_rebuild = Some(msg.0);
+    }
+}
+
+/// Test builds only: the handler itself panics, outside the guarded lookup, to show the
+/// supervisor restarts the actor.
+#[cfg(feature = "fault-injection")]
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct Crash;
+
+#[cfg(feature = "fault-injection")]
+impl Handler<Crash> for IndexActor {
+    type Result = ();
+
+    fn handle(&mut self, _: Crash, _: &mut Context<Self>) {
+        panic!("injected panic in an index handler");
+    }
+}

@@ -15,7 +15,7 @@ use kvgate_policies::WorkerId;
 use kvgate_store::{Chunk, FORMAT_VERSION, Image, ImageHeader, Persist, WorkerStamp};
 use tracing::{debug, info, warn};
 
-use super::{IndexActor, Known, ModelIndex, hash_config, tree_config};
+use super::{IndexActor, IndexConfig, Known, ModelIndex, hash_config, tree_config};
 
 /// Records per snapshot chunk: small enough that producing one stalls routing for about a
 /// millisecond.
@@ -270,77 +270,108 @@ impl IndexActor {
     /// Rebuilds the index from a stored snapshot. Every entry is a hint until its worker
     /// is confirmed by the registry with the same engine start time.
     pub fn restore(&mut self, image: Image) {
-        let now = self.now();
-        let Image { header, chunks } = image;
-        let started = Instant::now();
-        self.generation = header.generation;
-        let mut pieces = Pieces::sized(&chunks);
-        for c in chunks {
-            pieces.add(c);
-        }
-        let Pieces {
-            text, tokens, hash, ..
-        } = pieces;
-        let cfg = self.cfg.clone();
-        self.restore_each(&header.models, "text", text, |m, s| {
-            m.text = RadixTree::restore(s, tree_config(&cfg, 1), now)?;
-            Ok(())
-        });
-        // A changed --block-size makes stored pages meaningless: that index is dropped.
-        self.restore_each(&header.models, "token", tokens, |m, s| {
-            m.tokens = RadixTree::restore(s, tree_config(&cfg, cfg.block_size), now)?;
-            Ok(())
-        });
-        self.restore_each(&header.models, "hash", hash, |m, s| {
-            m.hash = HashIndex::restore(s, hash_config(&cfg), now)?;
-            Ok(())
-        });
-        for s in header.workers {
-            self.known.insert(
-                s.worker,
-                Known {
-                    url: s.url,
-                    startup_time: s.startup_time,
-                    confirmed: false,
-                },
-            );
-        }
-        // A worker that joined while this snapshot was being written can have entries in
-        // it but no stamp in its header: with no engine start to check them against, and
-        // no record to drop them by if it never comes back, they are not restored.
-        let known = &self.known;
-        let mut unnamed = false;
-        for m in self.models.values_mut() {
-            unnamed |= m.retain(|w| known.contains_key(&w));
-        }
-        if unnamed {
-            info!("restored entries of workers the snapshot's header does not name were dropped");
-        }
-        info!(
-            generation = header.generation,
-            models = header.models.len(),
-            workers = self.known.len(),
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "prefix index restored"
-        );
+        let rebuilt = rebuild(&self.cfg, self.now(), image);
+        self.install(rebuilt);
     }
 
-    /// Restores one kind of index of every model named in the header; a snapshot that
-    /// does not fit the configuration costs only that model's index of that kind.
-    fn restore_each<S>(
-        &mut self,
-        models: &[String],
-        kind: &str,
-        snaps: HashMap<u32, S>,
-        put: impl Fn(&mut ModelIndex, S) -> Result<(), SnapshotError>,
-    ) {
-        for (i, snap) in snaps {
-            let Some(name) = models.get(i as usize) else {
-                continue;
+    /// Puts an index rebuilt from a snapshot in place of the current one.
+    pub(super) fn install(&mut self, r: Rebuilt) {
+        self.generation = r.generation;
+        self.models = r.models;
+        self.known = r.known;
+    }
+}
+
+/// An index rebuilt from a stored snapshot apart from the actor, so that a rebuild after
+/// a failure can run on another thread (the writer's) and routing goes on meanwhile.
+#[derive(Debug)]
+pub(super) struct Rebuilt {
+    models: HashMap<String, ModelIndex, foldhash::fast::RandomState>,
+    known: HashMap<WorkerId, Known>,
+    generation: u64,
+}
+
+/// The indexes and workers of `image`, stamped `now` on the trees' clock.
+pub(super) fn rebuild(cfg: &IndexConfig, now: u64, image: Image) -> Rebuilt {
+    let Image { header, chunks } = image;
+    let started = Instant::now();
+    let mut models = HashMap::default();
+    let mut pieces = Pieces::sized(&chunks);
+    for c in chunks {
+        pieces.add(c);
+    }
+    let Pieces {
+        text, tokens, hash, ..
+    } = pieces;
+    let names = &header.models;
+    restore_each(&mut models, cfg, names, "text", text, |m, s| {
+        m.text = RadixTree::restore(s, tree_config(cfg, 1), now)?;
+        Ok(())
+    });
+    // A changed --block-size makes stored pages meaningless: that index is dropped.
+    restore_each(&mut models, cfg, names, "token", tokens, |m, s| {
+        m.tokens = RadixTree::restore(s, tree_config(cfg, cfg.block_size), now)?;
+        Ok(())
+    });
+    restore_each(&mut models, cfg, names, "hash", hash, |m, s| {
+        m.hash = HashIndex::restore(s, hash_config(cfg), now)?;
+        Ok(())
+    });
+    let known: HashMap<WorkerId, Known> = header
+        .workers
+        .into_iter()
+        .map(|s| {
+            let k = Known {
+                url: s.url,
+                startup_time: s.startup_time,
+                confirmed: false,
             };
-            if let Err(e) = put(self.model(name), snap) {
-                warn!(model = %name, index = kind, error = %e, "stored index dropped");
-            }
+            (s.worker, k)
+        })
+        .collect();
+    // A worker that joined while this snapshot was being written can have entries in
+    // it but no stamp in its header: with no engine start to check them against, and
+    // no record to drop them by if it never comes back, they are not restored.
+    let mut unnamed = false;
+    for m in models.values_mut() {
+        unnamed |= m.retain(|w| known.contains_key(&w));
+    }
+    if unnamed {
+        info!("restored entries of workers the snapshot's header does not name were dropped");
+    }
+    info!(
+        generation = header.generation,
+        models = header.models.len(),
+        workers = known.len(),
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "prefix index restored"
+    );
+    Rebuilt {
+        models,
+        known,
+        generation: header.generation,
+    }
+}
+
+/// Restores one kind of index of every model named in the header; a snapshot that does
+/// not fit the configuration costs only that model's index of that kind.
+fn restore_each<S>(
+    into: &mut HashMap<String, ModelIndex, foldhash::fast::RandomState>,
+    cfg: &IndexConfig,
+    models: &[String],
+    kind: &str,
+    snaps: HashMap<u32, S>,
+    put: impl Fn(&mut ModelIndex, S) -> Result<(), SnapshotError>,
+) {
+    for (i, snap) in snaps {
+        let Some(name) = models.get(i as usize) else {
+            continue;
+        };
+        let m = into
+            .entry(name.clone())
+            .or_insert_with(|| ModelIndex::new(cfg));
+        if let Err(e) = put(m, snap) {
+            warn!(model = %name, index = kind, error = %e, "stored index dropped");
         }
     }
 }

@@ -142,6 +142,7 @@ impl Handler<WorkerFailed> for RegistryActor {
         rec.consecutive_successes = 0;
         rec.consecutive_failures = self.cfg.health.failure_threshold;
         rec.last_error = Some(msg.reason);
+        rec.refused = true;
         self.publish();
     }
 }

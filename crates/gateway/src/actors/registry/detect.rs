@@ -75,6 +75,13 @@ pub(crate) enum ProbeError {
 }
 
 impl ProbeError {
+    /// The connection was refused: nothing listens at the worker's address.
+    pub(crate) fn refused(&self) -> bool {
+        use awc::error::{ConnectError, SendRequestError};
+        matches!(self, ProbeError::Send { source: SendRequestError::Connect(ConnectError::Io(e)), .. }
+            if e.kind() == std::io::ErrorKind::ConnectionRefused)
+    }
+
     /// A status other than 2xx: a redirect is named as such.
     fn status(url: String, status: awc::http::StatusCode) -> ProbeError {
         let code = status.as_u16();

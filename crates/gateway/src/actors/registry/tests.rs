@@ -162,3 +162,32 @@ async fn a_redirect_fails_a_probe_and_is_named() {
         assert!(e.to_string().contains("redirect refused"), "{e}");
     }
 }
+
+#[test]
+fn only_a_refused_probe_marks_the_worker_gone() {
+    let cfg = check_cfg();
+    let mut r = rec();
+    let slow = || {
+        Err(ProbeError::Status {
+            url: "http://x/health".into(),
+            status: 503,
+        })
+    };
+    for _ in 0..3 {
+        settle(&mut r, slow(), &cfg);
+    }
+    assert_eq!((r.status, r.refused), (WorkerStatus::Unhealthy, false));
+    let refused = Err(ProbeError::Send {
+        url: "http://x/health".into(),
+        source: awc::error::SendRequestError::Connect(awc::error::ConnectError::Io(
+            std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
+        )),
+    });
+    assert!(
+        settle(&mut r, refused, &cfg),
+        "published: its requests move"
+    );
+    assert!(r.refused);
+    assert!(!settle(&mut r, Ok(None), &cfg));
+    assert!(!r.refused, "a pass clears it");
+}

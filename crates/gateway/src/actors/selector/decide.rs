@@ -197,6 +197,10 @@ impl SelectorActor {
             }),
             prefilling: true,
         };
+        // A watch fired for earlier requests (a circuit since closed) must not cancel this one.
+        if *meta.down.borrow() {
+            meta.down = tokio::sync::watch::channel(false).0;
+        }
         Ok(Dispatched::Go(Dispatch {
             worker: meta.worker,
             url: meta.url.clone(),

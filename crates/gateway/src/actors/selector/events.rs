@@ -9,8 +9,8 @@ use tracing::warn;
 
 use std::time::Duration;
 
-use super::{GetViews, GetWorkerStates, Release, SelectorActor, Warmed, WorkerState};
-use crate::actors::events::{EventsLive, LoadPushed};
+use super::{GetViews, GetWorkerStates, Outcome, Release, SelectorActor, Warmed, WorkerState};
+use crate::actors::events::{EngineBusy, EventsLive, LoadPushed};
 use crate::actors::registry::{FleetChanged, WorkerFailed};
 
 impl Handler<Release> for SelectorActor {
@@ -32,12 +32,17 @@ impl Handler<Release> for SelectorActor {
         v.in_flight = v.in_flight.saturating_sub(1);
         v.credit = self.ledger.credit(msg.worker);
         let meta = &mut self.meta[i];
+        if msg.outcome == Outcome::Success {
+            meta.progress = now;
+        }
         // An open circuit stops new traffic; what already runs there goes on.
         if meta
             .circuit
             .ended(&self.circuit, now, msg.outcome, msg.probe)
         {
             warn!(worker = %meta.url, "circuit open: repeated failures; no traffic until it is probed");
+            // Real failures: the requests still waiting there are tried elsewhere.
+            meta.down.send_replace(true);
         }
         if let (Some(reason), Some(registry)) = (msg.refused, &self.registry) {
             registry.do_send(WorkerFailed {
@@ -50,6 +55,25 @@ impl Handler<Release> for SelectorActor {
     }
 }
 
+impl SelectorActor {
+    /// A worker out on its health checks keeps its waiting requests while it shows
+    /// progress; one that has shown none for `stall_grace` since it went out is frozen, and
+    /// they are tried elsewhere.
+    pub(super) fn release_frozen(&mut self) {
+        let now = self.now();
+        for (v, m) in self.views.iter().zip(&mut self.meta) {
+            let Some(out) = m.out_since else { continue };
+            if v.in_flight == 0 || *m.down.borrow() {
+                continue;
+            }
+            if now.saturating_sub(out.max(m.progress)) >= self.stall_grace {
+                warn!(worker = %m.url, "out on its health checks and no progress: its waiting requests go elsewhere");
+                m.down.send_replace(true);
+            }
+        }
+    }
+}
+
 impl Handler<Warmed> for SelectorActor {
     type Result = ();
 
@@ -58,6 +82,7 @@ impl Handler<Warmed> for SelectorActor {
         if let Some(i) = self.views.iter().position(|v| v.id == msg.worker)
             && self.meta[i].incarnation == msg.incarnation
         {
+            self.meta[i].progress = self.now();
             // The Release at the end finds this dispatch gone and releases no credit.
             self.ledger
                 .release(msg.worker, msg.booked_at, msg.credit_tokens);
@@ -82,6 +107,21 @@ impl Handler<LoadsPolled> for SelectorActor {
 
     fn handle(&mut self, msg: LoadsPolled, _: &mut Context<Self>) {
         let LoadsPolled { worker: id, load } = msg;
+        // An engine at work, or whose cache changed, should be publishing: the events
+        // actor judges a silent publisher by it.
+        if let (Some(events), Some(l)) = (&self.events, &load) {
+            let used = |ranks: &[kvgate_policies::RankLoad]| -> u64 {
+                ranks.iter().map(|r| r.num_used_tokens).sum()
+            };
+            let before: Option<u64> = (self.views.iter().zip(&self.meta))
+                .filter(|(_, m)| m.worker == id)
+                .map(|(v, _)| v.load.as_ref().map(|l| used(&l.ranks)))
+                .sum();
+            let changed = before.is_some_and(|b| b != used(&l.ranks));
+            if changed || l.ranks.iter().any(|r| r.num_running_reqs > 0) {
+                events.do_send(EngineBusy(id));
+            }
+        }
         for (v, m) in self.views.iter_mut().zip(&self.meta) {
             if m.worker != id {
                 continue;
@@ -211,5 +251,21 @@ impl Handler<InjectPanic> for SelectorActor {
 
     fn handle(&mut self, _: InjectPanic, _: &mut Context<Self>) {
         self.panic_next = true;
+    }
+}
+
+/// Test builds only: the handler itself panics, outside the guarded decision, to show the
+/// supervisor restarts the actor.
+#[cfg(feature = "fault-injection")]
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct Crash;
+
+#[cfg(feature = "fault-injection")]
+impl Handler<Crash> for SelectorActor {
+    type Result = ();
+
+    fn handle(&mut self, _: Crash, _: &mut Context<Self>) {
+        panic!("injected panic in a selector handler");
     }
 }
