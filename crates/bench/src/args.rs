@@ -68,6 +68,10 @@ pub(crate) struct SoakArgs {
     /// One engine is killed and started again this often, in seconds.
     #[arg(long, default_value_t = 60)]
     pub restart_every_secs: u64,
+    /// Bytes of unique text in each request's user message, so the prefix index fills up to
+    /// its budget as real chat traffic fills it (the system prompts are shared by groups).
+    #[arg(long, default_value_t = 0)]
+    pub prompt_bytes: usize,
     /// One more argument for `kvgate` (repeat it: `--kvgate-arg=--max-tree-size
     /// --kvgate-arg=4194304`).
     #[arg(long = "kvgate-arg", value_name = "ARG", allow_hyphen_values = true)]

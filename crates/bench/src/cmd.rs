@@ -34,6 +34,7 @@ pub(crate) fn soak(a: SoakArgs) -> anyhow::Result<()> {
         engines: a.engines,
         restart_every: Duration::from_secs(a.restart_every_secs),
         kvgate_args: a.kvgate_args.clone(),
+        prompt_bytes: a.prompt_bytes,
         kvgate_bin: kvgate_bin(a.kvgate_bin.as_ref())?,
         out: a.out.clone(),
     };

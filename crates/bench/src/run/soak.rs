@@ -21,6 +21,8 @@ pub(crate) struct SoakSettings {
     pub rate: f64,
     pub engines: usize,
     pub restart_every: Duration,
+    /// Unique bytes in each user message.
+    pub prompt_bytes: usize,
     /// Passed to `kvgate` after the soak's own flags.
     pub kvgate_args: Vec<String>,
     pub kvgate_bin: PathBuf,
@@ -59,12 +61,32 @@ enum Kind {
     HangUp,
 }
 
-async fn one(client: &awc::Client, url: &str, i: u64, kind: Kind, r: &RefCell<SoakReport>) {
+/// A user message of about `bytes` bytes that no other request shares: words drawn from the
+/// request number, so the index sees new text as a chat's new turns bring it.
+fn question(i: u64, bytes: usize) -> String {
+    let mut s = format!("question {i}");
+    let mut x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    while s.len() < bytes {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        s.push_str(&format!(" w{}", x % 100_000));
+    }
+    s
+}
+
+async fn one(
+    client: &awc::Client,
+    url: &str,
+    (i, prompt_bytes): (u64, usize),
+    kind: Kind,
+    r: &RefCell<SoakReport>,
+) {
     let stream = !matches!(kind, Kind::Plain);
     let body = serde_json::json!({
         "messages": [
             {"role": "system", "content": format!("Conversation group {}. Be brief.", i % 32)},
-            {"role": "user", "content": format!("question {i}")}
+            {"role": "user", "content": question(i, prompt_bytes)}
         ],
         "max_tokens": 8,
         "stream": stream,
@@ -123,6 +145,30 @@ async fn one(client: &awc::Client, url: &str, i: u64, kind: Kind, r: &RefCell<So
     }
 }
 
+/// The gateway under soak: probes every second, so a killed engine is seen at once.
+fn start_gateway(
+    s: &SoakSettings,
+    workers: &[String],
+    data: &std::path::Path,
+) -> anyhow::Result<ChildServer> {
+    let args: Vec<&str> = [
+        "--health-check-interval-secs",
+        "1",
+        "--health-check-timeout-secs",
+        "1",
+    ]
+    .into_iter()
+    .chain(s.kvgate_args.iter().map(String::as_str))
+    .collect();
+    ChildServer::kvgate(
+        &s.kvgate_bin,
+        workers,
+        data,
+        &args,
+        &s.out.join("soak-kvgate.log"),
+    )
+}
+
 /// Runs the soak and writes `soak.json` into the output directory.
 pub(crate) fn run(s: &SoakSettings) -> anyhow::Result<SoakReport> {
     if !s.kvgate_bin.is_file() {
@@ -135,21 +181,7 @@ pub(crate) fn run(s: &SoakSettings) -> anyhow::Result<SoakReport> {
     let mut fleet = SimFleet::start(s.engines, sim).context("starting engines")?;
     let data = tempfile::tempdir()?;
     std::fs::create_dir_all(&s.out)?;
-    let gw = ChildServer::kvgate(
-        &s.kvgate_bin,
-        &fleet.urls(),
-        data.path(),
-        &[
-            "--health-check-interval-secs",
-            "1",
-            "--health-check-timeout-secs",
-            "1",
-        ]
-        .into_iter()
-        .chain(s.kvgate_args.iter().map(String::as_str))
-        .collect::<Vec<_>>(),
-        &s.out.join("soak-kvgate.log"),
-    )?;
+    let gw = start_gateway(s, &fleet.urls(), data.path())?;
     let url = format!("{}/v1/chat/completions", gw.url());
     let workers_url = format!("{}/workers", gw.url());
     let index_url = format!("{}/admin/index", gw.url());
@@ -199,12 +231,13 @@ pub(crate) fn run(s: &SoakSettings) -> anyhow::Result<SoakReport> {
                 i += 1;
                 report.borrow_mut().sent += 1;
                 let (client, url, report) = (client.clone(), url.clone(), report.clone());
+                let prompt_bytes = s.prompt_bytes;
                 #[expect(
                     clippy::disallowed_methods,
                     reason = "the load's clients are joined before the soak reports"
                 )]
                 let task = actix_rt::spawn(async move {
-                    one(&client, &url, i, kind, &report).await;
+                    one(&client, &url, (i, prompt_bytes), kind, &report).await;
                 });
                 tasks.push(task);
                 tasks.retain(|t| !t.is_finished());
