@@ -30,7 +30,7 @@ use crate::pipeline::{Admission, DECISION_LOG_SIZE, DecisionSink, Pipeline};
 mod listen;
 mod wiring;
 
-use listen::{http_server, metrics_server};
+use listen::{http_server, metrics_server, picker_server};
 use wiring::{
     control_actors, open_store, register, routing_actors, startup_workers, warn_about_blind_spots,
 };
@@ -74,6 +74,11 @@ pub struct Actors {
     pub(crate) admission: Arc<Admission>,
     /// Where `--prometheus-port` listens, when given.
     pub metrics_addr: Option<SocketAddr>,
+    /// Where the endpoint picker (ext_proc) and its separate health port listen.
+    pub ext_proc_addr: Option<SocketAddr>,
+    pub grpc_health_addr: Option<SocketAddr>,
+    /// The picker's gRPC health statuses, turned to not serving when the gateway drains.
+    pub(crate) picker_health: Option<tonic_health::server::HealthReporter>,
     pub events: Addr<EventsActor>,
 }
 
@@ -158,6 +163,7 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         retry: cfg.retry,
         bytes_per_token: cfg.policy.bytes_per_token,
     };
+    let picker = picker_server(cfg, &pipeline, &tokenizers)?;
     let state = web::Data::new(AppState {
         pipeline,
         selector: selector.clone(),
@@ -189,10 +195,15 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         lifecycle,
         admission,
         metrics_addr: metrics.as_ref().map(|(_, a)| *a),
+        ext_proc_addr: picker.as_ref().map(|p| p.ext_proc),
+        grpc_health_addr: picker.as_ref().and_then(|p| p.health),
+        picker_health: picker.as_ref().map(|p| p.reporter.clone()),
         events,
     };
+    let mut arbiters = vec![control];
+    arbiters.extend(picker.map(|p| p.arbiter));
     let threads = Threads {
-        arbiters: vec![control],
+        arbiters,
         writer: store.writer,
         metrics: metrics.map(|(server, _)| {
             let handle = server.handle();
@@ -269,6 +280,16 @@ impl Gateway {
         format!("http://{}", self.addr)
     }
 
+    /// Where the endpoint picker's ext_proc gRPC service listens, when it is on.
+    pub fn ext_proc_addr(&self) -> Option<SocketAddr> {
+        self.actors.ext_proc_addr
+    }
+
+    /// Where `--grpc-health-port` listens, when given.
+    pub fn grpc_health_addr(&self) -> Option<SocketAddr> {
+        self.actors.grpc_health_addr
+    }
+
     /// `http://host:port` of the `--prometheus-port` listener, when there is one.
     pub fn metrics_url(&self) -> Option<String> {
         self.actors.metrics_addr.map(|a| format!("http://{a}"))
@@ -312,6 +333,11 @@ impl Gateway {
             .lifecycle
             .shutting_down
             .store(true, std::sync::atomic::Ordering::Release);
+        if let Some(r) = self.actors.picker_health.clone() {
+            self.system.arbiter().spawn(async move {
+                crate::picker::set_health(&r, tonic_health::ServingStatus::NotServing).await;
+            });
+        }
         std::thread::sleep(delay);
         let until = Instant::now() + grace;
         while self.actors.admission.in_flight() > 0 && Instant::now() < until {

@@ -17,6 +17,7 @@ use crate::http::error::ApiError;
 use crate::http::intake;
 use crate::http::proxy::{self, Upstream};
 use crate::http::state::{AppState, RequestId, read_body};
+use crate::metrics::Door;
 use crate::pipeline::{Job, RunError};
 use crate::upstream::Pool;
 
@@ -143,6 +144,7 @@ async fn proxy_request(
             .get::<RequestId>()
             .map_or_else(|| Arc::from(""), |r| r.0.clone()),
         arrived,
+        door: Door::Http,
     };
     let up = Upstream {
         pool: &pool,

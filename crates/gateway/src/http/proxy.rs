@@ -163,6 +163,7 @@ pub(crate) async fn forward(
         dispatch,
         note,
         number,
+        ..
     } = attempt;
     let mut call = Call {
         up,

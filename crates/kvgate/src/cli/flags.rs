@@ -492,6 +492,24 @@ pub(super) const FLAGS: &[(&str, &str, Kind, &str)] = &[
         "A kubeconfig file instead of KUBECONFIG or the in-cluster service account",
     ),
     (
+        "ext-proc-port",
+        "ext_proc_port",
+        Kind::Int,
+        "Serve as an Envoy ext_proc endpoint picker (gRPC, h2c) on this port",
+    ),
+    (
+        "ext-proc-host",
+        "ext_proc_host",
+        Kind::Text,
+        "Where the --ext-proc-port and --grpc-health-port listeners bind (default 127.0.0.1)",
+    ),
+    (
+        "grpc-health-port",
+        "grpc_health_port",
+        Kind::Int,
+        "Also serve grpc.health.v1.Health alone on this port (needs --ext-proc-port)",
+    ),
+    (
         "demo",
         "demo",
         Kind::Switch,
