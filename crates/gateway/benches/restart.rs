@@ -222,7 +222,7 @@ async fn send(
 
 /// Something that routes to the fleet and can be restarted.
 enum Front {
-    Kvgate(Box<Gateway>),
+    Kvgate(Gateway),
     Smg(SmgChild),
 }
 
@@ -290,7 +290,7 @@ async fn start_kvgate(fleet: &SimFleet, data_dir: &Path) -> anyhow::Result<Front
         }
         actix_rt::time::sleep(Duration::from_millis(20)).await;
     }
-    Ok(Front::Kvgate(Box::new(gw)))
+    Ok(Front::Kvgate(gw))
 }
 
 /// The reference gateway as a child process in its own process group.

@@ -72,14 +72,21 @@ pub struct Actors {
     pub index: Addr<IndexActor>,
     pub(crate) lifecycle: Arc<Lifecycle>,
     pub(crate) admission: Arc<Admission>,
-    /// Where `--prometheus-port` listens, when given.
-    pub metrics_addr: Option<SocketAddr>,
-    /// Where the endpoint picker (ext_proc) and its separate health port listen.
-    pub ext_proc_addr: Option<SocketAddr>,
-    pub grpc_health_addr: Option<SocketAddr>,
-    /// The picker's gRPC health statuses, turned to not serving when the gateway drains.
-    pub(crate) picker_health: Option<tonic_health::server::HealthReporter>,
+    /// The side listeners, kept behind one pointer (a `Gateway` is moved by value).
+    pub(crate) side: Arc<SideListeners>,
     pub events: Addr<EventsActor>,
+}
+
+/// Where the listeners beside the gateway's own port are.
+#[derive(Debug, Default)]
+pub(crate) struct SideListeners {
+    /// `--prometheus-port`, when given.
+    metrics: Option<SocketAddr>,
+    /// The endpoint picker (ext_proc) and its separate health port.
+    ext_proc: Option<SocketAddr>,
+    grpc_health: Option<SocketAddr>,
+    /// The picker's gRPC health statuses, turned to not serving when the gateway drains.
+    picker_health: Option<tonic_health::server::HealthReporter>,
 }
 
 /// The threads behind the actors, stopped in order at shutdown.
@@ -194,10 +201,12 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         index,
         lifecycle,
         admission,
-        metrics_addr: metrics.as_ref().map(|(_, a)| *a),
-        ext_proc_addr: picker.as_ref().map(|p| p.ext_proc),
-        grpc_health_addr: picker.as_ref().and_then(|p| p.health),
-        picker_health: picker.as_ref().map(|p| p.reporter.clone()),
+        side: Arc::new(SideListeners {
+            metrics: metrics.as_ref().map(|(_, a)| *a),
+            ext_proc: picker.as_ref().map(|p| p.ext_proc),
+            grpc_health: picker.as_ref().and_then(|p| p.health),
+            picker_health: picker.as_ref().map(|p| p.reporter.clone()),
+        }),
         events,
     };
     let mut arbiters = vec![control];
@@ -282,17 +291,17 @@ impl Gateway {
 
     /// Where the endpoint picker's ext_proc gRPC service listens, when it is on.
     pub fn ext_proc_addr(&self) -> Option<SocketAddr> {
-        self.actors.ext_proc_addr
+        self.actors.side.ext_proc
     }
 
     /// Where `--grpc-health-port` listens, when given.
     pub fn grpc_health_addr(&self) -> Option<SocketAddr> {
-        self.actors.grpc_health_addr
+        self.actors.side.grpc_health
     }
 
     /// `http://host:port` of the `--prometheus-port` listener, when there is one.
     pub fn metrics_url(&self) -> Option<String> {
-        self.actors.metrics_addr.map(|a| format!("http://{a}"))
+        self.actors.side.metrics.map(|a| format!("http://{a}"))
     }
 
     #[doc(hidden)]
@@ -333,7 +342,7 @@ impl Gateway {
             .lifecycle
             .shutting_down
             .store(true, std::sync::atomic::Ordering::Release);
-        if let Some(r) = self.actors.picker_health.clone() {
+        if let Some(r) = self.actors.side.picker_health.clone() {
             self.system.arbiter().spawn(async move {
                 crate::picker::set_health(&r, tonic_health::ServingStatus::NotServing).await;
             });
