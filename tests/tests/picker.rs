@@ -101,6 +101,7 @@ async fn health_answers_for_every_name_the_gateways_probe() {
             "",
             "liveness",
             "readiness",
+            "inference-extension",
             "envoy.service.ext_proc.v3.ExternalProcessor",
         ] {
             let r = c

@@ -49,11 +49,12 @@ pub(crate) struct Picker {
     pub max_body: usize,
 }
 
-/// The service names the gateways probe: the server as a whole, liveness, readiness and
-/// the ext_proc service itself.
-const HEALTH_NAMES: [&str; 3] = [
+/// The service names the gateways and kubelets probe besides the server as a whole (""):
+/// liveness, readiness, the extension's conformance probes and the ext_proc service.
+const HEALTH_NAMES: [&str; 4] = [
     "liveness",
     "readiness",
+    "inference-extension",
     <ExternalProcessorServer<Service> as NamedService>::NAME,
 ];
 
