@@ -162,17 +162,16 @@ fn pool_service_flags_probes_route_and_role_agree() {
         arg(&args, "--ext-proc-port")
     );
     assert_eq!(arg(&args, "--ext-proc-host"), "0.0.0.0");
-    // Discovery reads the pool's engines: its labels and its port.
-    let labels: Vec<String> = pool["selector"]["matchLabels"]
-        .as_object()
-        .expect("labels")
-        .iter()
-        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
-        .collect();
-    assert_eq!(vec![arg(&args, "--selector").to_owned()], labels);
+    // Discovery follows the pool itself: its labels and its port.
     assert_eq!(
-        arg(&args, "--service-discovery-port"),
-        pool["targetPorts"][0]["number"].to_string()
+        arg(&args, "--inference-pool"),
+        find(&all, "InferencePool")["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+    );
+    assert!(
+        !args.iter().any(|a| a == "--selector"),
+        "the pool's selector is used"
     );
     // The kubelet probes gRPC health on --grpc-health-port.
     for probe in ["startupProbe", "livenessProbe", "readinessProbe"] {
@@ -195,7 +194,7 @@ fn pool_service_flags_probes_route_and_role_agree() {
         route["spec"]["parentRefs"][0]["name"],
         find(&all, "Gateway")["metadata"]["name"]
     );
-    // The account reads pods, and writes nothing.
+    // The account reads pods and inferencepools, and writes nothing.
     let role = find(&all, "Role");
     let granted: BTreeSet<(String, String)> = role["rules"]
         .as_array()
@@ -210,9 +209,12 @@ fn pool_service_flags_probes_route_and_role_agree() {
                 .flat_map(move |res| groups.clone().into_iter().map(move |g| (g, res.clone())))
         })
         .collect();
-    let want: BTreeSet<(String, String)> = [("", "pods")]
-        .map(|(g, r)| (g.to_owned(), r.to_owned()))
-        .into();
+    let want: BTreeSet<(String, String)> = [
+        ("", "pods"),
+        ("inference.networking.k8s.io", "inferencepools"),
+    ]
+    .map(|(g, r)| (g.to_owned(), r.to_owned()))
+    .into();
     assert_eq!(granted, want);
     let account = &find(&all, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"];
     assert_eq!(&find(&all, "RoleBinding")["subjects"][0]["name"], account);

@@ -492,6 +492,12 @@ pub(super) const FLAGS: &[(&str, &str, Kind, &str)] = &[
         "A kubeconfig file instead of KUBECONFIG or the in-cluster service account",
     ),
     (
+        "inference-pool",
+        "inference_pool",
+        Kind::Text,
+        "Take the engines' labels and port from this InferencePool (inference.networking.k8s.io/v1) and follow it",
+    ),
+    (
         "ext-proc-port",
         "ext_proc_port",
         Kind::Int,
