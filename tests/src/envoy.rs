@@ -141,6 +141,13 @@ impl Envoy {
         Envoy { client }
     }
 
+    /// A client over `channel` (TLS, for one).
+    pub fn over(channel: Channel) -> Envoy {
+        Envoy {
+            client: ExternalProcessorClient::new(channel),
+        }
+    }
+
     /// A new stream, as Envoy opens one per request.
     pub async fn open(&self) -> Exchange {
         let (tx, rx) = mpsc::channel(64);

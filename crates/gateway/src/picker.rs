@@ -21,8 +21,8 @@ use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::{
 use envoy_types::pb::envoy::service::ext_proc::v3::{ProcessingRequest, ProcessingResponse};
 use futures_util::Stream;
 use tonic::server::NamedService;
-use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Identity, Server, ServerTlsConfig};
 use tonic::{Request, Response, Status, Streaming};
 use tonic_health::ServingStatus;
 use tonic_health::pb::health_server::{Health, HealthServer};
@@ -86,11 +86,12 @@ pub(crate) async fn set_health(reporter: &HealthReporter, status: ServingStatus)
     reporter.set_service_status("", status).await;
 }
 
-/// Serves ext_proc and health on `ext_proc`, health alone on `health_only`, until the
-/// runtime it runs on stops (the gateway's picker arbiter).
+/// Serves ext_proc and health on `ext_proc` (over TLS with `tls`, else h2c), health alone
+/// on `health_only` (h2c), until the runtime it runs on stops (the picker's arbiter).
 pub(crate) async fn serve<H>(
     picker: Picker,
     health: HealthServer<H>,
+    tls: Option<Identity>,
     ext_proc: TcpListener,
     health_only: Option<TcpListener>,
 ) where
@@ -102,7 +103,13 @@ pub(crate) async fn serve<H>(
         ExternalProcessorServer::new(Service(Arc::new(picker))).max_decoding_message_size(limit);
     let main = async {
         let incoming = incoming(ext_proc)?;
-        Server::builder()
+        let mut builder = Server::builder();
+        if let Some(id) = tls {
+            builder = builder
+                .tls_config(ServerTlsConfig::new().identity(id))
+                .map_err(std::io::Error::other)?;
+        }
+        builder
             .add_service(service)
             .add_service(health.clone())
             .serve_with_incoming(incoming)

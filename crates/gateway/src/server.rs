@@ -48,6 +48,8 @@ pub enum StartError {
     Thread(std::io::Error),
     #[error("the gateway thread exited during startup")]
     Startup,
+    #[error("the ext_proc TLS certificate or key {path}: {reason}")]
+    PickerTls { path: String, reason: String },
     #[error(
         "refusing to start: on {host} the admin routes would be open to the network; give \
          --control-plane-api-keys, or --allow-open-admin to accept it"

@@ -1,5 +1,8 @@
-//! The endpoint picker's listeners (`ext_proc_port`, `ext_proc_host`, `grpc_health_port`):
+//! The endpoint picker's listeners (`ext_proc_port`, `ext_proc_host`, `grpc_health_port`,
+//! `ext_proc_tls_cert`, `ext_proc_tls_key`):
 //! kvgate as the picker an Envoy-based gateway asks over ext_proc (`docs/endpoint-picker.md`).
+
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
@@ -15,8 +18,12 @@ pub struct PickerConfig {
     pub ext_proc_port: Option<u16>,
     /// Where that listener (and the health one) binds; `0.0.0.0` in a pod.
     pub ext_proc_host: String,
-    /// A second listener serving only `grpc.health.v1.Health` (llm-d's default is 9003).
+    /// A second listener serving only `grpc.health.v1.Health` (llm-d's default is 9003),
+    /// always in cleartext: the kubelet's gRPC probes speak no TLS.
     pub grpc_health_port: Option<u16>,
+    /// PEM certificate chain and key: the ext_proc port speaks TLS instead of h2c.
+    pub ext_proc_tls_cert: Option<PathBuf>,
+    pub ext_proc_tls_key: Option<PathBuf>,
 }
 
 impl Default for PickerConfig {
@@ -25,6 +32,8 @@ impl Default for PickerConfig {
             ext_proc_port: None,
             ext_proc_host: "127.0.0.1".into(),
             grpc_health_port: None,
+            ext_proc_tls_cert: None,
+            ext_proc_tls_key: None,
         }
     }
 }
@@ -33,6 +42,12 @@ impl Section for PickerConfig {
     fn validate(&self) -> Result<(), ConfigError> {
         if self.ext_proc_host.is_empty() {
             return invalid("ext_proc_host", "must not be empty");
+        }
+        if self.ext_proc_tls_cert.is_some() != self.ext_proc_tls_key.is_some() {
+            return invalid(
+                "ext_proc_tls_cert",
+                "give the certificate and the key together (ext_proc_tls_key)",
+            );
         }
         if self.grpc_health_port.is_some() && self.ext_proc_port.is_none() {
             return invalid(

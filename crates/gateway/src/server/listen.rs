@@ -178,13 +178,14 @@ pub(super) fn picker_server(
         reads_prompt: cfg.policy.kind.reads_prompt(),
         max_body: cfg.max_payload_size,
     };
+    let tls = picker_tls(cfg)?;
     let (reporter, service) = tonic_health::server::health_reporter();
     let arbiter = actix::Arbiter::new();
     let ready = reporter.clone();
     let health_addr = health.as_ref().map(|(_, a)| *a);
     arbiter.spawn(async move {
         set_health(&ready, tonic_health::ServingStatus::Serving).await;
-        picker::serve(picker, service, ext_proc, health.map(|(l, _)| l)).await;
+        picker::serve(picker, service, tls, ext_proc, health.map(|(l, _)| l)).await;
     });
     tracing::info!(addr = %ext_proc_addr, "endpoint picker (ext_proc) listening");
     Ok(Some(PickerRun {
@@ -193,4 +194,27 @@ pub(super) fn picker_server(
         health: health_addr,
         reporter,
     }))
+}
+
+/// The ext_proc port's TLS identity, read and checked once at start.
+fn picker_tls(cfg: &GatewayConfig) -> Result<Option<tonic::transport::Identity>, StartError> {
+    let (Some(cert), Some(key)) = (&cfg.picker.ext_proc_tls_cert, &cfg.picker.ext_proc_tls_key)
+    else {
+        return Ok(None);
+    };
+    let read = |p: &std::path::Path| {
+        std::fs::read(p).map_err(|e| StartError::PickerTls {
+            path: p.display().to_string(),
+            reason: e.to_string(),
+        })
+    };
+    let identity = tonic::transport::Identity::from_pem(read(cert)?, read(key)?);
+    // Tried here so a bad pair fails the start, not the listener.
+    tonic::transport::Server::builder()
+        .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity.clone()))
+        .map_err(|e| StartError::PickerTls {
+            path: cert.display().to_string(),
+            reason: e.to_string(),
+        })?;
+    Ok(Some(identity))
 }

@@ -510,6 +510,18 @@ pub(super) const FLAGS: &[(&str, &str, Kind, &str)] = &[
         "Where the --ext-proc-port and --grpc-health-port listeners bind (default 127.0.0.1)",
     ),
     (
+        "ext-proc-tls-cert",
+        "ext_proc_tls_cert",
+        Kind::Text,
+        "PEM certificate chain: the ext_proc port speaks TLS (with --ext-proc-tls-key)",
+    ),
+    (
+        "ext-proc-tls-key",
+        "ext_proc_tls_key",
+        Kind::Text,
+        "PEM private key of --ext-proc-tls-cert",
+    ),
+    (
         "grpc-health-port",
         "grpc_health_port",
         Kind::Int,
