@@ -201,6 +201,20 @@ async fn a_long_body_goes_back_in_chunks_of_at_most_62000_bytes() {
 }
 
 #[actix_rt::test]
+async fn the_http_port_keeps_its_inference_routes_only_when_asked() {
+    let body = chat("http door", "q", false);
+    let h = picker(1, |_| {});
+    let r = post(&h.url("/v1/chat/completions"), body.clone()).await;
+    r.assert_error(404, "route_not_found");
+    assert_eq!(get(&h.url("/workers")).await.status.as_u16(), 200);
+    h.gw.stop();
+    let h = picker(1, |c| c.picker.http_inference = true);
+    let r = post(&h.url("/v1/chat/completions"), body).await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    h.gw.stop();
+}
+
+#[actix_rt::test]
 async fn the_subset_hint_restricts_the_pick() {
     let h = picker(4, |_| {});
     let eps = endpoints(&h);

@@ -175,6 +175,7 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
     let picker = picker_server(cfg, &pipeline, &tokenizers)?;
     let state = web::Data::new(AppState {
         pipeline,
+        serves_inference: cfg.picker.http_serves_inference(),
         selector: selector.clone(),
         registry: registry.clone(),
         index: index.clone(),

@@ -24,6 +24,10 @@ pub struct PickerConfig {
     /// PEM certificate chain and key: the ext_proc port speaks TLS instead of h2c.
     pub ext_proc_tls_cert: Option<PathBuf>,
     pub ext_proc_tls_key: Option<PathBuf>,
+    /// With the picker on, the HTTP port keeps its inference routes too (off: the gateway
+    /// in front proxies, and the HTTP port serves the admin API, `/metrics` and the
+    /// dashboard alone).
+    pub http_inference: bool,
 }
 
 impl Default for PickerConfig {
@@ -34,7 +38,15 @@ impl Default for PickerConfig {
             grpc_health_port: None,
             ext_proc_tls_cert: None,
             ext_proc_tls_key: None,
+            http_inference: false,
         }
+    }
+}
+
+impl PickerConfig {
+    /// Whether the HTTP port serves the inference routes: always without the picker.
+    pub(crate) fn http_serves_inference(&self) -> bool {
+        self.ext_proc_port.is_none() || self.http_inference
     }
 }
 

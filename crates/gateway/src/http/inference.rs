@@ -119,6 +119,10 @@ async fn proxy_request(
     arrived: Instant,
     seen: &mut Seen,
 ) -> Result<HttpResponse, ApiError> {
+    // In picker mode the gateway in front proxies; this port keeps its admin routes.
+    if !state.serves_inference {
+        return Err(ApiError::RouteNotFound(endpoint.path().to_owned()));
+    }
     state.keys.client(&req)?;
     let peer = state.proxies.client_ip(&req);
     let admitted = state.pipeline.admit(state.keys.client_id(&req), peer);

@@ -522,6 +522,12 @@ pub(super) const FLAGS: &[(&str, &str, Kind, &str)] = &[
         "PEM private key of --ext-proc-tls-cert",
     ),
     (
+        "http-inference",
+        "http_inference",
+        Kind::Switch,
+        "With --ext-proc-port, keep serving the inference routes on the HTTP port too",
+    ),
+    (
         "grpc-health-port",
         "grpc_health_port",
         Kind::Int,
