@@ -8,6 +8,7 @@
 )]
 
 use std::collections::{BTreeSet, HashMap};
+use std::time::Duration;
 
 use kvgate_engine_sim::SimConfig;
 use kvgate_tests::envoy::{Answer, Envoy, subset};
@@ -119,6 +120,41 @@ async fn health_answers_for_every_name_the_gateways_probe() {
         }
     }
     h.gw.stop();
+}
+
+#[actix_rt::test]
+async fn readiness_turns_to_not_serving_when_the_gateway_drains() {
+    let h = picker(1, |_| {});
+    let addr = h.gw.grpc_health_addr().expect("the health port");
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .expect("an endpoint")
+        .connect()
+        .await
+        .expect("health connects");
+    let mut c = HealthClient::new(channel);
+    let Harness { gw, fleet, dir } = h;
+    // The drain keeps the listeners up for its delay, readiness already down.
+    let drain = std::thread::spawn(move || gw.drain_after(Duration::from_secs(2), Duration::ZERO));
+    wait_for_async(10, "readiness not serving", || {
+        let mut c = c.clone();
+        async move {
+            c.check(HealthCheckRequest {
+                service: "readiness".into(),
+            })
+            .await
+            .is_ok_and(|r| r.into_inner().status == ServingStatus::NotServing as i32)
+        }
+    })
+    .await;
+    let r = c
+        .check(HealthCheckRequest {
+            service: "envoy.service.ext_proc.v3.ExternalProcessor".into(),
+        })
+        .await
+        .expect("a health answer");
+    assert_eq!(r.into_inner().status, ServingStatus::NotServing as i32);
+    drain.join().expect("the drain ends");
+    drop((fleet, dir));
 }
 
 #[actix_rt::test]
