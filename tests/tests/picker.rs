@@ -393,5 +393,12 @@ async fn prompt_groups_stay_on_one_engine_and_spread_over_the_fleet() {
         engines.len()
     );
     until_idle(&h).await;
+    // The usage blocks passed back were read: the engines' cache hits are counted.
+    let metrics = get(&h.url("/metrics")).await.text();
+    let reported = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("kvgate_reported_cached_tokens_total "))
+        .and_then(|v| v.parse::<f64>().ok());
+    assert!(reported.is_some_and(|n| n > 0.0), "{reported:?}");
     h.gw.stop();
 }
