@@ -5,7 +5,8 @@
 //! given `resourceVersion`, chunk by chunk. A test drives it: pods change, watches are
 //! dropped mid-stream, expired (`410 Gone` as a real server sends it to a watch: HTTP 200
 //! and one `ERROR` event carrying the Status), or the whole server goes away and comes
-//! back on its port.
+//! back on its port. InferencePools (`/apis/inference.networking.k8s.io/v1/namespaces/{ns}/inferencepools`,
+//! with a `metadata.name` field selector) are served the same way.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -16,6 +17,10 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+mod wire;
+
+use wire::{chunk, gone, query, query_text, respond};
+
 /// What the server holds and what it was asked.
 #[derive(Debug, Default)]
 struct State {
@@ -23,6 +28,8 @@ struct State {
     rv: u64,
     /// By name, as last written (all in one namespace).
     pods: BTreeMap<String, Value>,
+    /// The InferencePools (`inference.networking.k8s.io/v1`), by name.
+    pools: BTreeMap<String, Value>,
     /// Every event, in order: its resourceVersion, its type, the object.
     history: Vec<(u64, &'static str, Value)>,
     /// A watch from below this is answered `410 Gone` (history compacted).
@@ -74,69 +81,59 @@ fn selects(selector: &str, pod: &Value) -> bool {
     })
 }
 
-/// Percent-decodes a query value.
-fn decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'%' if i + 2 < b.len() => {
-                let hex = std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("");
-                match u8::from_str_radix(hex, 16) {
-                    Ok(v) => {
-                        out.push(v);
-                        i += 3;
-                        continue;
-                    }
-                    Err(_) => out.push(b'%'),
-                }
-            }
-            b'+' => out.push(b' '),
-            c => out.push(c),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+/// What a list or watch asks for: a collection of a namespace, by labels and name.
+#[derive(Debug)]
+struct Filter {
+    namespace: String,
+    /// The objects' `kind`: `Pod` or `InferencePool`.
+    kind: &'static str,
+    labels: String,
+    /// `metadata.name=NAME`, the only field selector served.
+    name: Option<String>,
 }
 
-fn query(target: &str) -> (String, BTreeMap<String, String>) {
-    let (path, q) = target.split_once('?').unwrap_or((target, ""));
-    let params = q
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            (decode(k), decode(v))
+impl Filter {
+    /// The collection a path names: pods, or the extension's InferencePools.
+    fn of(path: &str, params: &BTreeMap<String, String>) -> Option<Filter> {
+        let (namespace, kind) = if let Some(ns) = path
+            .strip_prefix("/api/v1/namespaces/")
+            .and_then(|r| r.strip_suffix("/pods"))
+        {
+            (ns, "Pod")
+        } else {
+            let ns = path
+                .strip_prefix("/apis/inference.networking.k8s.io/v1/namespaces/")
+                .and_then(|r| r.strip_suffix("/inferencepools"))?;
+            (ns, "InferencePool")
+        };
+        (!namespace.contains('/')).then(|| Filter {
+            namespace: namespace.to_owned(),
+            kind,
+            labels: params.get("labelSelector").cloned().unwrap_or_default(),
+            name: params
+                .get("fieldSelector")
+                .and_then(|f| f.strip_prefix("metadata.name="))
+                .map(str::to_owned),
         })
-        .collect();
-    (path.to_owned(), params)
-}
+    }
 
-fn respond(out: &mut TcpStream, status: &str, body: &Value) -> std::io::Result<()> {
-    let body = body.to_string();
-    write!(
-        out,
-        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    )?;
-    out.flush()
-}
+    fn api_version(&self) -> &'static str {
+        if self.kind == "Pod" {
+            "v1"
+        } else {
+            "inference.networking.k8s.io/v1"
+        }
+    }
 
-fn chunk(out: &mut TcpStream, line: &Value) -> std::io::Result<()> {
-    let text = format!("{line}\n");
-    write!(out, "{:x}\r\n{text}\r\n", text.len())?;
-    out.flush()
-}
-
-/// The Status a real server sends for an expired resourceVersion.
-fn gone(rv: u64) -> Value {
-    json!({"type": "ERROR", "object": {
-        "kind": "Status", "apiVersion": "v1", "metadata": {},
-        "status": "Failure",
-        "message": format!("too old resource version: {rv}"),
-        "reason": "Expired", "code": 410
-    }})
+    fn takes(&self, o: &Value) -> bool {
+        o["kind"] == self.kind
+            && o["metadata"]["namespace"] == self.namespace.as_str()
+            && selects(&self.labels, o)
+            && self
+                .name
+                .as_ref()
+                .is_none_or(|n| o["metadata"]["name"] == n.as_str())
+    }
 }
 
 impl FakeApi {
@@ -174,10 +171,15 @@ impl FakeApi {
         let rv = st.rv;
         pod["metadata"]["resourceVersion"] = json!(rv.to_string());
         let name = pod["metadata"]["name"].as_str().unwrap_or("").to_owned();
-        if kind == "DELETED" {
-            st.pods.remove(&name);
+        let map = if pod["kind"] == "InferencePool" {
+            &mut st.pools
         } else {
-            st.pods.insert(name, pod.clone());
+            &mut st.pods
+        };
+        if kind == "DELETED" {
+            map.remove(&name);
+        } else {
+            map.insert(name, pod.clone());
         }
         if !st.silent {
             st.history.push((rv, kind, pod));
@@ -289,6 +291,30 @@ impl FakeApi {
     pub fn delete(&self, name: &str) {
         let pod = self.get(name);
         self.write("DELETED", pod);
+    }
+
+    /// Creates or changes the InferencePool `name`: engines labelled `labels`, on `port`,
+    /// picked by `kvgate-picker`.
+    pub fn put_pool(&self, name: &str, labels: Value, port: u16) {
+        let exists = self.shared.lock().pools.contains_key(name);
+        let pool = json!({
+            "kind": "InferencePool",
+            "apiVersion": "inference.networking.k8s.io/v1",
+            "metadata": {"name": name, "namespace": self.namespace,
+                "uid": format!("pool-{name}"), "generation": 1},
+            "spec": {
+                "selector": {"matchLabels": labels},
+                "targetPorts": [{"number": port}],
+                "endpointPickerRef": {"name": "kvgate-picker", "port": {"number": 9002}}
+            }
+        });
+        self.write(if exists { "MODIFIED" } else { "ADDED" }, pool);
+    }
+
+    /// Deletes the InferencePool `name`.
+    pub fn delete_pool(&self, name: &str) {
+        let pool = self.shared.lock().pools.get(name).cloned();
+        self.write("DELETED", pool.expect("a pool of that name"));
     }
 
     /// Every open watch is cut mid-stream: half an event, then the connection closes.
@@ -433,12 +459,7 @@ fn serve(conn: TcpStream, shared: &Arc<Shared>) {
             }
         }
         let (path, params) = query(&target);
-        let ns_path = |ns: &str| format!("/api/v1/namespaces/{ns}/pods");
-        let ns = path
-            .strip_prefix("/api/v1/namespaces/")
-            .and_then(|r| r.strip_suffix("/pods"))
-            .map(str::to_owned);
-        let Some(ns) = ns.filter(|ns| path == ns_path(ns)) else {
+        let Some(filter) = Filter::of(&path, &params) else {
             let _ = respond(
                 &mut out,
                 "404 Not Found",
@@ -451,15 +472,14 @@ fn serve(conn: TcpStream, shared: &Arc<Shared>) {
             .lock()
             .requests
             .push(format!("{path}?{}", query_text(&params)));
-        let selector = params.get("labelSelector").cloned().unwrap_or_default();
         let watching = matches!(params.get("watch").map(String::as_str), Some("true" | "1"));
         if !watching {
             let st = shared.lock();
-            let items: Vec<Value> = (st.pods.values())
-                .filter(|p| p["metadata"]["namespace"] == ns.as_str() && selects(&selector, p))
+            let items: Vec<Value> = (st.pods.values().chain(st.pools.values()))
+                .filter(|p| filter.takes(p))
                 .cloned()
                 .collect();
-            let body = json!({"kind": "PodList", "apiVersion": "v1",
+            let body = json!({"kind": format!("{}List", filter.kind), "apiVersion": filter.api_version(),
                 "metadata": {"resourceVersion": st.rv.to_string()}, "items": items});
             drop(st);
             if respond(&mut out, "200 OK", &body).is_err() {
@@ -472,7 +492,7 @@ fn serve(conn: TcpStream, shared: &Arc<Shared>) {
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
         let bookmarks = params.get("allowWatchBookmarks").map(String::as_str) == Some("true");
-        match watch(&mut out, shared, &ns, &selector, from, bookmarks) {
+        match watch(&mut out, shared, &filter, from, bookmarks) {
             Ok(true) => {}
             // Cut, failed or the server went away: the connection is closed.
             _ => return,
@@ -480,18 +500,12 @@ fn serve(conn: TcpStream, shared: &Arc<Shared>) {
     }
 }
 
-fn query_text(params: &BTreeMap<String, String>) -> String {
-    let parts: Vec<String> = params.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    parts.join("&")
-}
-
 /// Streams watch events after `from`; `Ok(true)` when it ended cleanly (410), the
 /// connection reusable.
 fn watch(
     out: &mut TcpStream,
     shared: &Arc<Shared>,
-    ns: &str,
-    selector: &str,
+    filter: &Filter,
     from: u64,
     bookmarks: bool,
 ) -> std::io::Result<bool> {
@@ -521,9 +535,7 @@ fn watch(
         let (events, now) = {
             let st = shared.lock();
             let evs: Vec<(u64, &'static str, Value)> = (st.history.iter())
-                .filter(|(rv, _, p)| {
-                    *rv > seen && p["metadata"]["namespace"] == ns && selects(selector, p)
-                })
+                .filter(|(rv, _, p)| *rv > seen && filter.takes(p))
                 .cloned()
                 .collect();
             (evs, st.rv)
@@ -545,7 +557,7 @@ fn watch(
             if bookmarks {
                 chunk(
                     out,
-                    &json!({"type": "BOOKMARK", "object": {"kind": "Pod", "apiVersion": "v1",
+                    &json!({"type": "BOOKMARK", "object": {"kind": filter.kind, "apiVersion": filter.api_version(),
                         "metadata": {"resourceVersion": rv.to_string()}}}),
                 )?;
             }

@@ -5,6 +5,7 @@
     reason = "the suite's helpers: a panic there is a failed test"
 )]
 
+pub mod envoy;
 pub mod kube;
 pub mod raw;
 

@@ -25,6 +25,7 @@ fn discovery_config(api: &FakeApi, dir: &tempfile::TempDir, port: u16) -> Gatewa
         service_discovery_namespace: Some(api.namespace.clone()),
         service_discovery_port: port,
         service_discovery_kubeconfig: Some(api.kubeconfig(dir.path())),
+        inference_pool: None,
     };
     cfg
 }

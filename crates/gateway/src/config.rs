@@ -18,6 +18,7 @@ mod circuit;
 mod discovery;
 mod events;
 mod health;
+mod picker;
 mod retry;
 mod section;
 mod snapshot;
@@ -30,6 +31,7 @@ pub use discovery::DiscoverySection;
 pub(crate) use events::EventsConfig;
 pub use events::EventsSection;
 pub use health::HealthConfig;
+pub use picker::PickerConfig;
 pub use retry::RetryConfig;
 pub use section::Section;
 pub use snapshot::SnapshotConfig;
@@ -139,6 +141,8 @@ pub struct GatewayConfig {
     pub snapshot: SnapshotConfig,
     #[serde(flatten, skip_deserializing)]
     pub discovery: DiscoverySection,
+    #[serde(flatten, skip_deserializing)]
+    pub picker: PickerConfig,
 }
 
 impl Default for GatewayConfig {
@@ -176,6 +180,7 @@ impl Default for GatewayConfig {
             events: EventsSection::default(),
             snapshot: SnapshotConfig::default(),
             discovery: DiscoverySection::default(),
+            picker: PickerConfig::default(),
         }
     }
 }
@@ -289,6 +294,7 @@ impl GatewayConfig {
         let events = take(&mut table)?;
         let snapshot = take(&mut table)?;
         let discovery = take(&mut table)?;
+        let picker = take(&mut table)?;
         let own: GatewayConfig =
             config::Value::new(None, config::ValueKind::Table(table.into_iter().collect()))
                 .try_deserialize()?;
@@ -301,6 +307,7 @@ impl GatewayConfig {
             events,
             snapshot,
             discovery,
+            picker,
             ..own
         };
         cfg.validate()?;
@@ -366,7 +373,16 @@ impl GatewayConfig {
         self.access.validate()?;
         self.events.validate()?;
         self.snapshot.validate()?;
-        self.discovery.validate()
+        self.discovery.validate()?;
+        if self
+            .picker
+            .ext_proc_port
+            .is_some_and(|p| p != 0 && p == self.port)
+            && self.picker.ext_proc_host == self.host
+        {
+            return invalid("ext_proc_port", "must differ from the gateway's port");
+        }
+        self.picker.validate()
     }
 }
 

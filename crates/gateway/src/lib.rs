@@ -33,6 +33,7 @@ mod config;
 mod facts;
 mod http;
 mod metrics;
+mod picker;
 mod pipeline;
 mod server;
 mod upstream;
@@ -40,7 +41,7 @@ mod upstream;
 pub use alloc::keep_freed_memory;
 pub use config::{
     AccessConfig, AdmissionConfig, CircuitConfig, ConfigError, DiscoverySection, EventsSection,
-    GatewayConfig, HealthConfig, Overrides, RetryConfig, Section, SnapshotConfig,
+    GatewayConfig, HealthConfig, Overrides, PickerConfig, RetryConfig, Section, SnapshotConfig,
 };
 pub use http::error::ApiError;
 pub use kvgate_core::Secret;

@@ -53,6 +53,29 @@ pub(crate) struct DecisionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct DoorLabels {
+    pub door: &'static str,
+}
+
+/// The front door a request came through: kvgate's own HTTP proxy, or the ext_proc
+/// picker an Envoy-based gateway asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Door {
+    Http,
+    ExtProc,
+}
+
+impl Door {
+    /// The `door` label value.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Door::Http => "http",
+            Door::ExtProc => "ext_proc",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct TransitionLabels {
     pub worker: String,
     pub to: &'static str,
@@ -145,6 +168,8 @@ pub struct Metrics {
     scrape: std::sync::Mutex<()>,
     routes: [RouteSeries; 3],
     paths: [(&'static str, Counter); 10],
+    /// Dispatched decisions per front door ([`Door`] order).
+    doors: [Counter; 2],
     reported: [Counter; 2],
     /// Request counters per served model; bounded by the fleet's models.
     models: RwLock<HashMap<String, ModelCounters>>,
@@ -190,6 +215,21 @@ fn counter(r: &mut Registry, name: &str, help: &str) -> Counter {
     c
 }
 
+/// `front_door_decisions`, one counter per [`Door`], looked up once.
+fn door_counters(r: &mut Registry) -> [Counter; 2] {
+    let by_door = Family::<DoorLabels, Counter>::default();
+    r.register(
+        "front_door_decisions",
+        "Dispatched routing decisions by the front door that asked (http, ext_proc)",
+        by_door.clone(),
+    );
+    [Door::Http, Door::ExtProc].map(|d| {
+        by_door
+            .get_or_create(&DoorLabels { door: d.name() })
+            .clone()
+    })
+}
+
 impl Metrics {
     /// The metrics of a gateway running `policy` (the `policy` label of its decisions).
     pub fn new(policy: &'static str) -> Metrics {
@@ -224,6 +264,7 @@ impl Metrics {
             "Routing decisions by policy and path (hit, spill, miss, kv_pressure, hash, load, fallback, retry...)",
             decisions.clone(),
         );
+        let doors = door_counters(&mut r);
         let retries = counter(&mut r, "retries", RETRIES);
         let retries_refused = counter(&mut r, "retries_refused", RETRIES_REFUSED);
         let panic_routed = counter(&mut r, "panic_routed", PANIC_ROUTED);
@@ -283,6 +324,7 @@ impl Metrics {
                 (path, c)
             }),
             reported,
+            doors,
             models: RwLock::new(HashMap::new()),
             requests,
             retries,
@@ -314,9 +356,10 @@ impl Metrics {
         &self.routes[route.index()]
     }
 
-    /// A dispatched decision that took `path`; a request's later attempts count as
-    /// `retry` (and in `retries`) whatever their path.
-    pub fn dispatched(&self, path: DecisionPath, attempt: u32) {
+    /// A dispatched decision that took `path`, asked for through `door`; a request's
+    /// later attempts count as `retry` (and in `retries`) whatever their path.
+    pub fn dispatched(&self, path: DecisionPath, attempt: u32, door: Door) {
+        self.doors[door as usize].inc();
         let i = if attempt > 1 {
             self.retries.inc();
             Some(PATHS.len() - 1)

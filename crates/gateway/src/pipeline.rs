@@ -17,17 +17,22 @@ use kvgate_core::Endpoint;
 use kvgate_policies::{DecisionNote, RequestFacts, WorkerId};
 use tracing::{Instrument, Span, warn};
 
-use crate::actors::selector::{Dispatch, Failed, Select, SelectError, Selected, SelectorActor};
+use crate::actors::selector::{
+    Dispatch, Failed, GetWorkerStates, Recorded, Select, SelectError, Selected, SelectorActor,
+};
 use crate::config::RetryConfig;
-use crate::metrics::Metrics;
+use crate::metrics::{Door, Metrics};
 
 mod admission;
 mod budget;
 mod decisions;
+mod refusal;
 
+pub(crate) use crate::actors::selector::Outcome;
 pub(crate) use admission::{Admission, AdmitError, Ticket};
 pub(crate) use budget::SharedBudget;
 pub(crate) use decisions::{AnswerNote, DECISION_LOG_SIZE, Decided, DecisionSink, is_text};
+pub(crate) use refusal::{Refusal, error_body};
 
 /// Why a request got no worker.
 #[derive(Debug, thiserror::Error)]
@@ -48,6 +53,19 @@ pub(crate) struct Job {
     pub request_id: Arc<str>,
     /// When the request arrived, for the decision log's timings.
     pub arrived: Instant,
+    /// Which front door asked, for the metrics.
+    pub door: Door,
+}
+
+/// A routing target as a front door names it: the worker it belongs to (what `exclude`
+/// takes), the target's own id (what a decision's candidates name) and its URL.
+#[derive(Debug, Clone)]
+pub(crate) struct Target {
+    pub worker: WorkerId,
+    pub id: WorkerId,
+    pub url: Arc<str>,
+    /// Ready to route (the registry's verdict, not draining).
+    pub eligible: bool,
 }
 
 /// One attempt: the worker chosen, and the note its answer fills in for the decision log.
@@ -57,6 +75,9 @@ pub(crate) struct Attempt {
     pub note: AnswerNote,
     /// 1 for the first attempt.
     pub number: u32,
+    /// The decision's runners-up, best first, for a front door that hands its gateway a
+    /// fallback list (the ext_proc door); empty for the HTTP door, which retries itself.
+    pub runners_up: Vec<WorkerId>,
 }
 
 /// Whether the engine may have started the work of a failed attempt (the table is in
@@ -112,6 +133,30 @@ impl Pipeline {
         self.bytes_per_token
     }
 
+    /// Every routing target the selector knows now, in its order.
+    pub(crate) async fn targets(&self) -> Result<Vec<Target>, DispatchError> {
+        let states = self.selector.send(GetWorkerStates).await?;
+        Ok(states
+            .into_iter()
+            .map(|s| Target {
+                worker: s.worker,
+                id: s.view.id,
+                url: s.view.url,
+                eligible: s.view.eligible,
+            })
+            .collect())
+    }
+
+    /// An attempt that did not serve the request: what it recorded in the index is taken
+    /// back (the engine's cache did not get the prompt).
+    pub(crate) fn forget(&self, job: &Job, recorded: Recorded) {
+        // do_send: a correction must not be lost to a full mailbox.
+        self.selector.do_send(Failed {
+            recorded,
+            facts: job.facts.clone(),
+        });
+    }
+
     /// A worker for attempt `number` of `job`, `exclude` left out: each hold waited out
     /// within one budget, a selector that restarted on this request asked once more. The
     /// dispatch is counted and logged; its [`AnswerNote`] goes with the answer. The
@@ -162,10 +207,15 @@ impl Pipeline {
             let _ = actix_rt::time::timeout(left, hold.ready).await;
             may_hold = actix_rt::time::Instant::now() < end;
         };
-        self.metrics.dispatched(d.decision.path, number);
+        self.metrics.dispatched(d.decision.path, number, job.door);
         if d.decision.notes.contains(&DecisionNote::Panic) {
             self.metrics.panic_routed.inc();
         }
+        // Read before the log takes the decision.
+        let runners_up = match job.door {
+            Door::ExtProc => d.decision.runners_up(),
+            Door::Http => Vec::new(),
+        };
         let note = self.decisions.decided(
             &mut d.decision,
             Decided {
@@ -184,6 +234,7 @@ impl Pipeline {
             dispatch: d,
             note,
             number,
+            runners_up,
         })
     }
 
@@ -220,10 +271,7 @@ impl Pipeline {
                 Err(f) => f,
             };
             if let Some(recorded) = recorded {
-                self.selector.do_send(Failed {
-                    recorded,
-                    facts: job.facts.clone(),
-                });
+                self.forget(job, recorded);
             }
             let started = failure.kind() == FailureKind::MayHaveStarted;
             let refused = if !failure.retryable() {

@@ -32,7 +32,7 @@ use crate::upstream::ConnectGuard;
 mod listen;
 mod wiring;
 
-use listen::{http_server, metrics_server};
+use listen::{http_server, metrics_server, picker_server};
 use wiring::{
     control_actors, open_store, register, routing_actors, startup_workers, warn_about_blind_spots,
 };
@@ -50,6 +50,8 @@ pub enum StartError {
     Thread(std::io::Error),
     #[error("the gateway thread exited during startup")]
     Startup,
+    #[error("the ext_proc TLS certificate or key {path}: {reason}")]
+    PickerTls { path: String, reason: String },
     #[error(
         "refusing to start: on {host} the admin routes would be open to the network; give \
          --control-plane-api-keys, or --allow-open-admin to accept it"
@@ -74,9 +76,21 @@ pub struct Actors {
     pub index: Addr<IndexActor>,
     pub(crate) lifecycle: Arc<Lifecycle>,
     pub(crate) admission: Arc<Admission>,
-    /// Where `--prometheus-port` listens, when given.
-    pub metrics_addr: Option<SocketAddr>,
+    /// The side listeners, kept behind one pointer (a `Gateway` is moved by value).
+    pub(crate) side: Arc<SideListeners>,
     pub events: Addr<EventsActor>,
+}
+
+/// Where the listeners beside the gateway's own port are.
+#[derive(Debug, Default)]
+pub(crate) struct SideListeners {
+    /// `--prometheus-port`, when given.
+    metrics: Option<SocketAddr>,
+    /// The endpoint picker (ext_proc) and its separate health port.
+    ext_proc: Option<SocketAddr>,
+    grpc_health: Option<SocketAddr>,
+    /// The picker's gRPC health statuses, turned to not serving when the gateway drains.
+    picker_health: Option<tonic_health::server::HealthReporter>,
 }
 
 /// The threads behind the actors, stopped in order at shutdown.
@@ -169,8 +183,10 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         budget: Arc::new(SharedBudget::new(&cfg.retry)),
         bytes_per_token: cfg.policy.bytes_per_token,
     };
+    let picker = picker_server(cfg, &pipeline, &tokenizers)?;
     let state = web::Data::new(AppState {
         pipeline,
+        serves_inference: cfg.picker.http_serves_inference(),
         selector: selector.clone(),
         registry: registry.clone(),
         index: index.clone(),
@@ -202,11 +218,18 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         index,
         lifecycle,
         admission,
-        metrics_addr: metrics.as_ref().map(|(_, a)| *a),
+        side: Arc::new(SideListeners {
+            metrics: metrics.as_ref().map(|(_, a)| *a),
+            ext_proc: picker.as_ref().map(|p| p.ext_proc),
+            grpc_health: picker.as_ref().and_then(|p| p.health),
+            picker_health: picker.as_ref().map(|p| p.reporter.clone()),
+        }),
         events,
     };
+    let mut arbiters = vec![control];
+    arbiters.extend(picker.map(|p| p.arbiter));
     let threads = Threads {
-        arbiters: vec![control],
+        arbiters,
         writer: store.writer,
         metrics: metrics.map(|(server, _)| {
             let handle = server.handle();
@@ -283,9 +306,19 @@ impl Gateway {
         format!("http://{}", self.addr)
     }
 
+    /// Where the endpoint picker's ext_proc gRPC service listens, when it is on.
+    pub fn ext_proc_addr(&self) -> Option<SocketAddr> {
+        self.actors.side.ext_proc
+    }
+
+    /// Where `--grpc-health-port` listens, when given.
+    pub fn grpc_health_addr(&self) -> Option<SocketAddr> {
+        self.actors.side.grpc_health
+    }
+
     /// `http://host:port` of the `--prometheus-port` listener, when there is one.
     pub fn metrics_url(&self) -> Option<String> {
-        self.actors.metrics_addr.map(|a| format!("http://{a}"))
+        self.actors.side.metrics.map(|a| format!("http://{a}"))
     }
 
     #[doc(hidden)]
@@ -326,6 +359,11 @@ impl Gateway {
             .lifecycle
             .shutting_down
             .store(true, std::sync::atomic::Ordering::Release);
+        if let Some(r) = self.actors.side.picker_health.clone() {
+            self.system.arbiter().spawn(async move {
+                crate::picker::set_health(&r, tonic_health::ServingStatus::NotServing).await;
+            });
+        }
         std::thread::sleep(delay);
         let until = Instant::now() + grace;
         while self.actors.admission.in_flight() > 0 && Instant::now() < until {

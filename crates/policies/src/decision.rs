@@ -255,6 +255,26 @@ impl Decision {
         let w = self.worker?;
         self.candidates.iter().find(|c| c.worker == w)
     }
+
+    /// The candidates not chosen and not gated, best first: the longest match, then the
+    /// lowest score, then the fewest in flight (a gateway's retry order that stays
+    /// cache-aware). Policies that score nothing have none.
+    pub fn runners_up(&self) -> Vec<WorkerId> {
+        let mut rest: Vec<&CandidateScore> = self
+            .candidates
+            .iter()
+            .filter(|c| Some(c.worker) != self.worker && !c.gated)
+            .collect();
+        rest.sort_by(|a, b| {
+            let matched = b.matched.unwrap_or(0).cmp(&a.matched.unwrap_or(0));
+            let score = a
+                .score
+                .unwrap_or(f64::INFINITY)
+                .total_cmp(&b.score.unwrap_or(f64::INFINITY));
+            matched.then(score).then(a.in_flight.cmp(&b.in_flight))
+        });
+        rest.into_iter().map(|c| c.worker).collect()
+    }
 }
 
 /// One line for logs: `worker=… path=… match=… credit=… candidates=n`.
@@ -289,5 +309,37 @@ impl fmt::Display for Decision {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runners_up_put_the_longest_match_first_then_the_lowest_score() {
+        let id = |n: u64| WorkerId::from_url(&format!("http://w{n}"));
+        let cand = |n: u64, matched: usize, score: f64, gated: bool| CandidateScore {
+            matched: Some(matched),
+            score: Some(score),
+            gated,
+            ..CandidateScore::new(id(n), 0)
+        };
+        let d = Decision {
+            candidates: vec![
+                cand(0, 9, 0.1, false),
+                cand(1, 0, 0.2, false),
+                cand(2, 4, 0.9, false),
+                cand(3, 4, 0.5, false),
+                cand(4, 9, 0.0, true),
+            ],
+            ..Decision::simple(id(0), DecisionPath::Hit)
+        };
+        assert_eq!(d.runners_up(), vec![id(3), id(2), id(1)]);
+        assert!(
+            Decision::simple(id(0), DecisionPath::Hash)
+                .runners_up()
+                .is_empty()
+        );
     }
 }

@@ -4,12 +4,18 @@
 //! or the grace period is over. While the API server is unreachable nothing changes: the
 //! workers known keep being routed to and health-checked, and the watcher relists when
 //! it comes back.
+//!
+//! With `--inference-pool`, the pool is watched first: each version of its selector and
+//! target port restarts the pods' watch with them, the workers of the old one retired
+//! (drained) first; a pool deleted retires them all.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use kvgate_discovery::{Change, DiscoveryConfig, DiscoveryError};
+use std::collections::BTreeSet;
+
+use kvgate_discovery::{Change, DiscoveryConfig, DiscoveryError, PoolSpec};
 use tracing::{info, warn};
 
 use crate::actors::registry::{
@@ -32,6 +38,14 @@ pub(crate) struct DiscoveryActor {
     selector: Addr<SelectorActor>,
     /// Longest wait for a retired worker's requests before it is dropped anyway.
     grace: Duration,
+    /// The InferencePool that says what to watch, when one is followed.
+    pool: Option<String>,
+    /// With a pool: the client, the pool's last spec and the pods' watch it started.
+    client: Option<kvgate_discovery::Client>,
+    spec: Option<PoolSpec>,
+    pods: Option<SpawnHandle>,
+    /// The workers this actor added and has not retired.
+    known: BTreeSet<String>,
 }
 
 impl std::fmt::Debug for DiscoveryActor {
@@ -61,6 +75,11 @@ impl DiscoveryActor {
             registry: registry.clone(),
             selector: selector.clone(),
             grace: cfg.shutdown_grace_period,
+            pool: cfg.discovery.inference_pool.clone(),
+            client: None,
+            spec: None,
+            pods: None,
+            known: BTreeSet::new(),
         };
         DiscoveryActor::start_in_arbiter(arbiter, move |_| actor);
     }
@@ -69,6 +88,13 @@ impl DiscoveryActor {
         let path = self.kubeconfig.clone();
         let client = async move { kvgate_discovery::client(path.as_deref()).await };
         ctx.spawn(client.into_actor(self).map(|r, act, ctx| match r {
+            Ok(client) if act.pool.is_some() => {
+                let name = act.pool.clone().unwrap_or_default();
+                let namespace = act.watch.resolved_namespace();
+                info!(pool = %name, %namespace, "service discovery: following the InferencePool");
+                ctx.add_stream(kvgate_discovery::pool_specs(client.clone(), &name, &namespace));
+                act.client = Some(client);
+            }
             Ok(client) => {
                 info!(
                     namespace = %act.watch.resolved_namespace(),
@@ -93,6 +119,7 @@ impl DiscoveryActor {
                 namespace,
                 uid,
             } => {
+                self.known.insert(url.clone());
                 // Queued now, so it stays behind a removal of the same URL sent before.
                 let add = self.registry.send(AddDiscovered {
                     url: url.clone(),
@@ -118,6 +145,7 @@ impl DiscoveryActor {
                 );
             }
             Change::Removed(url) => {
+                self.known.remove(&url);
                 let retire = self.registry.send(RetireDiscovered { url });
                 let (registry, selector, grace) =
                     (self.registry.clone(), self.selector.clone(), self.grace);
@@ -173,8 +201,54 @@ impl StreamHandler<Result<Vec<Change>, DiscoveryError>> for DiscoveryActor {
     }
 
     /// The watch stream does not end by itself; should it, a new client starts over.
+    /// Following a pool, the pool's watch restarts the pods' instead.
     fn finished(&mut self, ctx: &mut Self::Context) {
+        if self.pool.is_some() {
+            return;
+        }
         warn!("service discovery: the watch ended; starting over");
+        ctx.run_later(CLIENT_RETRY, |act, ctx| act.connect(ctx));
+    }
+}
+
+impl StreamHandler<Result<Option<PoolSpec>, DiscoveryError>> for DiscoveryActor {
+    fn handle(&mut self, item: Result<Option<PoolSpec>, DiscoveryError>, ctx: &mut Self::Context) {
+        let spec = match item {
+            Ok(spec) => spec,
+            Err(e) => {
+                warn!(error = %e, "service discovery: the InferencePool's watch failed; routing goes on with the workers known");
+                return;
+            }
+        };
+        if spec == self.spec {
+            return;
+        }
+        // The old selector's workers go (drained), then the new one's watch lists its own.
+        if let Some(h) = self.pods.take() {
+            ctx.cancel_future(h);
+        }
+        for url in std::mem::take(&mut self.known) {
+            self.apply(Change::Removed(url), ctx);
+        }
+        self.spec.clone_from(&spec);
+        match (spec, self.client.clone()) {
+            (Some(s), Some(client)) => {
+                self.watch = DiscoveryConfig {
+                    selector: s.selector,
+                    namespace: self.watch.namespace.clone(),
+                    port: s.port,
+                };
+                info!(selector = %self.watch.label_selector(), port = s.port, "service discovery: the InferencePool's engines");
+                self.pods = Some(ctx.add_stream(kvgate_discovery::changes(client, &self.watch)));
+            }
+            _ => warn!("service discovery: no usable InferencePool; no engine from it"),
+        }
+    }
+
+    /// Should the pool's watch end, a new client starts over.
+    fn finished(&mut self, ctx: &mut Self::Context) {
+        warn!("service discovery: the InferencePool's watch ended; starting over");
+        self.spec = None;
         ctx.run_later(CLIENT_RETRY, |act, ctx| act.connect(ctx));
     }
 }

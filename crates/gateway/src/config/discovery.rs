@@ -24,6 +24,10 @@ pub struct DiscoverySection {
     /// A kubeconfig to read instead of the standard resolution (`KUBECONFIG`, then the
     /// in-cluster service account): a gateway run outside the cluster.
     pub service_discovery_kubeconfig: Option<PathBuf>,
+    /// An InferencePool (`inference.networking.k8s.io/v1`) of the namespace whose
+    /// selector and first target port say which pods are the engines, followed as it
+    /// changes; in place of `selector` and `service_discovery_port`.
+    pub inference_pool: Option<String>,
 }
 
 impl Default for DiscoverySection {
@@ -34,6 +38,7 @@ impl Default for DiscoverySection {
             service_discovery_namespace: None,
             service_discovery_port: 8000,
             service_discovery_kubeconfig: None,
+            inference_pool: None,
         }
     }
 }
@@ -69,9 +74,10 @@ fn dns_label(s: &str) -> bool {
 }
 
 impl DiscoverySection {
-    /// What to watch, when discovery is on (the values checked by `validate`).
+    /// What to watch, when discovery is on (the values checked by `validate`); with an
+    /// InferencePool, its selector and port replace these once it is read.
     pub(crate) fn watch(&self) -> Option<DiscoveryConfig> {
-        self.service_discovery.then(|| {
+        (self.service_discovery || self.inference_pool.is_some()).then(|| {
             DiscoveryConfig::new(
                 self.selector.iter().filter_map(|p| label(p)),
                 self.service_discovery_namespace.clone(),
@@ -91,11 +97,22 @@ impl Section for DiscoverySection {
                 );
             }
         }
-        if !self.service_discovery {
+        if let Some(pool) = &self.inference_pool {
+            // A DNS subdomain, as every object name.
+            if pool.len() > 253 || !pool.split('.').all(dns_label) {
+                return invalid("inference_pool", "must be a Kubernetes object name");
+            }
+            if !self.selector.is_empty() {
+                return invalid(
+                    "selector",
+                    "the InferencePool's selector is used: give either --selector or --inference-pool",
+                );
+            }
+        } else if !self.service_discovery {
             return Ok(());
         }
         // Every pod of the namespace would be taken for an engine.
-        if self.selector.is_empty() {
+        if self.selector.is_empty() && self.inference_pool.is_none() {
             return invalid(
                 "selector",
                 "--service-discovery needs at least one key=value label",
@@ -165,5 +182,21 @@ mod tests {
         s.service_discovery_namespace = Some("ml-serving".into());
         assert_eq!(key_of(&s), None);
         assert_eq!(s.watch().unwrap().namespace.as_deref(), Some("ml-serving"));
+    }
+
+    #[test]
+    fn an_inference_pool_turns_discovery_on_in_place_of_the_selector() {
+        let pool = |name: &str| DiscoverySection {
+            inference_pool: Some(name.into()),
+            ..DiscoverySection::default()
+        };
+        let s = pool("vllm-llama");
+        assert_eq!(key_of(&s), None);
+        assert!(s.watch().is_some(), "on without --service-discovery");
+        assert_eq!(key_of(&pool("Bad_Name")), Some("inference_pool"));
+        assert_eq!(key_of(&pool("")), Some("inference_pool"));
+        let mut both = pool("p");
+        both.selector = vec!["app=x".into()];
+        assert_eq!(key_of(&both), Some("selector"));
     }
 }

@@ -11,7 +11,7 @@ use thiserror::Error;
 use crate::actors::registry::RegistryError;
 use crate::actors::selector::SelectError;
 use crate::facts::FactsError;
-use crate::pipeline::{AdmitError, DispatchError};
+use crate::pipeline::{AdmitError, DispatchError, error_body};
 use crate::upstream::UpstreamError;
 
 /// Every error the gateway itself answers with. Upstream error bodies never pass through
@@ -92,13 +92,7 @@ impl ApiError {
                 ("invalid_request_error", "unsupported_media_type")
             }
             ApiError::WorkerNotAllowed { .. } => ("permission_error", "worker_not_allowed"),
-            ApiError::Admission(AdmitError::QueueFull { .. }) => ("rate_limit_error", "queue_full"),
-            ApiError::Admission(AdmitError::QueueTimeout { .. }) => {
-                ("service_unavailable", "queue_timeout")
-            }
-            ApiError::Admission(AdmitError::RateLimited { .. }) => {
-                ("rate_limit_error", "rate_limited")
-            }
+            ApiError::Admission(e) => e.kind(),
             ApiError::Upstream { .. } => ("upstream_error", "upstream_failed"),
             ApiError::UpstreamTimeout { .. } => ("upstream_error", "upstream_timeout"),
             ApiError::ActorGone(_) | ApiError::Internal(_) => ("internal_error", "internal_error"),
@@ -122,7 +116,7 @@ impl ApiError {
     /// The JSON body.
     pub fn body(&self) -> serde_json::Value {
         let (kind, code) = self.kind();
-        json!({"error": {"message": self.client_message(), "type": kind, "code": code}})
+        error_body(&self.client_message(), kind, code)
     }
 
     /// The JSON body with the request's id, which the log's lines for it carry too; also

@@ -17,6 +17,7 @@ use crate::http::error::ApiError;
 use crate::http::intake;
 use crate::http::proxy::{self, Upstream};
 use crate::http::state::{AppState, RequestId, read_body};
+use crate::metrics::Door;
 use crate::pipeline::{Job, RunError};
 use crate::upstream::Pool;
 
@@ -118,6 +119,10 @@ async fn proxy_request(
     arrived: Instant,
     seen: &mut Seen,
 ) -> Result<HttpResponse, ApiError> {
+    // In picker mode the gateway in front proxies; this port keeps its admin routes.
+    if !state.serves_inference {
+        return Err(ApiError::RouteNotFound(endpoint.path().to_owned()));
+    }
     state.keys.client(&req)?;
     let peer = state.proxies.client_ip(&req);
     let admission = &state.pipeline.admission;
@@ -145,6 +150,7 @@ async fn proxy_request(
             .get::<RequestId>()
             .map_or_else(|| Arc::from(""), |r| r.0.clone()),
         arrived,
+        door: Door::Http,
     };
     let up = Upstream {
         pool: &pool,

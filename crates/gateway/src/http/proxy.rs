@@ -202,6 +202,7 @@ pub(crate) async fn forward(
         dispatch,
         note,
         number,
+        ..
     } = attempt;
     let mut call = Call {
         up,

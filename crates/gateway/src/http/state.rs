@@ -31,6 +31,8 @@ pub(crate) struct AppState {
     /// Admission, decisions, retries and the decision log, shared with any other front
     /// door.
     pub pipeline: Pipeline,
+    /// The inference routes are served (not in picker mode, unless asked).
+    pub serves_inference: bool,
     pub selector: Addr<SelectorActor>,
     pub registry: Addr<RegistryActor>,
     pub index: Addr<IndexActor>,

@@ -17,15 +17,20 @@ fn each_dispatched_path_counts_under_its_own_name() {
         }
     }
     let m = Metrics::default();
-    m.dispatched(Hit, 1);
-    m.dispatched(Miss, 2);
-    m.dispatched(NoWorker, 1);
+    m.dispatched(Hit, 1, super::Door::Http);
+    m.dispatched(Miss, 2, super::Door::ExtProc);
+    m.dispatched(NoWorker, 1, super::Door::Http);
     let counts = m.decision_counts();
     let count = |p: &str| counts.iter().find(|(n, _)| *n == p).map(|(_, c)| *c);
     assert_eq!(count("hit"), Some(1));
     assert_eq!(count("miss"), Some(0));
     assert_eq!(count("retry"), Some(1));
     assert_eq!(m.retries.get(), 1);
+    let text = m.encode(&Fleet::default()).expect("encodes");
+    for (door, n) in [("http", 2), ("ext_proc", 1)] {
+        let line = format!("kvgate_front_door_decisions_total{{door=\"{door}\"}} {n}");
+        assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+    }
 }
 
 #[test]

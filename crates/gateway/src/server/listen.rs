@@ -1,10 +1,14 @@
 //! The listeners: the gateway's HTTP server (actix-http's HTTP/1 service over `Intake`
 //! connections, the routing actors started by its first thread) and the keyless
-//! `--prometheus-port` one.
+//! `--prometheus-port` one, and the endpoint picker's gRPC listeners (`--ext-proc-port`,
+//! `--grpc-health-port`).
 
+use crate::actors::tokenizers::Tokenizers;
 use crate::config::GatewayConfig;
 use crate::http::intake::Intake;
 use crate::http::state::AppState;
+use crate::picker::{self, Picker, set_health};
+use crate::pipeline::Pipeline;
 use crate::upstream::Pool;
 use actix_http::error::DispatchError;
 use actix_http::{Extensions, HttpService};
@@ -134,4 +138,83 @@ pub(super) fn http_server(
         })
         .map_err(|source| StartError::Bind { addr, source })?;
     Ok(builder.run())
+}
+
+/// The endpoint picker, running on its own arbiter: its listeners' addresses and the
+/// health statuses it answers.
+pub(super) struct PickerRun {
+    pub arbiter: actix::Arbiter,
+    pub ext_proc: SocketAddr,
+    pub health: Option<SocketAddr>,
+    pub reporter: tonic_health::server::HealthReporter,
+}
+
+/// Binds `--ext-proc-port` (and `--grpc-health-port`) and serves the picker on a thread
+/// of its own, so a burst of picks never waits behind HTTP work; `None` when off.
+pub(super) fn picker_server(
+    cfg: &GatewayConfig,
+    pipeline: &Pipeline,
+    tokenizers: &Arc<Tokenizers>,
+) -> Result<Option<PickerRun>, StartError> {
+    let Some(port) = cfg.picker.ext_proc_port else {
+        return Ok(None);
+    };
+    let bind = |port: u16| {
+        let addr = format!("{}:{port}", cfg.picker.ext_proc_host);
+        let l = std::net::TcpListener::bind(&addr).map_err(|source| StartError::Bind {
+            addr: addr.clone(),
+            source,
+        })?;
+        let a = l
+            .local_addr()
+            .map_err(|source| StartError::Bind { addr, source })?;
+        Ok::<_, StartError>((l, a))
+    };
+    let (ext_proc, ext_proc_addr) = bind(port)?;
+    let health = cfg.picker.grpc_health_port.map(bind).transpose()?;
+    let picker = Picker {
+        pipeline: pipeline.clone(),
+        tokenizers: tokenizers.clone(),
+        reads_prompt: cfg.policy.kind.reads_prompt(),
+        max_body: cfg.max_payload_size,
+    };
+    let tls = picker_tls(cfg)?;
+    let (reporter, service) = tonic_health::server::health_reporter();
+    let arbiter = actix::Arbiter::new();
+    let ready = reporter.clone();
+    let health_addr = health.as_ref().map(|(_, a)| *a);
+    arbiter.spawn(async move {
+        set_health(&ready, tonic_health::ServingStatus::Serving).await;
+        picker::serve(picker, service, tls, ext_proc, health.map(|(l, _)| l)).await;
+    });
+    tracing::info!(addr = %ext_proc_addr, "endpoint picker (ext_proc) listening");
+    Ok(Some(PickerRun {
+        arbiter,
+        ext_proc: ext_proc_addr,
+        health: health_addr,
+        reporter,
+    }))
+}
+
+/// The ext_proc port's TLS identity, read and checked once at start.
+fn picker_tls(cfg: &GatewayConfig) -> Result<Option<tonic::transport::Identity>, StartError> {
+    let (Some(cert), Some(key)) = (&cfg.picker.ext_proc_tls_cert, &cfg.picker.ext_proc_tls_key)
+    else {
+        return Ok(None);
+    };
+    let read = |p: &std::path::Path| {
+        std::fs::read(p).map_err(|e| StartError::PickerTls {
+            path: p.display().to_string(),
+            reason: e.to_string(),
+        })
+    };
+    let identity = tonic::transport::Identity::from_pem(read(cert)?, read(key)?);
+    // Tried here so a bad pair fails the start, not the listener.
+    tonic::transport::Server::builder()
+        .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity.clone()))
+        .map_err(|e| StartError::PickerTls {
+            path: cert.display().to_string(),
+            reason: e.to_string(),
+        })?;
+    Ok(Some(identity))
 }

@@ -522,6 +522,48 @@ pub(super) const FLAGS: &[(&str, &str, Kind, &str)] = &[
         "A kubeconfig file instead of KUBECONFIG or the in-cluster service account",
     ),
     (
+        "inference-pool",
+        "inference_pool",
+        Kind::Text,
+        "Take the engines' labels and port from this InferencePool (inference.networking.k8s.io/v1) and follow it",
+    ),
+    (
+        "ext-proc-port",
+        "ext_proc_port",
+        Kind::Int,
+        "Serve as an Envoy ext_proc endpoint picker (gRPC, h2c) on this port",
+    ),
+    (
+        "ext-proc-host",
+        "ext_proc_host",
+        Kind::Text,
+        "Where the --ext-proc-port and --grpc-health-port listeners bind (default 127.0.0.1)",
+    ),
+    (
+        "ext-proc-tls-cert",
+        "ext_proc_tls_cert",
+        Kind::Text,
+        "PEM certificate chain: the ext_proc port speaks TLS (with --ext-proc-tls-key)",
+    ),
+    (
+        "ext-proc-tls-key",
+        "ext_proc_tls_key",
+        Kind::Text,
+        "PEM private key of --ext-proc-tls-cert",
+    ),
+    (
+        "http-inference",
+        "http_inference",
+        Kind::Switch,
+        "With --ext-proc-port, keep serving the inference routes on the HTTP port too",
+    ),
+    (
+        "grpc-health-port",
+        "grpc_health_port",
+        Kind::Int,
+        "Also serve grpc.health.v1.Health alone on this port (needs --ext-proc-port)",
+    ),
+    (
         "demo",
         "demo",
         Kind::Switch,
