@@ -61,6 +61,8 @@ pub struct GatewayConfig {
     pub worker_urls: Vec<String>,
     /// Where persistent state lives.
     pub data_dir: PathBuf,
+    /// The most memory the store's page cache (sled) may hold, in bytes.
+    pub store_cache_bytes: u64,
     /// The log filter (`info`, `debug`, per-module directives); the binary reads it,
     /// the library only carries it.
     pub log_level: String,
@@ -152,6 +154,7 @@ impl Default for GatewayConfig {
             port: 30000,
             worker_urls: Vec::new(),
             data_dir: PathBuf::from("./kvgate-data"),
+            store_cache_bytes: kvgate_store::DEFAULT_CACHE_BYTES,
             log_level: "info".into(),
             log_json: false,
             max_payload_size: 64 * 1024 * 1024,
@@ -323,6 +326,9 @@ impl GatewayConfig {
             if let Err(e) = kvgate_core::WorkerUrl::parse(u) {
                 return invalid("worker_urls", e.to_string());
             }
+        }
+        if self.store_cache_bytes < 1024 * 1024 {
+            return invalid("store_cache_bytes", "must be at least 1 MiB (1048576)");
         }
         if self.max_payload_size == 0 {
             return invalid("max_payload_size", "must be at least 1 byte");

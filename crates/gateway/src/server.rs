@@ -117,8 +117,9 @@ impl Threads {
     }
 }
 
-/// Starts the actors and the HTTP server inside the current actix System.
-async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threads), StartError> {
+/// The gateway's listener, refused on a non-loopback address with an open admin. Bound
+/// first: a taken port fails the start before any thread or store is opened.
+fn bind_listener(cfg: &GatewayConfig) -> Result<(std::net::TcpListener, SocketAddr), StartError> {
     if cfg.access.control_plane_api_keys.is_empty()
         && !cfg.access.allow_open_admin
         && !loopback(&cfg.host)
@@ -127,7 +128,6 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
             host: cfg.host.clone(),
         });
     }
-    // Bound first: a taken port fails the start before any thread or store is opened.
     let bind = format!("{}:{}", cfg.host, cfg.port);
     let listener = std::net::TcpListener::bind(&bind).map_err(|source| StartError::Bind {
         addr: bind.clone(),
@@ -136,6 +136,12 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
     let addr = listener
         .local_addr()
         .map_err(|source| StartError::Bind { addr: bind, source })?;
+    Ok((listener, addr))
+}
+
+/// Starts the actors and the HTTP server inside the current actix System.
+async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threads), StartError> {
+    let (listener, addr) = bind_listener(cfg)?;
     warn_about_blind_spots(cfg);
     let epoch = Instant::now();
     let store = open_store(cfg);

@@ -62,12 +62,12 @@ fn piece_key(generation: u64, seq: u32, piece: u32) -> [u8; 16] {
 
 /// sled's file lock outlives a closed handle by a moment (its flusher thread), so a store
 /// that was just closed, by a gateway that stopped or a test, gets a few tries.
-fn open_db(path: &Path) -> sled::Result<sled::Db> {
+fn open_db(path: &Path, cache_bytes: u64) -> sled::Result<sled::Db> {
     let mut tries = 0;
     loop {
         let r = sled::Config::new()
             .path(path)
-            .cache_capacity(64 * 1024 * 1024)
+            .cache_capacity(cache_bytes)
             .open();
         match r {
             Err(sled::Error::Io(_)) if tries < 20 => {
@@ -79,15 +79,43 @@ fn open_db(path: &Path) -> sled::Result<sled::Db> {
     }
 }
 
+/// How a store is opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreOptions {
+    /// The most memory sled's page cache may hold, in bytes. sled 0.34's own default is
+    /// 1 GiB, which a gateway's resident memory would have to budget for.
+    pub cache_bytes: u64,
+}
+
+/// The page cache a store gets unless told otherwise.
+pub const DEFAULT_CACHE_BYTES: u64 = 64 * 1024 * 1024;
+
+impl Default for StoreOptions {
+    fn default() -> StoreOptions {
+        StoreOptions {
+            cache_bytes: DEFAULT_CACHE_BYTES,
+        }
+    }
+}
+
 impl Store {
     /// Opens (or creates) the store in `dir/store` and checks its format version.
     pub fn open(dir: &Path) -> Result<Store, StoreError> {
-        Store::open_here(dir, true)
+        Store::open_with(dir, StoreOptions::default())
+    }
+
+    /// [`Store::open`] with `options`.
+    pub fn open_with(dir: &Path, options: StoreOptions) -> Result<Store, StoreError> {
+        Store::open_here(dir, true, options)
     }
 
     /// `stamp`: write the format version into a new store; an inspection reads the store
     /// as it is. Any other format is refused, naming the version found.
-    pub(crate) fn open_here(dir: &Path, stamp: bool) -> Result<Store, StoreError> {
+    pub(crate) fn open_here(
+        dir: &Path,
+        stamp: bool,
+        options: StoreOptions,
+    ) -> Result<Store, StoreError> {
         let path = dir.join("store");
         let p = path.display().to_string();
         let sled_err = |e| StoreError::backend(&p, e);
@@ -95,7 +123,7 @@ impl Store {
             path: dir.display().to_string(),
             source,
         })?;
-        let db = open_db(&path).map_err(sled_err)?;
+        let db = open_db(&path, options.cache_bytes.max(1)).map_err(sled_err)?;
         let meta = db.open_tree("meta").map_err(sled_err)?;
         let index = db.open_tree("index").map_err(sled_err)?;
         let events = db.open_tree("events").map_err(sled_err)?;

@@ -71,7 +71,7 @@ pub fn inspect(dir: &Path) -> Result<StoreSummary, StoreError> {
             source: std::io::Error::new(std::io::ErrorKind::NotFound, "no kvgate store here"),
         });
     }
-    let store = Store::open_here(dir, false)?;
+    let store = Store::open_here(dir, false, crate::db::StoreOptions::default())?;
     let image = store.load()?;
     let registry = store.registry()?;
     let mut models = Vec::new();

@@ -40,12 +40,12 @@ mod open;
 pub mod testing;
 mod writer;
 
-pub use db::Store;
+pub use db::{DEFAULT_CACHE_BYTES, Store, StoreOptions};
 pub use error::{BackendError, StoreError};
 pub use image::{
     ChainChunk, Chunk, EventsHeader, EventsImage, FORMAT_VERSION, Image, ImageHeader, RankStamp,
     RegistryImage, WorkerStamp,
 };
 pub use inspect::{EventsSummary, ModelSummary, RankSummary, StoreSummary, WorkerSummary, inspect};
-pub use open::{Opened, open_or_reset};
+pub use open::{Opened, open_or_reset, open_or_reset_with};
 pub use writer::{Loaded, Persist, PersistStats, Persister, spawn};

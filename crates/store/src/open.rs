@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use crate::db::Store;
+use crate::db::{Store, StoreOptions};
 use crate::error::StoreError;
 use kvgate_core::clock::unix_now;
 
@@ -27,8 +27,9 @@ pub struct Opened {
 /// bring back workers removed through the API and forget those added.
 fn open_and_load(
     dir: &Path,
+    options: StoreOptions,
 ) -> Result<(Store, Option<Image>), (StoreError, Option<RegistryImage>)> {
-    let store = Store::open(dir).map_err(|e| (e, None))?;
+    let store = Store::open_with(dir, options).map_err(|e| (e, None))?;
     match store.load() {
         Ok(image) => Ok((store, image)),
         Err(e) => {
@@ -43,8 +44,13 @@ fn open_and_load(
 /// starting; a store that cannot be reached for I/O reasons is left alone and kvgate runs
 /// without persistence.
 pub fn open_or_reset(dir: &Path) -> Opened {
+    open_or_reset_with(dir, StoreOptions::default())
+}
+
+/// [`open_or_reset`] with `options`.
+pub fn open_or_reset_with(dir: &Path, options: StoreOptions) -> Opened {
     let mut out = Opened::default();
-    let (store, image) = match open_and_load(dir) {
+    let (store, image) = match open_and_load(dir, options) {
         Ok(x) => x,
         Err((e, kept)) if e.fixed_by_reset() => {
             let src = dir.join("store");
@@ -55,7 +61,7 @@ pub fn open_or_reset(dir: &Path) -> Opened {
                 ));
                 return out;
             }
-            match Store::open(dir) {
+            match Store::open_with(dir, options) {
                 Ok(s) => {
                     let registry = match kept.filter(|r| *r != RegistryImage::default()) {
                         None => "",

@@ -124,6 +124,18 @@ fn bad_config_names_the_key() {
 }
 
 #[test]
+fn the_store_cache_is_a_budget_of_at_least_a_mebibyte() {
+    let e = env(&[("KVGATE_STORE_CACHE_BYTES", "8388608")]);
+    let c = GatewayConfig::load(None, &e, vec![]).unwrap();
+    assert_eq!(c.store_cache_bytes, 8 << 20);
+    assert_eq!(
+        GatewayConfig::default().store_cache_bytes,
+        kvgate_store::DEFAULT_CACHE_BYTES
+    );
+    assert!(load_err("store_cache_bytes = 1000\n", &[]).contains("store_cache_bytes"));
+}
+
+#[test]
 fn defaults_are_valid() {
     let c = GatewayConfig::load(None, &HashMap::new(), vec![]).unwrap();
     assert_eq!(c, GatewayConfig::default());

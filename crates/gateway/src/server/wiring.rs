@@ -74,7 +74,12 @@ pub(super) fn open_store(cfg: &GatewayConfig) -> Persistence {
         events,
         registry,
         problems,
-    } = kvgate_store::open_or_reset(&cfg.data_dir);
+    } = kvgate_store::open_or_reset_with(
+        &cfg.data_dir,
+        kvgate_store::StoreOptions {
+            cache_bytes: cfg.store_cache_bytes,
+        },
+    );
     for p in problems {
         error!("{p}");
     }

@@ -41,6 +41,12 @@ pub(super) const FLAGS: &[(&str, &str, Kind, &str)] = &[
         "Where the prefix index and the worker registry are kept (sled)",
     ),
     (
+        "store-cache-bytes",
+        "store_cache_bytes",
+        Kind::Int,
+        "Most memory the store's page cache (sled) holds, in bytes",
+    ),
+    (
         "log-level",
         "log_level",
         Kind::Text,

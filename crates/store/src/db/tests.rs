@@ -89,6 +89,26 @@ fn chunks_larger_than_a_piece_come_back_whole_and_in_order() {
 }
 
 #[test]
+fn a_snapshot_larger_than_the_page_cache_comes_back_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let small = StoreOptions {
+        cache_bytes: 1 << 20,
+    };
+    let chunks: Vec<Chunk> = (0..40).map(big_chunk).collect();
+    let bytes: usize = chunks
+        .iter()
+        .map(|c| kvgate_kv_index::encode(c).unwrap().len())
+        .sum();
+    assert!(bytes as u64 > small.cache_bytes, "{bytes} bytes");
+    {
+        let s = Store::open_with(dir.path(), small).unwrap();
+        write(&s, 2, &chunks);
+    }
+    let s = Store::open_with(dir.path(), small).unwrap();
+    assert_eq!(s.load().unwrap().unwrap().chunks, chunks);
+}
+
+#[test]
 fn a_store_of_an_older_format_is_refused_naming_its_version() {
     // Formats 1 and 2 held bincode bytes, which this build does not read.
     for old in [1u32, 2] {
