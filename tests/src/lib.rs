@@ -32,6 +32,23 @@ impl std::fmt::Debug for Harness {
     }
 }
 
+/// An engine that publishes KV events (and answers replays) on OS-picked ports and reports
+/// cached tokens in its answers.
+pub fn publishing_engine() -> SimConfig {
+    SimConfig {
+        max_running_requests: 16,
+        enable_cache_report: true,
+        kv_events_port: Some(0),
+        kv_events_replay_port: Some(0),
+        ..SimConfig::default()
+    }
+}
+
+/// A prompt of `n` token ids that no prompt of another `k` starts with.
+pub fn unique_tokens(k: u32, n: u32) -> Vec<u32> {
+    (0..n).map(|i| 1000 + k * 5000 + i).collect()
+}
+
 /// A gateway config for tests: loopback, OS-picked port, one HTTP thread, a temp data dir.
 pub fn test_config(dir: &tempfile::TempDir) -> GatewayConfig {
     GatewayConfig {

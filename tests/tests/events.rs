@@ -9,22 +9,18 @@
 
 use kvgate_engine_sim::{SimConfig, SimFleet, engine_of};
 use kvgate_gateway::Gateway;
-use kvgate_tests::{generate_on, get, post_json, test_config, until_workers, workers};
+use kvgate_tests::{
+    generate_on, get, post_json, publishing_engine, test_config, unique_tokens, until_workers,
+    workers,
+};
 use serde_json::{Value, json};
 
 fn engine() -> SimConfig {
-    SimConfig {
-        max_running_requests: 16,
-        enable_cache_report: true,
-        kv_events_port: Some(0),
-        kv_events_replay_port: Some(0),
-        ..SimConfig::default()
-    }
+    publishing_engine()
 }
 
-/// A prompt of `n` token ids no other prompt here starts with.
 fn prefix(k: u32, n: u32) -> Vec<u32> {
-    (0..n).map(|i| 1000 + k * 5000 + i).collect()
+    unique_tokens(k, n)
 }
 
 fn blocks_of(ws: &[Value], url: &str) -> u64 {

@@ -9,24 +9,21 @@
 
 use kvgate_engine_sim::{SimConfig, SimFleet};
 use kvgate_gateway::{Gateway, GatewayConfig};
-use kvgate_tests::{generate_on, post_json, test_config, until_workers};
+use kvgate_tests::{
+    generate_on, post_json, publishing_engine, test_config, unique_tokens, until_workers,
+};
 use serde_json::{Value, json};
 
 /// Engines that keep only `buffer` batches per rank for replay.
 fn engine(buffer: usize) -> SimConfig {
     SimConfig {
-        max_running_requests: 16,
-        enable_cache_report: true,
-        kv_events_port: Some(0),
-        kv_events_replay_port: Some(0),
         kv_events_replay_buffer: buffer,
-        ..SimConfig::default()
+        ..publishing_engine()
     }
 }
 
-/// A prompt of `n` token ids no other prompt here starts with.
 fn prefix(k: u32, n: u32) -> Vec<u32> {
-    (0..n).map(|i| 1000 + k * 5000 + i).collect()
+    unique_tokens(k, n)
 }
 
 fn events_of<'a>(ws: &'a [Value], url: &str) -> &'a Value {
