@@ -161,3 +161,36 @@ async fn a_fleet_wide_burst_of_503s_leaves_no_blackout() {
         "{metrics}"
     );
 }
+
+#[actix_rt::test]
+async fn a_restarted_engine_is_routed_to_again_without_waiting_out_its_circuit() {
+    let mut h = round_robin(2, |c| {
+        c.health.interval = Duration::from_millis(100);
+        c.circuit.failure_threshold = 1;
+        c.circuit.open_for = Duration::from_secs(3600);
+    });
+    let url = h.fleet.urls()[0].clone();
+    h.fleet.handle(0).kill().await;
+    // Its refusals open its circuit; every request is served by the other engine.
+    for i in 0..4 {
+        assert_eq!(complete(&h, i).await.status.as_u16(), 200);
+    }
+    until_workers(&h.gw, "the killed engine's circuit open", |ws| {
+        circuit_of(ws, &url) == "open"
+    })
+    .await;
+    h.fleet.revive(0).expect("the engine starts again");
+    until_workers(&h.gw, "the restarted engine routable", |ws| {
+        circuit_of(ws, &url) == "closed"
+            && ws.iter().any(|w| w["url"] == url && w["healthy"] == true)
+    })
+    .await;
+    for i in 4..12 {
+        assert_eq!(complete(&h, i).await.status.as_u16(), 200);
+    }
+    assert_eq!(
+        h.fleet.engine(0).stats().http_requests,
+        4,
+        "round robin: half of 8"
+    );
+}

@@ -7,6 +7,8 @@
 //! know no HTTP types; the load poller is an actor of its own crate (`kvgate-poller`).
 //! Each actor's `MAILBOX` constant says how deep its mailbox is and why, by message.
 
+#[cfg(feature = "fault-injection")]
+pub(crate) mod crash;
 pub(crate) mod discovery;
 pub(crate) mod events;
 pub(crate) mod index;

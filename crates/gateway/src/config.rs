@@ -253,7 +253,10 @@ impl GatewayConfig {
         env: &HashMap<String, String>,
         overrides: Overrides,
     ) -> Result<GatewayConfig, ConfigError> {
-        let mut b = config::Config::builder();
+        // A `[policy]` table that names knobs but no kind deserializes from the library's
+        // default (round_robin); the gateway's default kind must hold there too.
+        let mut b = config::Config::builder()
+            .set_default("policy.kind", GatewayConfig::default().policy.kind.name())?;
         if let Some(path) = file {
             b = b.add_source(config::File::from(path).format(config::FileFormat::Toml));
         }

@@ -62,10 +62,11 @@ pub mod testing {
     pub use crate::server::Actors;
     pub use kvgate_core::Endpoint;
 
-    /// Messages that make a routing actor's next step panic, and the count of request
+    /// Messages that make an actor's next step panic, and the count of request
     /// bodies read for routing (feature `fault-injection`).
     #[cfg(feature = "fault-injection")]
     pub mod inject {
+        pub use crate::actors::crash::{ActorCrash, crash_tokenizer};
         pub use crate::actors::index::Crash as IndexCrash;
         pub use crate::actors::index::HoldRebuild;
         pub use crate::actors::index::InjectPanic as IndexPanic;

@@ -21,6 +21,7 @@ use crate::actors::index::IndexActor;
 use crate::actors::registry::RegistryActor;
 use crate::actors::selector::SelectorActor;
 use crate::actors::supervise::Supervision;
+use crate::actors::tokenizers::TokenizerActor;
 use crate::config::{ConfigError, GatewayConfig};
 use crate::http::auth::{AllowList, Keys};
 use crate::http::forwarded::TrustedProxies;
@@ -34,7 +35,8 @@ mod wiring;
 
 use listen::{http_server, metrics_server, picker_server};
 use wiring::{
-    control_actors, open_store, register, routing_actors, startup_workers, warn_about_blind_spots,
+    ControlActors, control_actors, open_store, register, routing_actors, startup_workers,
+    warn_about_blind_spots,
 };
 
 #[derive(Debug, Error)]
@@ -79,6 +81,9 @@ pub struct Actors {
     /// The side listeners, kept behind one pointer (a `Gateway` is moved by value).
     pub(crate) side: Arc<SideListeners>,
     pub events: Addr<EventsActor>,
+    /// For the tests' injected panics.
+    #[cfg_attr(not(feature = "fault-injection"), expect(dead_code))]
+    pub(crate) loader: Addr<TokenizerActor>,
 }
 
 /// Where the listeners beside the gateway's own port are.
@@ -157,14 +162,20 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
     );
     let control = Arbiter::new();
     let workers = startup_workers(cfg, &store.registry);
-    let (registry, poller, events, tokenizers) = control_actors(
+    let ControlActors {
+        registry,
+        poller,
+        events,
+        tokenizers,
+        loader,
+    } = control_actors(
         cfg,
         epoch,
         &control,
         (&index, &selector),
         store.persister,
         (store.registry, store.events),
-        &metrics,
+        (&metrics, &supervision),
     );
     let mut routing = routing;
     routing
@@ -177,7 +188,13 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
     let guard = ConnectGuard::new(allow.connect_judge());
     register(&registry, (&index, &events), workers, (&allow, &guard)).await;
     // After the configured workers: a pod at one of their addresses is theirs.
-    DiscoveryActor::start_if_on(cfg, &control.handle(), &registry, &selector);
+    DiscoveryActor::start_if_on(
+        cfg,
+        &control.handle(),
+        &registry,
+        &selector,
+        supervision.clone(),
+    );
     let lifecycle = Arc::new(Lifecycle::default());
     let admission = Arc::new(Admission::new(&cfg.admission));
     let pipeline = Pipeline {
@@ -231,6 +248,7 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
             picker_health: picker.as_ref().map(|p| p.reporter.clone()),
         }),
         events,
+        loader,
     };
     let mut arbiters = vec![control];
     arbiters.extend(picker.map(|p| p.arbiter));

@@ -6,7 +6,8 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use actix::{
-    Actor, ActorFutureExt, AsyncContext, Context, Handler, Message, Recipient, WrapFuture,
+    Actor, ActorFutureExt, AsyncContext, Context, Handler, Message, Recipient, Supervised,
+    WrapFuture,
 };
 use awc::Client;
 use kvgate_policies::{WorkerId, WorkerLoad};
@@ -229,6 +230,17 @@ impl Actor for LoadPoller {
     fn started(&mut self, ctx: &mut Context<Self>) {
         self.client = Some(crate::fetch::client(self.cfg.timeout));
         ctx.run_interval(self.cfg.interval, |act, ctx| act.tick(ctx));
+    }
+}
+
+/// Under actix's `Supervisor` (or any supervisor that restarts the context): the polls that
+/// were running went with the old context, so no target waits on one; `started` arms the
+/// tick again.
+impl Supervised for LoadPoller {
+    fn restarting(&mut self, _: &mut Context<Self>) {
+        for t in self.targets.values_mut() {
+            t.polling = false;
+        }
     }
 }
 

@@ -4,6 +4,7 @@
 //! gateway's memory and in-flight counts.
 
 use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -53,6 +54,21 @@ pub(crate) struct SoakReport {
     pub index_units_end: u64,
     /// Summed over workers at the end, once the traffic is over.
     pub in_flight_end: u64,
+    /// Every failure by what the client saw (`status 503`, `connect: …`, `body: …`), so a
+    /// loss in the gateway can be told from one in the load's own client.
+    pub failures: BTreeMap<String, u64>,
+    /// Failures counted by the minute their request was sent in.
+    pub failed_every_minute: Vec<u64>,
+}
+
+impl SoakReport {
+    fn fail(&mut self, minute: usize, what: String) {
+        *self.failures.entry(what).or_default() += 1;
+        if self.failed_every_minute.len() <= minute {
+            self.failed_every_minute.resize(minute + 1, 0);
+        }
+        self.failed_every_minute[minute] += 1;
+    }
 }
 
 enum Kind {
@@ -78,7 +94,7 @@ fn question(i: u64, bytes: usize) -> String {
 async fn one(
     client: &awc::Client,
     url: &str,
-    (i, prompt_bytes): (u64, usize),
+    (i, prompt_bytes, minute): (u64, usize, usize),
     kind: Kind,
     r: &RefCell<SoakReport>,
 ) {
@@ -94,8 +110,15 @@ async fn one(
     let resp = client.post(url).send_json(&body).await;
     let mut resp = match resp {
         Ok(resp) if resp.status().as_u16() == 200 => resp,
-        _ => {
+        other => {
             let mut r = r.borrow_mut();
+            r.fail(
+                minute,
+                match other {
+                    Ok(resp) => format!("status {}", resp.status().as_u16()),
+                    Err(e) => format!("send: {e}"),
+                },
+            );
             if stream {
                 r.failed_streams_not_started += 1;
             } else {
@@ -106,16 +129,18 @@ async fn one(
     };
     match kind {
         Kind::Plain => {
-            let ok = resp
-                .body()
-                .limit(1 << 20)
-                .await
-                .is_ok_and(|b| !b.is_empty());
+            let body = resp.body().limit(1 << 20).await;
             let mut r = r.borrow_mut();
-            if ok {
-                r.ok += 1;
-            } else {
-                r.failed_plain += 1;
+            match body {
+                Ok(b) if !b.is_empty() => r.ok += 1,
+                Ok(_) => {
+                    r.fail(minute, "empty body".to_owned());
+                    r.failed_plain += 1;
+                }
+                Err(e) => {
+                    r.fail(minute, format!("body: {e}"));
+                    r.failed_plain += 1;
+                }
             }
         }
         Kind::HangUp => {
@@ -137,8 +162,10 @@ async fn one(
             if text.trim_end().ends_with("data: [DONE]") {
                 r.ok += 1;
             } else if first {
+                r.fail(minute, "stream: no first byte".to_owned());
                 r.failed_streams_not_started += 1;
             } else {
+                r.fail(minute, "stream: cut".to_owned());
                 r.broken_streams_started += 1;
             }
         }
@@ -232,12 +259,13 @@ pub(crate) fn run(s: &SoakSettings) -> anyhow::Result<SoakReport> {
                 report.borrow_mut().sent += 1;
                 let (client, url, report) = (client.clone(), url.clone(), report.clone());
                 let prompt_bytes = s.prompt_bytes;
+                let minute = (started.elapsed().as_secs() / 60) as usize;
                 #[expect(
                     clippy::disallowed_methods,
                     reason = "the load's clients are joined before the soak reports"
                 )]
                 let task = actix_rt::spawn(async move {
-                    one(&client, &url, (i, prompt_bytes), kind, &report).await;
+                    one(&client, &url, (i, prompt_bytes, minute), kind, &report).await;
                 });
                 tasks.push(task);
                 tasks.retain(|t| !t.is_finished());

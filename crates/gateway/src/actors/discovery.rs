@@ -10,6 +10,7 @@
 //! (drained) first; a pool deleted retires them all.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
@@ -22,6 +23,7 @@ use crate::actors::registry::{
     AddDiscovered, DropDiscovered, PodRef, RegistryActor, RetireDiscovered,
 };
 use crate::actors::selector::{GetWorkerStates, SelectorActor, worker_state};
+use crate::actors::supervise::{Supervision, run_watched};
 use crate::config::GatewayConfig;
 
 /// How long after a failure to build the client (no kubeconfig yet, a bad one) it is
@@ -65,6 +67,7 @@ impl DiscoveryActor {
         arbiter: &ArbiterHandle,
         registry: &Addr<RegistryActor>,
         selector: &Addr<SelectorActor>,
+        sup: Arc<Supervision>,
     ) {
         let Some(watch) = cfg.discovery.watch() else {
             return;
@@ -81,7 +84,12 @@ impl DiscoveryActor {
             pods: None,
             known: BTreeSet::new(),
         };
-        DiscoveryActor::start_in_arbiter(arbiter, move |_| actor);
+        let started = arbiter.spawn_fn(move || {
+            run_watched(Context::new(), actor, "discovery", sup);
+        });
+        if !started {
+            warn!("service discovery: its arbiter has stopped; no pods are watched");
+        }
     }
 
     fn connect(&mut self, ctx: &mut Context<Self>) {
@@ -184,6 +192,11 @@ impl Actor for DiscoveryActor {
         self.connect(ctx);
     }
 }
+
+/// Never restarted (see `run_watched`): a new watch would not know which of the workers
+/// this one added went away meanwhile, and retirements in progress would be lost, so a
+/// panic here fails liveness and the process is replaced.
+impl Supervised for DiscoveryActor {}
 
 impl StreamHandler<Result<Vec<Change>, DiscoveryError>> for DiscoveryActor {
     fn handle(&mut self, item: Result<Vec<Change>, DiscoveryError>, ctx: &mut Self::Context) {

@@ -34,7 +34,7 @@ use serde::Serialize;
 use tracing::{debug, info, warn};
 
 use crate::actors::index::ClearWorker;
-use crate::actors::registry::{AllowList, FleetChanged, WorkerRecord};
+use crate::actors::registry::{AllowList, Fleet, FleetChanged, WorkerRecord};
 
 /// One worker's event state, as `GET /workers` shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -145,6 +145,8 @@ pub struct EventsActor {
     routed: Option<Recipient<ClearWorker>>,
     /// No batch for this long on a rank makes its task ask whether the publisher is there.
     silence: std::time::Duration,
+    /// The registry's last fleet: after a restart the subscriptions are made again from it.
+    fleet: Option<Fleet>,
 }
 
 impl EventsActor {
@@ -160,6 +162,7 @@ impl EventsActor {
             persist: Persistence::default(),
             routed: None,
             silence: std::time::Duration::from_secs(30),
+            fleet: None,
         }
     }
 
@@ -358,6 +361,9 @@ impl Actor for EventsActor {
     fn started(&mut self, ctx: &mut Context<Self>) {
         ctx.set_mailbox_capacity(MAILBOX);
         self.start_snapshots(ctx);
+        if let Some(fleet) = self.fleet.clone() {
+            self.follow(ctx, fleet);
+        }
     }
 
     fn stopped(&mut self, _: &mut Context<Self>) {
@@ -365,11 +371,35 @@ impl Actor for EventsActor {
     }
 }
 
+/// After a panic the subscriber tasks and the snapshot in progress are gone with the old
+/// context, and the chain index may be half way through a batch: every worker's holdings
+/// go and `started` subscribes again from the last fleet, each rank replayed from sequence
+/// 0 (a publisher without replay refills as it publishes). Meanwhile routing uses the
+/// approximate index, as for a stalled publisher.
+impl Supervised for EventsActor {
+    fn restarting(&mut self, _: &mut Context<Self>) {
+        for id in self.workers.keys() {
+            self.index.forget_worker(*id);
+        }
+        self.workers.clear();
+        self.vetting.clear();
+        self.abandon_snapshot();
+        self.tell_live();
+    }
+}
+
 impl Handler<FleetChanged> for EventsActor {
     type Result = ();
 
     fn handle(&mut self, msg: FleetChanged, ctx: &mut Context<Self>) {
-        let fleet = msg.0;
+        self.fleet = Some(msg.0.clone());
+        self.follow(ctx, msg.0);
+    }
+}
+
+impl EventsActor {
+    /// Subscribes to the fleet's publishers and ends the subscriptions of workers gone.
+    fn follow(&mut self, ctx: &mut Context<Self>, fleet: Fleet) {
         let present: HashMap<WorkerId, &WorkerRecord> = fleet.iter().map(|w| (w.id, w)).collect();
         // Gone, not routable, or restarted (a new process numbers its batches from 0 again
         // and holds nothing): the subscription ends and what it held goes with it.

@@ -476,5 +476,15 @@ impl Actor for RegistryActor {
     }
 }
 
+/// After a panic the workers stay as they were; the health round that was running went
+/// with the old context, and everyone is told the fleet again in case the panic came
+/// between a change and its publish.
+impl Supervised for RegistryActor {
+    fn restarting(&mut self, _: &mut Context<Self>) {
+        self.checking = false;
+        self.publish();
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -136,6 +136,8 @@ struct Meta {
     /// When a request on it last answered or sent its first byte: a worker out on its
     /// checks that shows none for `stall_grace` is taken as frozen.
     progress: Duration,
+    /// The engine process's `startup_time` last seen.
+    startup_time: Option<f64>,
 }
 
 impl std::fmt::Debug for SelectorActor {
@@ -305,11 +307,23 @@ impl SelectorActor {
                             key: None,
                             out_since: None,
                             progress: now,
+                            startup_time: rec.startup_time,
                         };
                         (WorkerView::new(target, rec.url.as_str()), meta)
                     }
                 };
                 let ready = rec.healthy();
+                // Its circuit judged the process that failed. A new process (a new
+                // `startup_time`), or one back from failing its health checks, starts
+                // closed, as Envoy un-ejects a host on a passing active health check; an
+                // engine that answers 500 while `/health` passes stays ejected.
+                let restarted = meta.startup_time.is_some()
+                    && rec.startup_time.is_some()
+                    && meta.startup_time != rec.startup_time;
+                if restarted || (ready && !meta.ready) {
+                    meta.circuit = Circuit::default();
+                }
+                meta.startup_time = rec.startup_time;
                 // Requests waiting on it go elsewhere only when it refused a connection: a
                 // slow or failing health probe keeps them in place (new ones avoid it), and
                 // a draining worker finishes them.

@@ -1,8 +1,10 @@
-//! Supervision of the routing actors: a panic anywhere in one (a handler, a timer, its
+//! Supervision of the gateway's actors: a panic anywhere in one (a handler, a timer, its
 //! `started`) restarts it in place, on the same mailbox, as actix's `Supervisor` restarts
 //! an actor that stopped; its `Supervised::restarting` rebuilds its state (the selector
-//! from the registry's last fleet, the index from the last snapshot). An actor that keeps
-//! panicking is given up on, and `/liveness` then fails so that the process is replaced.
+//! from the registry's last fleet, the index from the last snapshot, the KV-event
+//! subscriptions from the last fleet with a replay) and `started` arms its timers again
+//! (health checks, load polls, snapshots). An actor that keeps panicking is given up on,
+//! and `/liveness` then fails so that the process is replaced.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -47,17 +49,62 @@ pub(crate) fn run_supervised<A>(ctx: Context<A>, act: A, name: &'static str, sup
 where
     A: Actor<Context = Context<A>> + Supervised,
 {
+    guard(ctx, act, (name, MAX_RESTARTS), sup);
+}
+
+/// Runs `act` in `ctx` on the current arbiter, watched but never restarted: its first
+/// panic fails liveness. For an actor whose state a restart cannot rebuild.
+pub(crate) fn run_watched<A>(ctx: Context<A>, act: A, name: &'static str, sup: Arc<Supervision>)
+where
+    A: Actor<Context = Context<A>> + Supervised,
+{
+    guard(ctx, act, (name, 0), sup);
+}
+
+fn guard<A>(
+    ctx: Context<A>,
+    act: A,
+    (name, max_restarts): (&'static str, usize),
+    sup: Arc<Supervision>,
+) where
+    A: Actor<Context = Context<A>> + Supervised,
+{
     let fut = Guarded {
         fut: ctx.into_future(act),
         name,
         sup,
         recent: VecDeque::new(),
+        max_restarts,
     };
     #[expect(
         clippy::disallowed_methods,
         reason = "the actor's own future, as `Context::run` spawns it; it ends with its mailbox"
     )]
     actix_rt::spawn(fut);
+}
+
+/// Starts the actor `make` builds on `arbiter` under supervision, as `start_in_arbiter`
+/// would start it unsupervised; its address at once.
+pub(crate) fn start_supervised<A>(
+    arbiter: &actix_rt::ArbiterHandle,
+    name: &'static str,
+    sup: Arc<Supervision>,
+    make: impl FnOnce() -> A + Send + 'static,
+) -> actix::Addr<A>
+where
+    A: Actor<Context = Context<A>> + Supervised,
+{
+    let (tx, rx) = actix::dev::channel::channel::<A>(16);
+    let started = arbiter.spawn_fn(move || {
+        run_supervised(Context::with_receiver(rx), make(), name, sup);
+    });
+    if !started {
+        tracing::error!(
+            actor = name,
+            "its arbiter has stopped; the actor never runs"
+        );
+    }
+    actix::Addr::new(tx)
 }
 
 /// An actor's context future, polled inside `catch_unwind`.
@@ -70,6 +117,8 @@ where
     sup: Arc<Supervision>,
     /// When it panicked lately.
     recent: VecDeque<Instant>,
+    /// Panics within `WINDOW` it is restarted after.
+    max_restarts: usize,
 }
 
 impl<A> Guarded<A>
@@ -108,7 +157,7 @@ where
                     let now = Instant::now();
                     this.recent.retain(|t| now.duration_since(*t) < WINDOW);
                     this.recent.push_back(now);
-                    if this.recent.len() > MAX_RESTARTS {
+                    if this.recent.len() > this.max_restarts {
                         tracing::error!(
                             actor = this.name,
                             "the actor keeps panicking; it is not restarted again (liveness fails)"
@@ -140,5 +189,59 @@ where
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use actix::prelude::*;
+
+    use super::*;
+
+    struct Boom;
+
+    impl Actor for Boom {
+        type Context = Context<Self>;
+    }
+
+    impl Supervised for Boom {}
+
+    #[derive(Message)]
+    #[rtype(result = "u32")]
+    struct Go(bool);
+
+    impl Handler<Go> for Boom {
+        type Result = u32;
+
+        fn handle(&mut self, go: Go, _: &mut Context<Self>) -> u32 {
+            assert!(!go.0, "told to panic");
+            7
+        }
+    }
+
+    #[actix_rt::test]
+    async fn a_supervised_actor_answers_after_its_panic() {
+        let sup = Arc::new(Supervision::default());
+        let ctx = Context::new();
+        let addr = ctx.address();
+        run_supervised(ctx, Boom, "boom", sup.clone());
+        assert!(
+            addr.send(Go(true)).await.is_err(),
+            "the panic drops the reply"
+        );
+        assert_eq!(addr.send(Go(false)).await.ok(), Some(7));
+        assert_eq!((sup.restarts(), sup.given_up().len()), (1, 0));
+    }
+
+    #[actix_rt::test]
+    async fn a_watched_actor_is_given_up_at_its_first_panic() {
+        let sup = Arc::new(Supervision::default());
+        let ctx = Context::new();
+        let addr = ctx.address();
+        run_watched(ctx, Boom, "watched", sup.clone());
+        assert_eq!(addr.send(Go(false)).await.ok(), Some(7));
+        assert!(addr.send(Go(true)).await.is_err());
+        assert!(addr.send(Go(false)).await.is_err(), "it is not restarted");
+        assert_eq!((sup.restarts(), sup.given_up()), (0, vec!["watched"]));
     }
 }

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
-use actix::{Actor, Context, Handler};
+use actix::{Actor, Context, Handler, Supervised};
 use kvgate_tokenize::ModelTokenizer;
 use tracing::{info, warn};
 
@@ -153,6 +153,9 @@ pub(crate) struct TokenizerActor {
 impl Actor for TokenizerActor {
     type Context = Context<Self>;
 }
+
+/// Its state is the shared [`Tokenizers`], whose loads run on threads of their own.
+impl Supervised for TokenizerActor {}
 
 impl Handler<FleetChanged> for TokenizerActor {
     type Result = ();

@@ -72,6 +72,23 @@ fn nested_policy_and_durations() {
     assert_eq!(c.prefill_hold, Duration::ZERO);
 }
 
+#[test]
+fn a_policy_knob_alone_keeps_the_default_policy() {
+    use kvgate_policies::PolicyKind::CacheAware;
+    let flag = vec![(
+        "policy.max_tree_size".to_string(),
+        config::Value::from(4096),
+    )];
+    let c = GatewayConfig::load(None, &HashMap::new(), flag).unwrap();
+    assert_eq!((c.policy.kind, c.policy.max_tree_size), (CacheAware, 4096));
+    let e = env(&[("KVGATE_POLICY__CACHE_THRESHOLD", "0.5")]);
+    let c = GatewayConfig::load(None, &e, vec![]).unwrap();
+    assert_eq!((c.policy.kind, c.policy.cache_threshold), (CacheAware, 0.5));
+    let f = toml_file("[policy]\nblock_size = 32\n");
+    let c = GatewayConfig::load(Some(f.path()), &HashMap::new(), vec![]).unwrap();
+    assert_eq!((c.policy.kind, c.policy.block_size), (CacheAware, 32));
+}
+
 fn load_err(file: &str, e: &[(&str, &str)]) -> String {
     let f = toml_file(file);
     GatewayConfig::load(Some(f.path()), &env(e), vec![])

@@ -30,7 +30,7 @@ pub(crate) async fn health() -> HttpResponse {
     HttpResponse::Ok().json(json!({"status": "ok"}))
 }
 
-/// Alive unless a routing actor panicked too often to be restarted: then only a new
+/// Alive unless an actor panicked too often to be restarted: then only a new
 /// process routes again, and a 503 tells the orchestrator so.
 pub(crate) async fn liveness(state: web::Data<AppState>) -> HttpResponse {
     let given_up = state.supervision.given_up();
@@ -65,8 +65,11 @@ pub(crate) async fn readiness(state: web::Data<AppState>) -> Result<HttpResponse
         (Ok(Ok(routable)), Ok(Ok(()))) => Some(routable),
         _ => None,
     };
-    let reason = if !state.supervision.given_up().is_empty() {
+    let given_up = state.supervision.given_up();
+    let reason = if given_up.iter().any(|a| matches!(*a, "selector" | "index")) {
         Some("a routing actor could not be restarted")
+    } else if !given_up.is_empty() {
+        Some("an actor could not be restarted")
     } else {
         match routable {
             None => Some("the routing actors do not answer"),

@@ -8,14 +8,14 @@ use crate::actors::registry::{
     AddWorker, PollerLink, RegistryActor, RegistryConfig, RegistryError, WorkerSource,
 };
 use crate::actors::selector::SelectorActor;
-use crate::actors::supervise::{Supervision, run_supervised};
+use crate::actors::supervise::{Supervision, run_supervised, start_supervised};
 use crate::actors::tokenizers::{TokenizerActor, Tokenizers};
 use crate::config::GatewayConfig;
 use crate::http::auth::AllowList;
 use crate::metrics::Metrics;
 use crate::upstream::ConnectGuard;
 use actix::dev::channel::AddressReceiver;
-use actix::{Actor, Addr, Arbiter, Context};
+use actix::{Addr, Arbiter, Context};
 use kvgate_core::WorkerUrl;
 use kvgate_policies::CacheIndex;
 use kvgate_poller::LoadPoller;
@@ -139,7 +139,17 @@ pub(super) fn routing_actors(
     (start, index, selector)
 }
 
-/// Starts the load poller and the registry on the control arbiter.
+/// The actors on the control arbiter.
+pub(super) struct ControlActors {
+    pub(super) registry: Addr<RegistryActor>,
+    pub(super) poller: Addr<LoadPoller>,
+    pub(super) events: Addr<EventsActor>,
+    pub(super) tokenizers: Arc<Tokenizers>,
+    pub(super) loader: Addr<TokenizerActor>,
+}
+
+/// Starts the load poller, the KV-event subscriber, the tokenizer loader and the registry
+/// on the control arbiter, each restarted after a panic.
 pub(super) fn control_actors(
     cfg: &GatewayConfig,
     epoch: Instant,
@@ -147,21 +157,17 @@ pub(super) fn control_actors(
     routing: (&Addr<IndexActor>, &Addr<SelectorActor>),
     persister: Option<Persister>,
     (image, events_image): (RegistryImage, Option<EventsImage>),
-    metrics: &Arc<Metrics>,
-) -> (
-    Addr<RegistryActor>,
-    Addr<LoadPoller>,
-    Addr<EventsActor>,
-    Arc<Tokenizers>,
-) {
+    (metrics, sup): (&Arc<Metrics>, &Arc<Supervision>),
+) -> ControlActors {
     let metrics = metrics.clone();
+    let arbiter = control.handle();
     let (index, selector) = routing;
     let sink = selector.clone().recipient();
     let mut poller_cfg = cfg.poller.clone();
     if poller_cfg.api_key.is_none() {
         poller_cfg.api_key = (cfg.access.worker_api_key.as_ref()).map(|k| k.expose().to_owned());
     }
-    let poller = LoadPoller::start_in_arbiter(&control.handle(), move |_| {
+    let poller = start_supervised(&arbiter, "poller", sup.clone(), move || {
         LoadPoller::new(poller_cfg, epoch, sink)
     });
     let reg_cfg = RegistryConfig {
@@ -184,7 +190,7 @@ pub(super) fn control_actors(
     let routed = index.clone().recipient();
     // Checked by `validate`: a value that does not parse was refused then.
     let allow = AllowList::new(cfg.access.allowed().unwrap_or_default());
-    let events = EventsActor::start_in_arbiter(&control.handle(), move |_| {
+    let events = start_supervised(&arbiter, "events", sup.clone(), move || {
         EventsActor::new(Some(max_blocks), Some(to_selector))
             .with_snapshots(snapshots, events_image)
             .with_prefix_index(routed)
@@ -195,21 +201,27 @@ pub(super) fn control_actors(
     let loader = TokenizerActor {
         tokenizers: tokenizers.clone(),
     };
-    let loader = TokenizerActor::start_in_arbiter(&control.handle(), move |_| loader);
+    let loader = start_supervised(&arbiter, "tokenizer", sup.clone(), move || loader);
     let subscribers = vec![
         selector.clone().recipient(),
         index.clone().recipient(),
         events.clone().recipient(),
-        loader.recipient(),
+        loader.clone().recipient(),
     ];
     let link = PollerLink {
         targets: poller.clone().recipient(),
         now: poller.clone().recipient(),
     };
-    let registry = RegistryActor::start_in_arbiter(&control.handle(), move |_| {
+    let registry = start_supervised(&arbiter, "registry", sup.clone(), move || {
         RegistryActor::new(reg_cfg, subscribers, Some(link), persister, image).with_metrics(metrics)
     });
-    (registry, poller, events, tokenizers)
+    ControlActors {
+        registry,
+        poller,
+        events,
+        tokenizers,
+        loader,
+    }
 }
 
 /// The workers to register at start: the configured ones less those the admin API

@@ -161,6 +161,14 @@ impl EventsActor {
         }
     }
 
+    /// Drops the snapshot in progress (its chunks are never committed) and takes a new
+    /// one at the next interval.
+    pub(super) fn abandon_snapshot(&mut self) {
+        self.persist.job = None;
+        self.persist.pending.clear();
+        self.persist.dirty = true;
+    }
+
     /// Lists every rank, subscribed or restored, for a new snapshot.
     fn start_snapshot(&mut self) {
         self.persist.dirty = false;
