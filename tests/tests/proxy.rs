@@ -198,6 +198,40 @@ async fn request_ids_are_echoed_or_made() {
     );
 }
 
+async fn id_for(h: &Harness, headers: &[(&str, &str)]) -> String {
+    let mut req = kvgate_tests::client().post(h.url("/v1/completions"));
+    for (k, v) in headers {
+        req = req.insert_header((*k, *v));
+    }
+    let sent = req.send_json(&json!({"prompt": "hi", "max_tokens": 1}));
+    let Ok(r) = sent.await else {
+        panic!("the request was not sent");
+    };
+    assert_eq!(r.status().as_u16(), 200);
+    let id = r.headers().get("x-request-id").map(|v| v.to_str());
+    id.and_then(Result::ok).unwrap_or_default().to_owned()
+}
+
+#[actix_rt::test]
+async fn the_request_id_comes_from_the_first_listed_header_the_client_sends() {
+    // The default list: the reference gateway's.
+    let h = Harness::start(1, sim(), |_| {});
+    assert_eq!(
+        id_for(&h, &[("x-correlation-id", "corr-1")]).await,
+        "corr-1"
+    );
+    let both = [("request-id", "later"), ("x-trace-id", "trace-2")];
+    assert_eq!(id_for(&h, &both).await, "trace-2");
+    // `--request-id-headers x-my-id`: only that header names the request.
+    let h = Harness::start(1, sim(), |c| c.request_id_headers = vec!["X-My-Id".into()]);
+    assert_eq!(id_for(&h, &[("x-my-id", "mine-3")]).await, "mine-3");
+    let theirs = id_for(&h, &[("x-request-id", "not-this")]).await;
+    assert!(theirs.starts_with("req-"), "{theirs}");
+    // The decision log carries the id.
+    let log = get(&h.url("/admin/decisions")).await.json();
+    assert!(log.to_string().contains("mine-3"), "{log}");
+}
+
 #[actix_rt::test]
 async fn models_are_the_union_of_workers() {
     let a = kvgate_engine_sim::SimFleet::start(

@@ -67,6 +67,9 @@ pub struct GatewayConfig {
     /// the library only carries it.
     pub log_level: String,
     pub log_json: bool,
+    /// Request headers whose first one present becomes the request id (the reference
+    /// gateway's `--request-id-headers`); otherwise the gateway makes one.
+    pub request_id_headers: Vec<String>,
     /// Largest request body accepted, in bytes (413 above it).
     pub max_payload_size: usize,
     /// Total time allowed for one upstream request, streams included.
@@ -157,6 +160,10 @@ impl Default for GatewayConfig {
             store_cache_bytes: kvgate_store::DEFAULT_CACHE_BYTES,
             log_level: "info".into(),
             log_json: false,
+            request_id_headers: DEFAULT_REQUEST_ID_HEADERS
+                .iter()
+                .map(|h| (*h).to_owned())
+                .collect(),
             max_payload_size: 64 * 1024 * 1024,
             request_timeout: Duration::from_secs(1800),
             connect_timeout: Duration::from_secs(10),
@@ -187,6 +194,14 @@ impl Default for GatewayConfig {
         }
     }
 }
+
+/// The request-id headers looked for by default, the reference gateway's list.
+pub(crate) const DEFAULT_REQUEST_ID_HEADERS: [&str; 4] = [
+    "x-request-id",
+    "x-correlation-id",
+    "x-trace-id",
+    "request-id",
+];
 
 /// Overrides given on the command line, as `key → value` in config-key form.
 pub type Overrides = Vec<(String, config::Value)>;
@@ -283,6 +298,7 @@ impl GatewayConfig {
                 .with_list_parse_key("control_plane_api_keys")
                 .with_list_parse_key("worker_allow")
                 .with_list_parse_key("trusted_proxies")
+                .with_list_parse_key("request_id_headers")
                 .with_list_parse_key("selector")
                 .source(Some(vars)),
         );
@@ -328,6 +344,11 @@ impl GatewayConfig {
         for u in &self.worker_urls {
             if let Err(e) = kvgate_core::WorkerUrl::parse(u) {
                 return invalid("worker_urls", e.to_string());
+            }
+        }
+        for h in &self.request_id_headers {
+            if actix_web::http::header::HeaderName::from_bytes(h.as_bytes()).is_err() {
+                return invalid("request_id_headers", format!("{h:?} is not a header name"));
             }
         }
         if self.store_cache_bytes < 1024 * 1024 {

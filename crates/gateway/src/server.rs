@@ -226,6 +226,10 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         grace: cfg.shutdown_grace_period,
         lifecycle: lifecycle.clone(),
         supervision,
+        // Checked by `validate`: a name that does not parse was refused then.
+        request_id_headers: (cfg.request_id_headers.iter())
+            .filter_map(|h| actix_web::http::header::HeaderName::from_bytes(h.as_bytes()).ok())
+            .collect(),
         reads_prompt: cfg.policy.kind.reads_prompt(),
         events: events.clone(),
         tokenizers,

@@ -293,3 +293,20 @@ fn the_shutdown_delay_is_a_duration_key() {
     assert_eq!(c.shutdown_delay, std::time::Duration::from_secs(5));
     assert!(load_err("shutdown_delay_secs = -1\n", &[]).contains("shutdown_delay_secs"));
 }
+
+#[test]
+fn request_id_headers_are_a_list_of_header_names() {
+    let c = GatewayConfig::load(None, &HashMap::new(), vec![]).unwrap();
+    assert_eq!(c.request_id_headers, DEFAULT_REQUEST_ID_HEADERS.to_vec());
+    let e = env(&[("KVGATE_REQUEST_ID_HEADERS", "x-a x-b")]);
+    let c = GatewayConfig::load(None, &e, vec![]).unwrap();
+    assert_eq!(c.request_id_headers, vec!["x-a", "x-b"]);
+    let e = env(&[("KVGATE_REQUEST_ID_HEADERS", "x-a b@d")]);
+    let err = GatewayConfig::load(None, &e, vec![])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("request_id_headers") && err.contains("b@d"),
+        "{err}"
+    );
+}

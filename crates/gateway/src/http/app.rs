@@ -56,17 +56,16 @@ pub(crate) fn app(
         InitError = (),
     >,
 > {
+    let id_headers = state.request_id_headers.clone();
     App::new()
         .app_data(state)
         .app_data(web::Data::new(pool))
         .app_data(web::QueryConfig::default().error_handler(|e, _| {
             ApiError::BadRequest(format!("invalid query string: {e}")).into()
         }))
-        .wrap_fn(|req, srv| {
-            let id: Arc<str> = req
-                .headers()
-                .get(&X_REQUEST_ID)
-                .and_then(valid_request_id)
+        .wrap_fn(move |req, srv| {
+            let id: Arc<str> = (id_headers.iter())
+                .find_map(|h| req.headers().get(h).and_then(valid_request_id))
                 .map_or_else(new_request_id, Arc::from);
             req.extensions_mut().insert(RequestId(id.clone()));
             let fut = srv.call(req);

@@ -22,8 +22,8 @@ use crate::upstream::{Body, Pool, Response, UpstreamError};
 mod headers;
 mod relay;
 
-use headers::{FORWARDED, copy_response_headers};
 pub(crate) use headers::{ROUTING_KEY_NAMES, rank_member};
+use headers::{copy_response_headers, request_headers_out};
 use relay::{Relay, Tail};
 
 /// What one upstream call needs besides the body and the worker.
@@ -259,16 +259,8 @@ async fn send(
 ) -> Result<Response, Failure> {
     let up = call.up;
     let auth = worker_key.map(|k| format!("Bearer {}", k.expose()));
-    let mut headers: Vec<(&str, &[u8])> = Vec::with_capacity(FORWARDED.len() + 1);
-    for name in &FORWARDED {
-        // The worker's own key replaces the client's: never both.
-        if (auth.is_some() || !up.pass_authorization) && *name == header::AUTHORIZATION {
-            continue;
-        }
-        for v in req.headers().get_all(name) {
-            headers.push((name.as_str(), v.as_bytes()));
-        }
-    }
+    // The worker's own key replaces the client's: never both.
+    let mut headers = request_headers_out(req.headers(), auth.is_none() && up.pass_authorization);
     if let Some(a) = &auth {
         headers.push(("authorization", a.as_bytes()));
     }

@@ -51,8 +51,10 @@ pub(crate) struct AppState {
     /// Longest drain of a worker removed through the API, and of the gateway at SIGTERM.
     pub grace: Duration,
     pub lifecycle: Arc<Lifecycle>,
-    /// The routing actors' supervisors: one given up on fails `/liveness`.
+    /// The actors' supervisors: one given up on fails `/liveness`.
     pub supervision: Arc<Supervision>,
+    /// `--request-id-headers`, parsed.
+    pub request_id_headers: Arc<[actix_web::http::header::HeaderName]>,
     /// Whether the policy reads the prompt; without it the routing text is not built.
     pub reads_prompt: bool,
     pub metrics: Arc<Metrics>,

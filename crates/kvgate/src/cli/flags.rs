@@ -54,6 +54,12 @@ pub(super) const FLAGS: &[(&str, &str, Kind, &str)] = &[
     ),
     ("log-json", "log_json", Kind::Switch, "Log as JSON lines"),
     (
+        "request-id-headers",
+        "request_id_headers",
+        Kind::Texts,
+        "Request headers, space-separated, the first of which the client sends becomes the request id (logged, echoed as x-request-id, sent to the worker)",
+    ),
+    (
         "max-payload-size",
         "max_payload_size",
         Kind::Int,

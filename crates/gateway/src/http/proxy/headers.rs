@@ -3,7 +3,7 @@
 use actix_web::HttpResponseBuilder;
 use actix_web::http::header::{self, HeaderName, HeaderValue};
 
-/// The policies' routing-key headers, as typed names (see `FORWARDED`).
+/// The policies' routing-key headers, as typed names.
 pub(crate) static ROUTING_KEY_NAMES: [HeaderName; 2] = [
     HeaderName::from_static(kvgate_policies::ROUTING_KEY_HEADERS[0]),
     HeaderName::from_static(kvgate_policies::ROUTING_KEY_HEADERS[1]),
@@ -11,19 +11,59 @@ pub(crate) static ROUTING_KEY_NAMES: [HeaderName; 2] = [
 // A header added to the policies' list must be added above too.
 const _: () = assert!(kvgate_policies::ROUTING_KEY_HEADERS.len() == ROUTING_KEY_NAMES.len());
 
-/// Request headers passed to workers; everything else stays at the gateway. Typed names:
-/// a lookup by `&str` parses the name first, nine times per request.
-pub(super) static FORWARDED: [HeaderName; 9] = [
-    header::CONTENT_TYPE,
-    header::ACCEPT,
-    header::AUTHORIZATION,
-    HeaderName::from_static("x-correlation-id"),
-    HeaderName::from_static("traceparent"),
-    HeaderName::from_static("tracestate"),
-    HeaderName::from_static(kvgate_policies::ROUTING_KEY_HEADERS[0]),
-    HeaderName::from_static(kvgate_policies::ROUTING_KEY_HEADERS[1]),
-    header::USER_AGENT,
-];
+/// Request headers that stay at the gateway: the hop-by-hop ones (RFC 9110 §7.6.1), those
+/// the gateway writes itself for the request out (`host`, `content-length`, its
+/// `x-request-id`), and `expect` (the body goes out whole, so no interim answer is wanted).
+/// Every other header is end to end and reaches the worker: tracing, tenant, session and
+/// adapter headers included.
+fn stays_here(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "proxy-connection"
+            | "te"
+            | "trailer"
+            | "trailers"
+            | "transfer-encoding"
+            | "upgrade"
+            | "host"
+            | "content-length"
+            | "x-request-id"
+            | "expect"
+    )
+}
+
+/// The client's request headers to send on: all but those that stay here and those its
+/// `Connection` header names as hop-by-hop. `authorization` is left out when
+/// `pass_authorization` is false (it carried the gateway's own key, or the worker's key
+/// replaces it).
+pub(super) fn request_headers_out(
+    from: &header::HeaderMap,
+    pass_authorization: bool,
+) -> Vec<(&str, &[u8])> {
+    let mut named: Vec<String> = Vec::new();
+    for v in from.get_all(header::CONNECTION) {
+        named.extend(
+            v.as_bytes()
+                .split(|b| *b == b',')
+                .map(|t| String::from_utf8_lossy(t.trim_ascii()).to_ascii_lowercase()),
+        );
+    }
+    let mut out = Vec::with_capacity(from.len() + 2);
+    for (name, value) in from {
+        if stays_here(name)
+            || (!pass_authorization && name == header::AUTHORIZATION)
+            || named.iter().any(|t| t == name.as_str())
+        {
+            continue;
+        }
+        out.push((name.as_str(), value.as_bytes()));
+    }
+    out
+}
 
 /// Response headers the gateway does not relay: the hop-by-hop ones (RFC 9110 §7.6.1),
 /// and the framing and identity headers the gateway's own server writes for its answer.
