@@ -41,12 +41,26 @@ use section::{duration, invalid, take};
 /// A configuration that cannot be used; the message names the key.
 #[derive(Debug, Error)]
 pub enum ConfigError {
+    // The inner errors are shown in the message and not given as sources, so a report of
+    // the chain does not print them twice.
     #[error("config: {0}")]
-    Load(#[from] config::ConfigError),
+    Load(config::ConfigError),
     #[error("config: invalid value for '{key}': {reason}")]
     Invalid { key: &'static str, reason: String },
     #[error("config: {0}")]
-    Policy(#[from] kvgate_policies::ConfigError),
+    Policy(kvgate_policies::ConfigError),
+}
+
+impl From<config::ConfigError> for ConfigError {
+    fn from(e: config::ConfigError) -> Self {
+        ConfigError::Load(e)
+    }
+}
+
+impl From<kvgate_policies::ConfigError> for ConfigError {
+    fn from(e: kvgate_policies::ConfigError) -> Self {
+        ConfigError::Policy(e)
+    }
 }
 
 /// Everything the gateway reads at startup. Keys are the flag names with `_` for `-`;

@@ -53,6 +53,9 @@ pub(crate) fn command() -> clap::Command {
             Kind::Repeated => arg
                 .value_parser(clap::value_parser!(String))
                 .action(clap::ArgAction::Append),
+            Kind::OneOf(values) => {
+                arg.value_parser(clap::builder::PossibleValuesParser::new(values.iter()))
+            }
         }
     });
     clap::Command::new("kvgate")
@@ -76,7 +79,7 @@ pub(crate) fn parse(m: &clap::ArgMatches) -> (Option<PathBuf>, Overrides) {
         let v: Option<config::Value> = match kind {
             Kind::Int => m.get_one::<u64>(flag).map(|v| (*v).into()),
             Kind::Float => m.get_one::<f64>(flag).map(|v| (*v).into()),
-            Kind::Text => m.get_one::<String>(flag).map(|v| v.clone().into()),
+            Kind::Text | Kind::OneOf(_) => m.get_one::<String>(flag).map(|v| v.clone().into()),
             Kind::Texts => m
                 .get_many::<String>(flag)
                 .map(|vs| vs.cloned().collect::<Vec<String>>().into()),
@@ -110,6 +113,7 @@ mod tests {
                 Kind::Ints => vec![1u64].into(),
                 Kind::Switch => true.into(),
                 Kind::Repeated => vec!["x".to_owned()].into(),
+                Kind::OneOf(values) => values[0].into(),
             };
             let env = std::collections::HashMap::new();
             // The value may be refused for itself; the key must not be unknown.
@@ -119,6 +123,37 @@ mod tests {
         }
         assert_eq!(env_var("policy.cache_mode"), "KVGATE_POLICY__CACHE_MODE");
         command().debug_assert();
+    }
+
+    #[test]
+    fn a_value_out_of_a_list_names_the_flag_and_the_list() {
+        let names: Vec<&str> = (kvgate_policies::PolicyKind::ALL.iter())
+            .map(|k| k.name())
+            .collect();
+        assert_eq!(flags::POLICIES, names.as_slice());
+        for (flag, key, kind, _) in FLAGS {
+            let Kind::OneOf(values) = kind else { continue };
+            // Each listed value is one the config takes.
+            for v in *values {
+                let o = vec![((*key).to_owned(), config::Value::from(*v))];
+                let c = GatewayConfig::load(None, &std::collections::HashMap::new(), o);
+                assert!(c.is_ok(), "--{flag} {v}: {c:?}");
+            }
+            let err = load(&[&format!("--{flag}"), "nonsense"], &[]).unwrap_err();
+            assert!(err.contains(&format!("--{flag}")), "{err}");
+            assert!(values.iter().all(|v| err.contains(v)), "{err}");
+        }
+        // From a variable or a file the enum's own error lists them too.
+        let err = load(&[], &[("KVGATE_POLICY__KIND", "nonsense")]).unwrap_err();
+        assert!(
+            err.contains("policy.kind") && err.contains("cache_aware, "),
+            "{err}"
+        );
+        assert_eq!(err.matches("nonsense").count(), 1, "{err}");
+        // Nothing chained under it for a report to print again.
+        let env = [("KVGATE_POLICY__KIND".to_owned(), "nonsense".to_owned())].into();
+        let e = GatewayConfig::load(None, &env, vec![]).unwrap_err();
+        assert!(std::error::Error::source(&e).is_none(), "{e:?}");
     }
 
     fn load(args: &[&str], env: &[(&str, &str)]) -> Result<GatewayConfig, String> {

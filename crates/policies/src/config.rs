@@ -48,7 +48,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::ConfigError;
 
 /// The routing policies kvgate offers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PolicyKind {
     Random,
@@ -70,6 +70,18 @@ impl PolicyKind {
         PolicyKind::PrefixHash,
         PolicyKind::ConsistentHashing,
     ];
+
+    /// The policy of this name; the error lists every name.
+    pub fn from_name(name: &str) -> Result<PolicyKind, String> {
+        PolicyKind::ALL
+            .iter()
+            .copied()
+            .find(|k| k.name() == name)
+            .ok_or_else(|| {
+                let names: Vec<&str> = PolicyKind::ALL.iter().map(|k| k.name()).collect();
+                format!("unknown policy {name:?}; one of: {}", names.join(", "))
+            })
+    }
 
     /// The name used on the command line and in config files.
     pub fn name(self) -> &'static str {
@@ -164,6 +176,14 @@ pub enum LoadMetric {
     Requests,
     /// Fewest in-flight over all eligible workers (no draw), then expected wait.
     LeastRequests,
+}
+
+/// By name, so a wrong one is answered with the list rather than a type's name.
+impl<'de> Deserialize<'de> for PolicyKind {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        PolicyKind::from_name(&name).map_err(serde::de::Error::custom)
+    }
 }
 
 /// Knobs of every policy. Names follow the reference gateway's flags.

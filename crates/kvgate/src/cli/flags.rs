@@ -15,7 +15,20 @@ pub(super) enum Kind {
     Switch,
     /// Given once per value (`--api-key A --api-key B`).
     Repeated,
+    /// One of these names: a wrong one is refused naming the flag and listing them.
+    OneOf(&'static [&'static str]),
 }
+
+/// `--policy`'s values (`PolicyKind::ALL`'s names; a test keeps them in step).
+pub(super) const POLICIES: &[&str] = &[
+    "random",
+    "round_robin",
+    "power_of_two",
+    "least_load",
+    "cache_aware",
+    "prefix_hash",
+    "consistent_hashing",
+];
 
 /// `(flag, config key, kind, help)`. Flag names are the reference gateway's where it has
 /// one.
@@ -31,7 +44,7 @@ pub(super) const FLAGS: &[(&str, &str, Kind, &str)] = &[
     (
         "policy",
         "policy.kind",
-        Kind::Text,
+        Kind::OneOf(POLICIES),
         "Routing policy: cache_aware, least_load, power_of_two, round_robin, random, prefix_hash, consistent_hashing",
     ),
     (
@@ -122,7 +135,7 @@ pub(super) const FLAGS: &[(&str, &str, Kind, &str)] = &[
     (
         "cache-aware-mode",
         "policy.cache_mode",
-        Kind::Text,
+        Kind::OneOf(&["cost", "threshold"]),
         "cache_aware mode: cost (threshold-free) or threshold (reference-compatible)",
     ),
     (
@@ -170,7 +183,7 @@ pub(super) const FLAGS: &[(&str, &str, Kind, &str)] = &[
     (
         "cache-index",
         "policy.cache_index",
-        Kind::Text,
+        Kind::OneOf(&["tree", "hash"]),
         "Index cache_aware consults: tree, or hash (token prompts only)",
     ),
     (
@@ -236,7 +249,7 @@ pub(super) const FLAGS: &[(&str, &str, Kind, &str)] = &[
     (
         "power-of-two-load-metric",
         "policy.power_of_two_load_metric",
-        Kind::Text,
+        Kind::OneOf(&["expected_wait", "requests", "least_requests"]),
         "power_of_two: expected_wait, requests or least_requests",
     ),
     (
