@@ -6,7 +6,10 @@ use std::path::PathBuf;
 
 use kvgate_gateway::{GatewayConfig, Overrides};
 
+mod example;
 mod flags;
+
+pub(crate) use example::example_toml;
 
 use flags::{FLAGS, Kind};
 
@@ -68,6 +71,12 @@ pub(crate) fn command() -> clap::Command {
                 .hide_env_values(true)
                 .value_parser(clap::value_parser!(PathBuf))
                 .help("TOML config file; flags override the environment, which overrides the file"),
+        )
+        .arg(
+            clap::Arg::new("print-example-config")
+                .long("print-example-config")
+                .action(clap::ArgAction::SetTrue)
+                .help("Print a config file with every key at its default, and exit"),
         )
         .args(flags)
 }

@@ -56,6 +56,10 @@ fn wait_for_signal() -> anyhow::Result<()> {
 fn main() -> anyhow::Result<()> {
     kvgate_gateway::keep_freed_memory();
     let matches = cli::command().get_matches();
+    if matches.get_flag("print-example-config") {
+        print!("{}", cli::example_toml());
+        return Ok(());
+    }
     let (file, overrides) = cli::parse(&matches);
     let env: HashMap<String, String> = std::env::vars().collect();
     let mut cfg = GatewayConfig::load(file.as_deref(), &env, overrides)?;
