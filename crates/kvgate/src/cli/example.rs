@@ -33,11 +33,14 @@ fn line(out: &mut String, key: &str, v: Option<&Value>) {
     }
 }
 
+/// A key of a table, with its flag and help when it has one.
+type Key<'a> = (&'a str, Option<(&'a str, &'a str)>);
+
 /// The file's text.
 pub(crate) fn example_toml() -> String {
     let defaults = serde_json::to_value(GatewayConfig::default()).unwrap_or_default();
     // Keys by table ("" is the top level), each with its flag and help when it has one.
-    let mut tables: BTreeMap<&str, Vec<(&str, Option<(&str, &str)>)>> = BTreeMap::new();
+    let mut tables: BTreeMap<&str, Vec<Key<'_>>> = BTreeMap::new();
     for (flag, key, _, help) in FLAGS {
         let (table, name) = key.split_once('.').unwrap_or(("", key));
         tables
