@@ -13,6 +13,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
@@ -20,8 +21,10 @@ use kvgate_policies::DecisionPath;
 
 use kvgate_core::Endpoint;
 
+mod process;
 mod scrape;
 
+use process::Process;
 use scrape::Gauges;
 pub(crate) use scrape::{Fleet, FleetWorker};
 
@@ -73,6 +76,11 @@ impl Door {
             Door::ExtProc => "ext_proc",
         }
     }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -186,6 +194,11 @@ pub struct Metrics {
     /// Set when scraped.
     gauges: Gauges,
     health_transitions: Family<TransitionLabels, Counter>,
+    /// The workers `health_transitions` has series of, so those of removed workers go.
+    transition_workers: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// The unprefixed `process_*` series.
+    process_registry: Registry,
+    process: Process,
 }
 
 fn latency_histogram() -> Histogram {
@@ -289,6 +302,19 @@ impl Metrics {
             snapshot_seconds.clone(),
         );
         let gauges = Gauges::register(&mut r);
+        let build = Family::<BuildLabels, Gauge>::default();
+        r.register(
+            "build_info",
+            "1, labelled with the version of the running kvgate",
+            build.clone(),
+        );
+        build
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION"),
+            })
+            .set(1);
+        let mut process_registry = Registry::default();
+        let process = Process::register(&mut process_registry);
         let health_transitions = Family::<TransitionLabels, Counter>::default();
         r.register(
             "worker_health_transitions",
@@ -336,6 +362,9 @@ impl Metrics {
             snapshot_seconds,
             gauges,
             health_transitions,
+            transition_workers: std::sync::Mutex::default(),
+            process_registry,
+            process,
         }
     }
 
@@ -346,9 +375,37 @@ impl Metrics {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         self.gauges.set(fleet);
+        self.forget_removed(fleet);
+        self.process.set();
         let mut out = String::with_capacity(8 * 1024);
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
+        // Two registries, one exposition: the first's end marker goes.
+        if out.ends_with("# EOF\n") {
+            out.truncate(out.len() - "# EOF\n".len());
+        }
+        prometheus_client::encoding::text::encode(&mut out, &self.process_registry)?;
         Ok(out)
+    }
+
+    /// Drops the per-worker counters of workers no longer in the fleet (the gauges are
+    /// rebuilt from it at each scrape).
+    fn forget_removed(&self, fleet: &Fleet) {
+        let mut known = self
+            .transition_workers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        known.retain(|w| {
+            let present = fleet.workers.iter().any(|f| &f.url == w);
+            if !present {
+                for to in ["healthy", "unhealthy"] {
+                    self.health_transitions.remove(&TransitionLabels {
+                        worker: w.clone(),
+                        to,
+                    });
+                }
+            }
+            present
+        });
     }
 
     /// The histograms of an inference route.
@@ -373,6 +430,10 @@ impl Metrics {
 
     /// A worker became ready (`healthy`) or stopped being ready.
     pub fn health_transition(&self, worker: &str, healthy: bool) {
+        self.transition_workers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(worker.to_owned());
         self.health_transitions
             .get_or_create(&TransitionLabels {
                 worker: worker.to_owned(),

@@ -3,6 +3,7 @@
 use std::sync::atomic::AtomicU64;
 
 use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
@@ -13,6 +14,15 @@ type FloatGauge = Gauge<f64, AtomicU64>;
 pub(super) struct WorkerLabels {
     pub worker: String,
 }
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct StateLabels {
+    pub worker: String,
+    pub state: &'static str,
+}
+
+/// `worker_circuit_state`'s codes, in order.
+const CIRCUIT_STATES: [&str; 3] = ["closed", "half_open", "open"];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct RankLabels {
@@ -32,13 +42,14 @@ pub(super) struct Gauges {
     worker_up: Family<WorkerLabels, Gauge>,
     worker_in_flight: Family<WorkerLabels, Gauge>,
     circuit_open: Family<WorkerLabels, Gauge>,
+    circuit_states: Family<StateLabels, Gauge>,
     rank_running: Family<RankLabels, Gauge>,
     rank_waiting: Family<RankLabels, Gauge>,
     rank_kv_usage: Family<RankLabels, FloatGauge>,
     rank_gen_throughput: Family<RankLabels, FloatGauge>,
     index_units: Family<IndexLabels, Gauge>,
-    snapshots_written: Gauge,
-    snapshot_failures: Gauge,
+    snapshots_written: Counter,
+    snapshot_failures: Counter,
     snapshot_pending: Gauge,
     events_state: Family<WorkerLabels, Gauge>,
     event_blocks: Family<WorkerLabels, Gauge>,
@@ -61,8 +72,14 @@ impl Gauges {
         let circuit_open = Family::<WorkerLabels, Gauge>::default();
         r.register(
             "worker_circuit_state",
-            "The worker's circuit breaker: 0 closed, 1 half open, 2 open",
+            "The worker's circuit breaker as a code: 0 closed, 1 half open, 2 open (kvgate_worker_circuit has one 0/1 series per state)",
             circuit_open.clone(),
+        );
+        let circuit_states = Family::<StateLabels, Gauge>::default();
+        r.register(
+            "worker_circuit",
+            "1 for the worker's circuit breaker state (state=closed, half_open or open), 0 for the other two",
+            circuit_states.clone(),
         );
         let rank_running = Family::<RankLabels, Gauge>::default();
         r.register(
@@ -94,13 +111,13 @@ impl Gauges {
             "Prefix index units (bytes of text or tokens) per model and worker",
             index_units.clone(),
         );
-        let snapshots_written = Gauge::default();
+        let snapshots_written = Counter::default();
         r.register(
             "snapshots_written",
             "Index snapshots written to the store since start",
             snapshots_written.clone(),
         );
-        let snapshot_failures = Gauge::default();
+        let snapshot_failures = Counter::default();
         r.register(
             "snapshot_write_failures",
             "Index snapshot writes that failed since start",
@@ -128,6 +145,7 @@ impl Gauges {
             worker_up,
             worker_in_flight,
             circuit_open,
+            circuit_states,
             rank_running,
             rank_waiting,
             rank_kv_usage,
@@ -147,6 +165,7 @@ impl Gauges {
         for f in [&self.worker_up, &self.worker_in_flight, &self.circuit_open] {
             f.clear();
         }
+        self.circuit_states.clear();
         for f in [&self.rank_running, &self.rank_waiting] {
             f.clear();
         }
@@ -165,6 +184,14 @@ impl Gauges {
                 .get_or_create(&l)
                 .set(w.in_flight as i64);
             self.circuit_open.get_or_create(&l).set(w.circuit);
+            for (code, state) in CIRCUIT_STATES.into_iter().enumerate() {
+                let l = StateLabels {
+                    worker: w.url.clone(),
+                    state,
+                };
+                let on = i64::try_from(code).is_ok_and(|c| c == w.circuit);
+                self.circuit_states.get_or_create(&l).set(i64::from(on));
+            }
             self.events_state.get_or_create(&l).set(w.events_state);
             self.event_blocks
                 .get_or_create(&l)
@@ -194,8 +221,13 @@ impl Gauges {
                 })
                 .set(*units as i64);
         }
-        self.snapshots_written.set(fleet.snapshots_written as i64);
-        self.snapshot_failures.set(fleet.snapshot_failures as i64);
+        // Counts since start, read from the store's writer: each counter moves up to it.
+        for (c, total) in [
+            (&self.snapshots_written, fleet.snapshots_written),
+            (&self.snapshot_failures, fleet.snapshot_failures),
+        ] {
+            c.inc_by(total.saturating_sub(c.get()));
+        }
         self.snapshot_pending.set(i64::from(fleet.snapshot_pending));
     }
 }

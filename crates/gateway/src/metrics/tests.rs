@@ -65,3 +65,77 @@ fn a_model_counts_under_its_name_whichever_copy_of_it_is_given() {
         Some("1")
     );
 }
+
+fn worker(url: &str, circuit: i64) -> super::FleetWorker {
+    super::FleetWorker {
+        url: url.to_owned(),
+        healthy: true,
+        in_flight: 0,
+        circuit,
+        events_state: 0,
+        event_blocks: 0,
+        ranks: Vec::new(),
+    }
+}
+
+fn has(text: &str, line: &str) -> bool {
+    text.lines().any(|l| l == line)
+}
+
+#[test]
+fn counters_are_totals_circuits_are_one_series_per_state_and_removed_workers_go() {
+    let m = Metrics::default();
+    m.health_transition("http://a:1", false);
+    m.health_transition("http://b:1", true);
+    let fleet = Fleet {
+        workers: vec![worker("http://a:1", 2), worker("http://b:1", 0)],
+        snapshots_written: 3,
+        snapshot_failures: 1,
+        ..Fleet::default()
+    };
+    let text = m.encode(&fleet).expect("encodes");
+    for line in [
+        "kvgate_snapshots_written_total 3",
+        "kvgate_snapshot_write_failures_total 1",
+        "kvgate_worker_circuit{worker=\"http://a:1\",state=\"open\"} 1",
+        "kvgate_worker_circuit{worker=\"http://a:1\",state=\"closed\"} 0",
+        "kvgate_worker_circuit{worker=\"http://b:1\",state=\"closed\"} 1",
+        "kvgate_worker_health_transitions_total{worker=\"http://a:1\",to=\"unhealthy\"} 1",
+        concat!(
+            "kvgate_build_info{version=\"",
+            env!("CARGO_PKG_VERSION"),
+            "\"} 1"
+        ),
+    ] {
+        assert!(has(&text, line), "{line} in\n{text}");
+    }
+    assert_eq!(text.matches("# EOF").count(), 1, "{text}");
+    #[cfg(target_os = "linux")]
+    for name in [
+        "process_resident_memory_bytes ",
+        "process_open_fds ",
+        "process_cpu_seconds_total ",
+    ] {
+        assert!(
+            text.lines().any(|l| l.starts_with(name)),
+            "{name} in\n{text}"
+        );
+    }
+    // Worker a leaves; the counters only move up to the store's counts.
+    let fleet = Fleet {
+        workers: vec![worker("http://b:1", 0)],
+        snapshots_written: 5,
+        snapshot_failures: 1,
+        ..Fleet::default()
+    };
+    let text = m.encode(&fleet).expect("encodes");
+    assert!(!text.contains("http://a:1"), "{text}");
+    assert!(has(&text, "kvgate_snapshots_written_total 5"), "{text}");
+    assert!(
+        has(
+            &text,
+            "kvgate_worker_health_transitions_total{worker=\"http://b:1\",to=\"healthy\"} 1"
+        ),
+        "{text}"
+    );
+}
