@@ -221,3 +221,57 @@ async fn the_prometheus_port_needs_no_key_where_the_gateway_port_does() {
     // That listener serves nothing else.
     assert_eq!(get(&format!("{open}/workers")).await.status.as_u16(), 404);
 }
+
+/// The cached-token counters, once the decision log holds `n` answered requests.
+async fn cached_counts(h: &Harness, n: usize) -> (f64, f64, Option<f64>) {
+    kvgate_tests::wait_for_async(10, "every answer logged", || async {
+        let d = get(&h.url("/admin/decisions")).await.json();
+        let answered = d["decisions"]
+            .as_array()
+            .map_or(0, |ds| ds.iter().filter(|x| !x["answer"].is_null()).count());
+        answered >= n
+    })
+    .await;
+    let s = scrape(&h.url("/metrics")).await;
+    (
+        value(&s, "kvgate_predicted_cached_tokens_total", &[]).unwrap_or(0.0),
+        value(&s, "kvgate_reported_cached_tokens_total", &[]).unwrap_or(0.0),
+        value(&s, "kvgate_cache_reports_total", &[("reported", "no")]),
+    )
+}
+
+#[actix_rt::test]
+async fn a_predicted_hit_the_engine_reports_nothing_for_counts_against_zero() {
+    let sim = SimConfig {
+        enable_cache_report: true,
+        ..SimConfig::default()
+    };
+    let h = Harness::start(1, sim, |_| {});
+    let system = "Answer as a ship's navigator would, in one line. ".repeat(12);
+    let chat = |q: &str| json!({"messages": [{"role": "system", "content": system}, {"role": "user", "content": q}], "max_tokens": 2});
+    for q in ["first", "second"] {
+        let r = post_json(&h.url("/v1/chat/completions"), &chat(q)).await;
+        assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    }
+    let (predicted, reported, _) = cached_counts(&h, 2).await;
+    assert!(reported > 0.0 && predicted > 0.0, "{predicted} {reported}");
+    // The engine forgets; the index does not know yet, so the next request predicts a hit
+    // and the engine, having nothing cached, leaves the figure out.
+    let flushed = post_json(&format!("{}/flush_cache", h.fleet.urls()[0]), &json!({})).await;
+    assert_eq!(flushed.status.as_u16(), 200, "{}", flushed.text());
+    let r = post_json(&h.url("/v1/chat/completions"), &chat("third")).await;
+    assert_eq!(r.status.as_u16(), 200);
+    assert!(
+        r.json()["usage"]["prompt_tokens_details"].is_null(),
+        "{}",
+        r.text()
+    );
+    let d = get(&h.url("/admin/decisions?limit=1")).await.json();
+    let third = d["decisions"][0]["predicted_cached_tokens"]
+        .as_f64()
+        .unwrap_or(0.0);
+    assert!(third > 0.0, "{d}");
+    let (p, rep, no) = cached_counts(&h, 3).await;
+    assert_eq!((p - predicted, rep - reported), (third, 0.0));
+    assert!(no >= Some(1.0), "{no:?}");
+}

@@ -381,6 +381,9 @@ struct Shared {
     ring: Mutex<Ring>,
     metrics: Arc<Metrics>,
     clock: Clock,
+    /// Workers that have reported cached tokens: their answers without a report had none
+    /// cached (SGLang and vLLM leave the field out then), not a figure never sent.
+    reporters: std::sync::RwLock<std::collections::HashSet<WorkerId>>,
 }
 
 /// The decision log, shared by every HTTP thread; it also feeds the answer metrics.
@@ -393,6 +396,7 @@ impl DecisionSink {
         let cap = cap.max(1);
         DecisionSink(Arc::new(Shared {
             metrics,
+            reporters: std::sync::RwLock::default(),
             ring: Mutex::new(Ring {
                 slots: Vec::with_capacity(cap.min(DECISION_LOG_SIZE)),
                 cap,
@@ -416,6 +420,7 @@ impl DecisionSink {
         let now = Instant::now();
         let predicted = predicted_tokens(decision, at.text, at.bytes_per_token);
         let (endpoint, arrived, stream) = (at.endpoint, at.arrived, at.stream);
+        let worker = decision.worker;
         let slot = self.ring().push(now, at, decision, predicted);
         AnswerNote {
             sink: self.clone(),
@@ -425,6 +430,7 @@ impl DecisionSink {
             first_byte: None,
             last_chunk: None,
             predicted,
+            worker,
             cached: None,
             status: None,
             endpoint,

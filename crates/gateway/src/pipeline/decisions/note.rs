@@ -19,6 +19,7 @@ pub(crate) struct AnswerNote {
     pub(super) first_byte: Option<Instant>,
     pub(super) last_chunk: Option<Instant>,
     pub(super) predicted: Option<u64>,
+    pub(super) worker: Option<kvgate_policies::WorkerId>,
     pub(super) cached: Option<u64>,
     pub(super) status: Option<u16>,
     pub(super) endpoint: Endpoint,
@@ -115,7 +116,29 @@ impl Drop for AnswerNote {
         }
         if outcome == "ok" {
             m.cache_report(self.cached.is_some());
-            if let Some(c) = self.cached {
+            let reporters = &self.sink.0.reporters;
+            let reported = match (self.cached, self.worker) {
+                (Some(c), Some(w)) => {
+                    let known = (reporters.read())
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .contains(&w);
+                    if !known {
+                        (reporters.write())
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .insert(w);
+                    }
+                    Some(c)
+                }
+                (Some(c), None) => Some(c),
+                // A reporting engine that left the figure out had nothing cached: the
+                // prediction counts against zero, so the ratio shows the index's misses.
+                (None, Some(w)) => (reporters.read())
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .contains(&w)
+                    .then_some(0),
+                (None, None) => None,
+            };
+            if let Some(c) = reported {
                 m.reported_cached.inc_by(c);
                 m.predicted_cached.inc_by(self.predicted.unwrap_or(0));
             }
