@@ -248,3 +248,40 @@ async fn a_worker_that_lists_no_model_is_pending_and_not_routed() {
     .await
     .assert_error(503, "no_available_workers");
 }
+
+#[actix_rt::test]
+async fn the_reference_gateways_worker_body_is_accepted() {
+    let fleet = SimFleet::start(1, SimConfig::default()).unwrap();
+    let url = fleet.urls()[0].clone();
+    let dir = tempfile::tempdir().unwrap();
+    let gw = kvgate_gateway::Gateway::start(test_config(&dir)).unwrap();
+    let workers = format!("{}/workers", gw.url());
+    // A disaggregated role is refused with the reason, and nothing is registered.
+    let prefill = json!({"url": url, "worker_type": "prefill"});
+    let r = post_json(&workers, &prefill).await;
+    r.assert_error(400, "invalid_request");
+    assert!(r.text().contains("worker_type"), "{}", r.text());
+    assert_eq!(get(&workers).await.json()["total"], 0);
+    let body = json!({
+        "url": url,
+        "worker_type": "regular",
+        "model_id": "llama-3-8b",
+        "api_key": "engine-key",
+        "priority": 50,
+        "cost": 1.0,
+        "labels": {"zone": "a"},
+    });
+    let r = post_json(&workers, &body).await;
+    assert_eq!(r.status.as_u16(), 201, "{}", r.text());
+    let w = r.json();
+    assert_eq!(w["url"], url.as_str());
+    assert_eq!(
+        w["ignored_fields"],
+        json!({"model_id": "llama-3-8b", "priority": 50, "cost": 1.0, "labels": {"zone": "a"}})
+    );
+    assert!(
+        !r.text().contains("engine-key"),
+        "the key is never shown: {w}"
+    );
+    assert_eq!(get(&workers).await.json()["total"], 1);
+}

@@ -220,13 +220,21 @@ pub(crate) async fn get_worker(
         .ok_or(ApiError::WorkerNotFound(key))
 }
 
+/// `POST /workers`: kvgate's body, which is also the reference gateway's (`url`,
+/// `api_key`, `worker_type`, and fields kvgate takes but does not use: `model_id`,
+/// `priority`, `cost`, `labels`, any other), so a migrating script's body is accepted.
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct AddBody {
     url: String,
     /// The key this worker expects, if not `--worker-api-key`.
     #[serde(default)]
     api_key: Option<Secret>,
+    /// `regular` (or absent): the only kind kvgate serves.
+    #[serde(default)]
+    worker_type: Option<String>,
+    /// Everything else, shown back in the answer as `ignored_fields`.
+    #[serde(flatten)]
+    rest: serde_json::Map<String, Value>,
 }
 
 async fn add(
@@ -294,10 +302,21 @@ pub(crate) async fn post_worker(
             ApiError::InvalidJson(e.to_string())
         }
     })?;
+    if let Some(t) = b.worker_type.as_deref().filter(|t| *t != "regular") {
+        return Err(ApiError::BadRequest(format!(
+            "worker_type {t:?} is not served: kvgate routes regular workers only (no prefill/decode disaggregation); use \"regular\" or leave it out"
+        )));
+    }
+    if !b.rest.is_empty() {
+        let names: Vec<&str> = b.rest.keys().map(String::as_str).collect();
+        tracing::info!(worker = %b.url, fields = ?names, "worker body fields kvgate does not use");
+    }
     let rec = add(&state, b.url, b.api_key).await?;
+    let mut shown = worker_json(&rec, &[], None, &state.tokenizers.all());
+    shown["ignored_fields"] = Value::Object(b.rest);
     Ok(HttpResponse::build(StatusCode::CREATED)
         .insert_header(("location", format!("/workers/{}", rec.id)))
-        .json(worker_json(&rec, &[], None, &state.tokenizers.all())))
+        .json(shown))
 }
 
 pub(crate) async fn delete_worker(
