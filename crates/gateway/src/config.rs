@@ -81,6 +81,9 @@ pub struct GatewayConfig {
     /// the library only carries it.
     pub log_level: String,
     pub log_json: bool,
+    /// Write the log to `kvgate.log` in this directory instead of stdout (the binary's;
+    /// the library only carries it).
+    pub log_dir: Option<PathBuf>,
     /// Request headers whose first one present becomes the request id (the reference
     /// gateway's `--request-id-headers`); otherwise the gateway makes one.
     pub request_id_headers: Vec<String>,
@@ -174,6 +177,7 @@ impl Default for GatewayConfig {
             store_cache_bytes: kvgate_store::DEFAULT_CACHE_BYTES,
             log_level: "info".into(),
             log_json: false,
+            log_dir: None,
             request_id_headers: DEFAULT_REQUEST_ID_HEADERS
                 .iter()
                 .map(|h| (*h).to_owned())

@@ -35,14 +35,22 @@ fn shown(v: &serde_json::Value) -> String {
 pub(crate) fn command() -> clap::Command {
     let defaults = serde_json::to_value(GatewayConfig::default()).unwrap_or_default();
     let flags = FLAGS.iter().map(|(flag, key, kind, help)| {
-        let default = key
-            .split('.')
-            .try_fold(&defaults, |v, k| v.get(k))
-            .map_or_else(|| "off".to_owned(), shown);
-        let arg = clap::Arg::new(*flag).long(*flag).help(format!(
-            "{help} [default: {default}] [key: {key}] [env: {}]",
-            env_var(key)
-        ));
+        let found = key.split('.').try_fold(&defaults, |v, k| v.get(k));
+        let default = match (kind, found) {
+            (Kind::Millis, Some(v)) => v
+                .as_f64()
+                .map_or_else(|| shown(v), |s| format!("{}", (s * 1000.0).round())),
+            (_, v) => v.map_or_else(|| "off".to_owned(), shown),
+        };
+        let help = if key.is_empty() {
+            (*help).to_owned()
+        } else {
+            format!(
+                "{help} [default: {default}] [key: {key}] [env: {}]",
+                env_var(key)
+            )
+        };
+        let arg = clap::Arg::new(*flag).long(*flag).help(help);
         match kind {
             Kind::Int => arg.value_parser(clap::value_parser!(u64)),
             Kind::Float => arg.value_parser(clap::value_parser!(f64)),
@@ -59,6 +67,8 @@ pub(crate) fn command() -> clap::Command {
             Kind::OneOf(values) => {
                 arg.value_parser(clap::builder::PossibleValuesParser::new(values.iter()))
             }
+            Kind::Millis => arg.value_parser(clap::value_parser!(u64)),
+            Kind::Accepted(_) => arg.action(clap::ArgAction::SetTrue),
         }
     });
     clap::Command::new("kvgate")
@@ -99,12 +109,36 @@ pub(crate) fn parse(m: &clap::ArgMatches) -> (Option<PathBuf>, Overrides) {
             Kind::Repeated => m
                 .get_many::<String>(flag)
                 .map(|vs| vs.cloned().collect::<Vec<String>>().into()),
+            Kind::Millis => m.get_one::<u64>(flag).map(|v| (*v as f64 / 1000.0).into()),
+            Kind::Accepted(_) => None,
         };
         if let Some(v) = v {
             o.push(((*key).to_owned(), v));
         }
     }
     (m.get_one::<PathBuf>("config").cloned(), o)
+}
+
+/// The first of `args` that is a reference-gateway flag kvgate has no equivalent for, as
+/// the one-line error that names it and what to use instead.
+pub(crate) fn no_equivalent<S: AsRef<str>>(args: &[S]) -> Option<String> {
+    args.iter().find_map(|a| {
+        let name = a.as_ref().strip_prefix("--")?;
+        let name = name.split_once('=').map_or(name, |(n, _)| n);
+        let (_, instead) = flags::NO_EQUIVALENT.iter().find(|(f, _)| *f == name)?;
+        Some(format!("--{name} has no kvgate equivalent: {instead}"))
+    })
+}
+
+/// What the flags given without effect say, for the log at start.
+pub(crate) fn notes(m: &clap::ArgMatches) -> Vec<&'static str> {
+    FLAGS
+        .iter()
+        .filter_map(|(flag, _, kind, _)| match kind {
+            Kind::Accepted(note) if m.get_flag(flag) => Some(*note),
+            _ => None,
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -123,6 +157,8 @@ mod tests {
                 Kind::Switch => true.into(),
                 Kind::Repeated => vec!["x".to_owned()].into(),
                 Kind::OneOf(values) => values[0].into(),
+                Kind::Millis => 1.0.into(),
+                Kind::Accepted(_) => continue,
             };
             let env = std::collections::HashMap::new();
             // The value may be refused for itself; the key must not be unknown.
@@ -163,6 +199,65 @@ mod tests {
         let env = [("KVGATE_POLICY__KIND".to_owned(), "nonsense".to_owned())].into();
         let e = GatewayConfig::load(None, &env, vec![]).unwrap_err();
         assert!(std::error::Error::source(&e).is_none(), "{e:?}");
+    }
+
+    #[test]
+    fn the_reference_gateways_flags_are_taken_or_named() {
+        let c = load(
+            &[
+                "--retry-initial-backoff-ms",
+                "250",
+                "--retry-max-backoff-ms",
+                "4000",
+                "--retry-backoff-multiplier",
+                "3",
+                "--log-dir",
+                "/tmp/kvgate-logs",
+                "--dp-aware",
+                "--request-id-headers",
+                "x-a",
+            ],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                c.retry.initial_backoff,
+                c.retry.max_backoff,
+                c.retry.backoff_multiplier
+            ),
+            (
+                std::time::Duration::from_millis(250),
+                std::time::Duration::from_secs(4),
+                3.0
+            )
+        );
+        assert_eq!(
+            c.log_dir.as_deref(),
+            Some(std::path::Path::new("/tmp/kvgate-logs"))
+        );
+        assert_eq!(c.request_id_headers, vec!["x-a"]);
+        let m = command()
+            .try_get_matches_from(["kvgate", "--dp-aware"])
+            .unwrap();
+        assert!(
+            notes(&m)[0].contains("always rank-aware"),
+            "{:?}",
+            notes(&m)
+        );
+        assert!(notes(&command().get_matches_from(["kvgate"])).is_empty());
+        let err = no_equivalent(&["kvgate", "--policy", "cache_aware", "--pd-disaggregation"]);
+        let err = err.unwrap_or_default();
+        assert!(
+            err.contains("--pd-disaggregation") && err.contains("--worker-urls"),
+            "{err}"
+        );
+        assert!(no_equivalent(&["kvgate", "--worker-startup-timeout-secs=600"]).is_some());
+        assert_eq!(no_equivalent(&["kvgate", "--policy", "prefill"]), None);
+        // No flag of kvgate's own is listed as missing.
+        for (f, _) in flags::NO_EQUIVALENT {
+            assert!(FLAGS.iter().all(|(own, _, _, _)| own != f), "--{f}");
+        }
     }
 
     fn load(args: &[&str], env: &[(&str, &str)]) -> Result<GatewayConfig, String> {

@@ -25,16 +25,36 @@ fn log_filter(cfg: &GatewayConfig) -> anyhow::Result<EnvFilter> {
     )
 }
 
-fn init_logging(cfg: &GatewayConfig, filter: EnvFilter) {
+fn init_logging(cfg: &GatewayConfig, filter: EnvFilter) -> anyhow::Result<()> {
     use std::io::IsTerminal;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::stdout().is_terminal());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    // `--log-dir`: the log goes to `kvgate.log` there (appended), as the reference
+    // gateway's does, instead of stdout.
+    if let Some(dir) = &cfg.log_dir {
+        std::fs::create_dir_all(dir).with_context(|| format!("--log-dir {}", dir.display()))?;
+        let path = dir.join("kvgate.log");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        let builder = builder
+            .with_ansi(false)
+            .with_writer(std::sync::Mutex::new(file));
+        if cfg.log_json {
+            builder.json().flatten_event(true).init();
+        } else {
+            builder.init();
+        }
+        return Ok(());
+    }
+    let builder = builder.with_ansi(std::io::stdout().is_terminal());
     if cfg.log_json {
         builder.json().flatten_event(true).init();
     } else {
         builder.init();
     }
+    Ok(())
 }
 
 fn wait_for_signal() -> anyhow::Result<()> {
@@ -55,7 +75,12 @@ fn wait_for_signal() -> anyhow::Result<()> {
 
 fn main() -> anyhow::Result<()> {
     kvgate_gateway::keep_freed_memory();
-    let matches = cli::command().get_matches();
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(line) = cli::no_equivalent(&args) {
+        eprintln!("error: {line}");
+        std::process::exit(2);
+    }
+    let matches = cli::command().get_matches_from(args);
     if matches.get_flag("print-example-config") {
         print!("{}", cli::example_toml());
         return Ok(());
@@ -64,7 +89,10 @@ fn main() -> anyhow::Result<()> {
     let env: HashMap<String, String> = std::env::vars().collect();
     let mut cfg = GatewayConfig::load(file.as_deref(), &env, overrides)?;
     let filter = log_filter(&cfg)?;
-    init_logging(&cfg, filter);
+    init_logging(&cfg, filter)?;
+    for note in cli::notes(&matches) {
+        tracing::info!("{note}");
+    }
 
     let fleet = demo_fleet(&mut cfg)?;
 

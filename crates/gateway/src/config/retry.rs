@@ -21,11 +21,14 @@ pub struct RetryConfig {
     /// Turns retries off (as `retry_max_retries = 1`).
     #[serde(rename = "disable_retries")]
     pub disabled: bool,
-    /// Backoff before the second attempt; each later one doubles it, up to the maximum.
+    /// Backoff before the second attempt; each later one is `backoff_multiplier` times the
+    /// one before, up to the maximum.
     #[serde(rename = "retry_initial_backoff_secs", with = "kvgate_core::secs")]
     pub initial_backoff: Duration,
     #[serde(rename = "retry_max_backoff_secs", with = "kvgate_core::secs")]
     pub max_backoff: Duration,
+    #[serde(rename = "retry_backoff_multiplier")]
+    pub backoff_multiplier: f64,
     /// Each backoff is drawn within ± this fraction of its nominal value.
     #[serde(rename = "retry_jitter_factor")]
     pub jitter: f64,
@@ -45,6 +48,7 @@ impl Default for RetryConfig {
             disabled: false,
             initial_backoff: Duration::from_millis(50),
             max_backoff: Duration::from_secs(1),
+            backoff_multiplier: 2.0,
             jitter: 0.2,
             budget_percent: 20.0,
             budget_min_per_sec: 3,
@@ -57,6 +61,9 @@ impl Section for RetryConfig {
         at_least_one("retry_max_retries", self.max_retries.into())?;
         duration("retry_initial_backoff_secs", self.initial_backoff, true)?;
         duration("retry_max_backoff_secs", self.max_backoff, true)?;
+        if !(self.backoff_multiplier.is_finite() && self.backoff_multiplier >= 1.0) {
+            return invalid("retry_backoff_multiplier", "must be a number of at least 1");
+        }
         if !(0.0..=1.0).contains(&self.jitter) {
             return invalid("retry_jitter_factor", "must be a number from 0 to 1");
         }
@@ -73,14 +80,14 @@ impl RetryConfig {
         if self.disabled { 1 } else { self.max_retries }
     }
 
-    /// The wait before attempt `n` (2 for the first retry): the initial backoff, doubled
-    /// for each later attempt, capped, jittered.
+    /// The wait before attempt `n` (2 for the first retry): the initial backoff, times the
+    /// multiplier for each later attempt, capped, jittered.
     pub fn backoff(&self, n: u32, rng: &mut impl Rng) -> Duration {
-        let doublings = n.saturating_sub(2).min(20);
-        let nominal = self
-            .initial_backoff
-            .saturating_mul(1 << doublings)
-            .min(self.max_backoff);
+        let steps = n.saturating_sub(2).min(64);
+        let factor = self.backoff_multiplier.max(1.0).powi(steps as i32);
+        let cap = self.max_backoff.as_secs_f64();
+        let nominal =
+            Duration::from_secs_f64((self.initial_backoff.as_secs_f64() * factor).min(cap));
         let spread = 1.0 + self.jitter * rng.gen_range(-1.0..=1.0);
         nominal.mul_f64(spread.max(0.0))
     }
@@ -111,6 +118,15 @@ mod tests {
                     "attempt {n}: {ms} ms"
                 );
             }
+        }
+        let tripled = RetryConfig {
+            backoff_multiplier: 3.0,
+            max_backoff: Duration::from_secs(10),
+            jitter: 0.0,
+            ..p
+        };
+        for (n, ms) in [(2, 100), (3, 300), (4, 900)] {
+            assert_eq!(tripled.backoff(n, &mut rng), Duration::from_millis(ms));
         }
         assert_eq!(p.attempts(), 5);
         assert_eq!(

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use kvgate_gateway::GatewayConfig;
 use serde_json::Value;
 
-use super::flags::FLAGS;
+use super::flags::{FLAGS, Kind};
 
 /// A default as TOML: `None` when it is unset (the line is then left commented out).
 fn toml_value(v: &Value) -> Option<String> {
@@ -41,12 +41,14 @@ pub(crate) fn example_toml() -> String {
     let defaults = serde_json::to_value(GatewayConfig::default()).unwrap_or_default();
     // Keys by table ("" is the top level), each with its flag and help when it has one.
     let mut tables: BTreeMap<&str, Vec<Key<'_>>> = BTreeMap::new();
-    for (flag, key, _, help) in FLAGS {
+    for (flag, key, kind, help) in FLAGS {
         let (table, name) = key.split_once('.').unwrap_or(("", key));
-        tables
-            .entry(table)
-            .or_default()
-            .push((name, Some((*flag, *help))));
+        let keys = tables.entry(table).or_default();
+        // A flag without a key, or a second spelling of a key (`--retry-*-ms`), adds no line.
+        if key.is_empty() || matches!(kind, Kind::Millis) || keys.iter().any(|(k, _)| *k == name) {
+            continue;
+        }
+        keys.push((name, Some((*flag, *help))));
     }
     let mut out = String::from(
         "# kvgate's configuration with every key at its default (`kvgate --print-example-config`).\n\

@@ -17,6 +17,11 @@ pub(super) enum Kind {
     Repeated,
     /// One of these names: a wrong one is refused naming the flag and listing them.
     OneOf(&'static [&'static str]),
+    /// Milliseconds, for a key in seconds (the reference gateway's `_ms` flags).
+    Millis,
+    /// Accepted for the reference gateway's scripts and without effect; the text says why,
+    /// in the log at start.
+    Accepted(&'static str),
 }
 
 /// `--policy`'s values (`PolicyKind::ALL`'s names; a test keeps them in step).
@@ -358,13 +363,45 @@ pub(super) const FLAGS: &[(&str, &str, Kind, &str)] = &[
         "retry-initial-backoff-secs",
         "retry_initial_backoff_secs",
         Kind::Float,
-        "Wait before the first retry, doubled for each later one, seconds",
+        "Wait before the first retry, multiplied by --retry-backoff-multiplier for each later one, seconds",
     ),
     (
         "retry-max-backoff-secs",
         "retry_max_backoff_secs",
         Kind::Float,
         "Longest wait between two attempts, seconds",
+    ),
+    (
+        "retry-initial-backoff-ms",
+        "retry_initial_backoff_secs",
+        Kind::Millis,
+        "--retry-initial-backoff-secs in milliseconds (the reference gateway's spelling)",
+    ),
+    (
+        "retry-max-backoff-ms",
+        "retry_max_backoff_secs",
+        Kind::Millis,
+        "--retry-max-backoff-secs in milliseconds (the reference gateway's spelling)",
+    ),
+    (
+        "retry-backoff-multiplier",
+        "retry_backoff_multiplier",
+        Kind::Float,
+        "Each retry's wait is this many times the one before (at least 1)",
+    ),
+    (
+        "dp-aware",
+        "",
+        Kind::Accepted(
+            "--dp-aware: kvgate is always rank-aware (each data-parallel rank of a worker is routed to and counted on its own); the flag changes nothing",
+        ),
+        "Accepted for the reference gateway's scripts: kvgate is always rank-aware",
+    ),
+    (
+        "log-dir",
+        "log_dir",
+        Kind::Text,
+        "Write the log to kvgate.log in this directory (created if missing) instead of stdout",
     ),
     (
         "retry-jitter-factor",
@@ -599,5 +636,66 @@ pub(super) const FLAGS: &[(&str, &str, Kind, &str)] = &[
         "demo_engines",
         Kind::Int,
         "How many simulated engines --demo starts",
+    ),
+];
+
+/// The reference gateway's flags with no kvgate equivalent, and what to use instead: a
+/// migrating script that passes one is told so in one line, not by clap's guess.
+pub(super) const NO_EQUIVALENT: &[(&str, &str)] = &[
+    (
+        "pd-disaggregation",
+        "prefill/decode disaggregation is not served yet; list regular workers with --worker-urls",
+    ),
+    (
+        "prefill",
+        "prefill/decode disaggregation is not served yet; list regular workers with --worker-urls",
+    ),
+    (
+        "decode",
+        "prefill/decode disaggregation is not served yet; list regular workers with --worker-urls",
+    ),
+    (
+        "prefill-policy",
+        "prefill/decode disaggregation is not served yet; the one policy is --policy",
+    ),
+    (
+        "decode-policy",
+        "prefill/decode disaggregation is not served yet; the one policy is --policy",
+    ),
+    (
+        "prefill-selector",
+        "prefill/decode disaggregation is not served yet; pods are chosen by --selector",
+    ),
+    (
+        "decode-selector",
+        "prefill/decode disaggregation is not served yet; pods are chosen by --selector",
+    ),
+    (
+        "worker-startup-timeout-secs",
+        "a worker stays pending until it answers, checked every --health-check-interval-secs",
+    ),
+    (
+        "worker-startup-check-interval",
+        "a pending worker is checked every --health-check-interval-secs",
+    ),
+    (
+        "enable-igw",
+        "not needed: each model is routed to the workers that serve it",
+    ),
+    (
+        "cors-allowed-origins",
+        "kvgate sends no CORS headers; a browser app reaches it through its own backend or ingress",
+    ),
+    (
+        "reasoning-parser",
+        "answers are relayed byte for byte; parse them in the client",
+    ),
+    (
+        "tool-call-parser",
+        "answers are relayed byte for byte; parse them in the client",
+    ),
+    (
+        "chat-template",
+        "the engine applies its own chat template; --tokenizer-path names the model's for matching",
     ),
 ];
