@@ -69,6 +69,7 @@ pub(crate) fn command() -> clap::Command {
             }
             Kind::Millis => arg.value_parser(clap::value_parser!(u64)),
             Kind::Accepted(_) => arg.action(clap::ArgAction::SetTrue),
+            Kind::AcceptedValue(_) => arg.value_parser(clap::value_parser!(String)),
         }
     });
     clap::Command::new("kvgate")
@@ -110,7 +111,7 @@ pub(crate) fn parse(m: &clap::ArgMatches) -> (Option<PathBuf>, Overrides) {
                 .get_many::<String>(flag)
                 .map(|vs| vs.cloned().collect::<Vec<String>>().into()),
             Kind::Millis => m.get_one::<u64>(flag).map(|v| (*v as f64 / 1000.0).into()),
-            Kind::Accepted(_) => None,
+            Kind::Accepted(_) | Kind::AcceptedValue(_) => None,
         };
         if let Some(v) = v {
             o.push(((*key).to_owned(), v));
@@ -136,6 +137,7 @@ pub(crate) fn notes(m: &clap::ArgMatches) -> Vec<&'static str> {
         .iter()
         .filter_map(|(flag, _, kind, _)| match kind {
             Kind::Accepted(note) if m.get_flag(flag) => Some(*note),
+            Kind::AcceptedValue(note) if m.contains_id(flag) => Some(*note),
             _ => None,
         })
         .collect()
@@ -158,7 +160,7 @@ mod tests {
                 Kind::Repeated => vec!["x".to_owned()].into(),
                 Kind::OneOf(values) => values[0].into(),
                 Kind::Millis => 1.0.into(),
-                Kind::Accepted(_) => continue,
+                Kind::Accepted(_) | Kind::AcceptedValue(_) => continue,
             };
             let env = std::collections::HashMap::new();
             // The value may be refused for itself; the key must not be unknown.
@@ -214,6 +216,12 @@ mod tests {
                 "--log-dir",
                 "/tmp/kvgate-logs",
                 "--dp-aware",
+                "--eviction-interval",
+                "90",
+                "--model-path",
+                "/models/m",
+                "--backend",
+                "vllm",
                 "--request-id-headers",
                 "x-a",
             ],
@@ -237,6 +245,16 @@ mod tests {
             Some(std::path::Path::new("/tmp/kvgate-logs"))
         );
         assert_eq!(c.request_id_headers, vec!["x-a"]);
+        assert_eq!(
+            (
+                c.policy.eviction_interval,
+                c.events.tokenizer_path.as_deref()
+            ),
+            (
+                Some(std::time::Duration::from_secs(90)),
+                Some(std::path::Path::new("/models/m"))
+            )
+        );
         let m = command()
             .try_get_matches_from(["kvgate", "--dp-aware"])
             .unwrap();

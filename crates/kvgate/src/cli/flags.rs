@@ -22,6 +22,8 @@ pub(super) enum Kind {
     /// Accepted for the reference gateway's scripts and without effect; the text says why,
     /// in the log at start.
     Accepted(&'static str),
+    /// As `Accepted`, with a value.
+    AcceptedValue(&'static str),
 }
 
 /// `--policy`'s values (`PolicyKind::ALL`'s names; a test keeps them in step).
@@ -172,6 +174,12 @@ pub(super) const FLAGS: &[(&str, &str, Kind, &str)] = &[
         "policy.eviction_interval_secs",
         Kind::Float,
         "Prefix-index eviction period, seconds",
+    ),
+    (
+        "eviction-interval",
+        "policy.eviction_interval_secs",
+        Kind::Float,
+        "--eviction-interval-secs (the reference gateway's spelling)",
     ),
     (
         "max-tree-size",
@@ -334,6 +342,28 @@ pub(super) const FLAGS: &[(&str, &str, Kind, &str)] = &[
         "tokenizer_path",
         Kind::Text,
         "The model's tokenizer (directory or tokenizer.json) for matching text requests on KV events",
+    ),
+    (
+        "model-path",
+        "tokenizer_path",
+        Kind::Text,
+        "--tokenizer-path (the reference gateway's spelling; a local path, no download)",
+    ),
+    (
+        "backend",
+        "",
+        Kind::AcceptedValue(
+            "--backend: kvgate detects each worker's runtime (SGLang, vLLM, or OpenAI-compatible) from the worker itself; the flag changes nothing",
+        ),
+        "Accepted for the reference gateway's scripts: each worker's runtime is detected",
+    ),
+    (
+        "runtime",
+        "",
+        Kind::AcceptedValue(
+            "--runtime: kvgate detects each worker's runtime (SGLang, vLLM, or OpenAI-compatible) from the worker itself; the flag changes nothing",
+        ),
+        "--backend (the reference gateway's other spelling)",
     ),
     (
         "prometheus-port",
@@ -677,6 +707,10 @@ pub(super) const NO_EQUIVALENT: &[(&str, &str)] = &[
     (
         "worker-startup-check-interval",
         "a pending worker is checked every --health-check-interval-secs",
+    ),
+    (
+        "model",
+        "only the reference's OpenAI-backend mode used it; kvgate routes each model to the workers that list it",
     ),
     (
         "enable-igw",
