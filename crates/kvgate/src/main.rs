@@ -119,11 +119,14 @@ fn demo_fleet(cfg: &mut GatewayConfig) -> anyhow::Result<Option<kvgate_engine_si
     if !cfg.demo {
         return Ok(None);
     }
-    let fleet = kvgate_engine_sim::SimFleet::start(
-        cfg.demo_engines,
-        kvgate_engine_sim::SimConfig::default(),
-    )
-    .context("starting the simulated engines")?;
+    // They report cached tokens, as SGLang does with `--enable-cache-report`, so the fleet
+    // page's predicted-against-reported figure is real from the first hits.
+    let sim = kvgate_engine_sim::SimConfig {
+        enable_cache_report: true,
+        ..kvgate_engine_sim::SimConfig::default()
+    };
+    let fleet = kvgate_engine_sim::SimFleet::start(cfg.demo_engines, sim)
+        .context("starting the simulated engines")?;
     cfg.worker_urls.extend(fleet.urls());
     Ok(Some(fleet))
 }

@@ -504,3 +504,31 @@ fn keys_and_prompts_stay_out_of_the_logs() {
         assert!(!lines.contains(secret), "{secret} in the logs:\n{lines}");
     }
 }
+
+#[test]
+fn the_demos_engines_report_their_cached_tokens() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gw = Kvgate::start(dir.path(), &[], &["--demo"]);
+    gw.wait_line("kvgate demo");
+    for q in ["one", "two", "three"] {
+        let body = json!({"messages": [{"role": "system", "content": prompt(7)}, {"role": "user", "content": q}], "max_tokens": 2});
+        let (status, _) = http(
+            "POST",
+            &format!("{}/v1/chat/completions", gw.url),
+            Some(body),
+        );
+        assert_eq!(status, 200);
+    }
+    let mut cached = Value::Null;
+    for _ in 0..250 {
+        cached = http("GET", &format!("{}/admin/state", gw.url), None).1["cached_tokens"].clone();
+        if cached["reported"].as_u64() > Some(0) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        cached["reported"].as_u64() > Some(0) && cached["predicted"].as_u64() > Some(0),
+        "{cached}"
+    );
+}
