@@ -84,6 +84,8 @@ pub struct GatewayConfig {
     /// Write the log to `kvgate.log` in this directory instead of stdout (the binary's;
     /// the library only carries it).
     pub log_dir: Option<PathBuf>,
+    /// One `info` line per answered request (target `kvgate::access`).
+    pub access_log: bool,
     /// Request headers whose first one present becomes the request id (the reference
     /// gateway's `--request-id-headers`); otherwise the gateway makes one.
     pub request_id_headers: Vec<String>,
@@ -178,6 +180,7 @@ impl Default for GatewayConfig {
             log_level: "info".into(),
             log_json: false,
             log_dir: None,
+            access_log: true,
             request_id_headers: DEFAULT_REQUEST_ID_HEADERS
                 .iter()
                 .map(|h| (*h).to_owned())

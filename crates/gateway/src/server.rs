@@ -200,7 +200,11 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
     let pipeline = Pipeline {
         selector: selector.clone(),
         admission: admission.clone(),
-        decisions: DecisionSink::new(DECISION_LOG_SIZE, metrics.clone()),
+        decisions: DecisionSink::with_access_log(
+            DECISION_LOG_SIZE,
+            metrics.clone(),
+            cfg.access_log,
+        ),
         metrics: metrics.clone(),
         retry: cfg.retry,
         budget: Arc::new(SharedBudget::new(&cfg.retry)),

@@ -74,9 +74,16 @@ impl Kvgate {
             url: String::new(),
         };
         let line = k.wait_line("kvgate listening");
-        let addr = line
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix("addr="))
+        // A text line (`addr=...`) or, with `--log-json`, a JSON one.
+        let json_addr = serde_json::from_str::<Value>(&line)
+            .ok()
+            .and_then(|v| v["addr"].as_str().map(str::to_owned));
+        let addr = json_addr
+            .or_else(|| {
+                (line.split_whitespace())
+                    .find_map(|w| w.strip_prefix("addr="))
+                    .map(str::to_owned)
+            })
             .expect("addr in the listening line");
         k.url = format!("http://{addr}");
         k
@@ -531,4 +538,63 @@ fn the_demos_engines_report_their_cached_tokens() {
         cached["reported"].as_u64() > Some(0) && cached["predicted"].as_u64() > Some(0),
         "{cached}"
     );
+}
+
+fn chat_with_id(gw: &Kvgate, id: &str) {
+    actix_rt::System::new().block_on(async {
+        let body = json!({"messages": [{"role": "user", "content": "hello"}], "max_tokens": 2});
+        let r = awc::Client::new()
+            .post(format!("{}/v1/chat/completions", gw.url))
+            .insert_header(("x-request-id", id))
+            .send_json(&body)
+            .await
+            .expect("sent");
+        assert_eq!(r.status().as_u16(), 200);
+    });
+}
+
+#[test]
+fn each_answered_request_has_one_access_log_line() {
+    let engines = fleet();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gw = Kvgate::start(dir.path(), &engines.urls(), &["--log-json"]);
+    chat_with_id(&gw, "access-one");
+    let line = gw.wait_line("\"access-one\"");
+    let v: Value = serde_json::from_str(&line).expect("a JSON line");
+    assert_eq!(v["target"], "kvgate::access", "{v}");
+    assert_eq!(
+        (&v["route"], &v["status"], &v["retries"], &v["path"]),
+        (
+            &json!("/v1/chat/completions"),
+            &json!(200),
+            &json!(0),
+            &json!("miss")
+        ),
+        "{v}"
+    );
+    assert!(
+        engines.urls().iter().any(|u| v["worker"] == u.as_str()),
+        "{v}"
+    );
+    assert!(
+        v["duration_ms"].as_f64().is_some() && v["prompt_tokens"].as_u64() > Some(0),
+        "{v}"
+    );
+    let lines = gw.lines.lock().expect("log lock").clone();
+    assert_eq!(
+        lines
+            .iter()
+            .filter(|l| l.contains("\"access-one\""))
+            .count(),
+        1
+    );
+    drop(gw);
+    // Off: the request is served and no line names it.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gw = Kvgate::start(dir.path(), &engines.urls(), &["--access-log", "off"]);
+    chat_with_id(&gw, "access-two");
+    chat_with_id(&gw, "access-three");
+    std::thread::sleep(Duration::from_millis(300));
+    let lines = gw.lines.lock().expect("log lock").clone();
+    assert!(!lines.iter().any(|l| l.contains("access-two")), "{lines:?}");
 }

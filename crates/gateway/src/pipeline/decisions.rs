@@ -161,6 +161,18 @@ struct Entry {
     answer: Option<Ended>,
 }
 
+/// What an access-log line takes from the decision log.
+#[derive(Debug)]
+pub(super) struct Access {
+    request_id: RequestIdText,
+    model: Option<Arc<str>>,
+    route: &'static str,
+    worker: WorkerUrl,
+    path: &'static str,
+    retries: u32,
+    ttft_ms: Option<f64>,
+}
+
 /// How an answer ended, as the ring keeps it: instants, turned into milliseconds when
 /// read.
 #[derive(Debug, Clone, Copy)]
@@ -346,11 +358,21 @@ impl Ring {
         slot
     }
 
-    fn answer(&mut self, slot: Slot, answer: Ended) {
+    /// Files `answer` under its decision; with `access`, what the access log line needs of
+    /// the decision.
+    fn answer(&mut self, slot: Slot, answer: Ended, access: bool) -> Option<Access> {
         // The slot may have been taken by a newer decision since.
-        if let Some(e) = self.slots.get_mut(slot.i).filter(|e| e.seq == slot.seq) {
-            e.answer = Some(answer);
-        }
+        let e = self.slots.get_mut(slot.i).filter(|e| e.seq == slot.seq)?;
+        e.answer = Some(answer);
+        access.then(|| Access {
+            request_id: e.request_id.clone(),
+            model: e.model.clone(),
+            route: e.endpoint.path(),
+            worker: e.worker.clone(),
+            path: e.decision.path.name(),
+            retries: e.attempt.saturating_sub(1),
+            ttft_ms: answer.first_byte.map(|t| ms(t.duration_since(e.at))),
+        })
     }
 
     /// The entries, oldest first.
@@ -384,6 +406,8 @@ struct Shared {
     /// Workers that have reported cached tokens: their answers without a report had none
     /// cached (SGLang and vLLM leave the field out then), not a figure never sent.
     reporters: std::sync::RwLock<std::collections::HashSet<WorkerId>>,
+    /// `--access-log`: one line per answered request.
+    access_log: bool,
 }
 
 /// The decision log, shared by every HTTP thread; it also feeds the answer metrics.
@@ -391,11 +415,22 @@ struct Shared {
 pub(crate) struct DecisionSink(Arc<Shared>);
 
 impl DecisionSink {
-    /// A log keeping the last `cap` decisions.
+    /// A log keeping the last `cap` decisions, without the access log.
+    #[cfg(test)]
     pub(crate) fn new(cap: usize, metrics: Arc<Metrics>) -> DecisionSink {
+        DecisionSink::with_access_log(cap, metrics, false)
+    }
+
+    /// As `new`, writing the access log when `access_log` is set.
+    pub(crate) fn with_access_log(
+        cap: usize,
+        metrics: Arc<Metrics>,
+        access_log: bool,
+    ) -> DecisionSink {
         let cap = cap.max(1);
         DecisionSink(Arc::new(Shared {
             metrics,
+            access_log,
             reporters: std::sync::RwLock::default(),
             ring: Mutex::new(Ring {
                 slots: Vec::with_capacity(cap.min(DECISION_LOG_SIZE)),
@@ -432,6 +467,7 @@ impl DecisionSink {
             predicted,
             worker,
             cached: None,
+            prompt_tokens: None,
             status: None,
             endpoint,
             stream,

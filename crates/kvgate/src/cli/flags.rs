@@ -74,6 +74,12 @@ pub(super) const FLAGS: &[(&str, &str, Kind, &str)] = &[
     ),
     ("log-json", "log_json", Kind::Switch, "Log as JSON lines"),
     (
+        "access-log",
+        "access_log",
+        Kind::OneOf(&["on", "off"]),
+        "One info line per answered request: id, route, model, worker, decision path, status, TTFT, duration, prompt and cached tokens, retries",
+    ),
+    (
         "request-id-headers",
         "request_id_headers",
         Kind::Texts,

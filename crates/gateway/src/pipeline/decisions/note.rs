@@ -21,6 +21,8 @@ pub(crate) struct AnswerNote {
     pub(super) predicted: Option<u64>,
     pub(super) worker: Option<kvgate_policies::WorkerId>,
     pub(super) cached: Option<u64>,
+    /// The prompt's tokens as the answer's usage gives them (read for the access log only).
+    pub(super) prompt_tokens: Option<u64>,
     pub(super) status: Option<u16>,
     pub(super) endpoint: Endpoint,
     pub(super) stream: bool,
@@ -70,6 +72,11 @@ impl AnswerNote {
         if let Some(n) = cached_tokens(b) {
             self.cached = Some(n);
         }
+        if self.sink.0.access_log
+            && let Some(n) = usage_number(b, &PROMPT_TOKENS)
+        {
+            self.prompt_tokens = Some(n);
+        }
     }
 
     /// An answer read whole before it is relayed: its first byte and its end are the
@@ -77,6 +84,9 @@ impl AnswerNote {
     pub(crate) fn body(&mut self, b: &[u8]) {
         self.whole = true;
         self.cached = cached_tokens(b);
+        if self.sink.0.access_log {
+            self.prompt_tokens = usage_number(b, &PROMPT_TOKENS);
+        }
     }
 }
 
@@ -101,9 +111,30 @@ impl Drop for AnswerNote {
             end: now,
             cached: self.cached,
         };
-        self.sink.ring().answer(self.slot, answer);
+        let log = self.relayed
+            && self.sink.0.access_log
+            && tracing::event_enabled!(target: "kvgate::access", tracing::Level::INFO);
+        let access = self.sink.ring().answer(self.slot, answer, log);
         if !self.relayed {
             return;
+        }
+        if let Some(a) = access {
+            // Written after the ring's lock is let go.
+            tracing::info!(
+                target: "kvgate::access",
+                request_id = a.request_id.as_str(),
+                route = a.route,
+                model = a.model.as_deref().unwrap_or(""),
+                worker = %a.worker,
+                path = a.path,
+                status = self.status,
+                ttft_ms = a.ttft_ms,
+                duration_ms = super::ms(now.duration_since(self.arrived)),
+                prompt_tokens = self.prompt_tokens,
+                cached_tokens = self.cached,
+                retries = a.retries,
+                "answered"
+            );
         }
         let m = &self.sink.0.metrics;
         let r = m.route(self.endpoint);
@@ -161,23 +192,31 @@ fn last_key(finder: &memchr::memmem::Finder<'_>, b: &[u8]) -> Option<usize> {
     Some(at)
 }
 
+// Built once (building one costs more than searching a short answer), and forward: the
+// forward search is vectorised, the reverse one four times slower per byte.
+static CACHED_TOKENS: LazyLock<memchr::memmem::Finder<'static>> =
+    LazyLock::new(|| memchr::memmem::Finder::new(b"\"cached_tokens\""));
+static PROMPT_TOKENS: LazyLock<memchr::memmem::Finder<'static>> =
+    LazyLock::new(|| memchr::memmem::Finder::new(b"\"prompt_tokens\""));
+
 /// The value of the last `"cached_tokens": N` in a JSON text. A quote inside a JSON string
 /// is escaped, so generated text that mentions the key does not match.
 pub(super) fn cached_tokens(b: &[u8]) -> Option<u64> {
-    const KEY: &[u8] = b"\"cached_tokens\"";
-    // Built once (building one costs more than searching a short answer), and forward:
-    // the forward search is vectorised, the reverse one four times slower per byte.
-    static FINDER: LazyLock<memchr::memmem::Finder<'static>> =
-        LazyLock::new(|| memchr::memmem::Finder::new(KEY));
+    usage_number(b, &CACHED_TOKENS)
+}
+
+/// The value of the last `"<key>": N` in a JSON text, the key being what `finder` finds.
+fn usage_number(b: &[u8], finder: &memchr::memmem::Finder<'_>) -> Option<u64> {
+    let key_len = finder.needle().len();
     // The tail first: a long answer that reports its usage is not searched whole. The
     // rest ends where a key starting before the tail would end.
     let tail = b.len().saturating_sub(TAIL);
-    let at = match last_key(&FINDER, &b[tail..]) {
+    let at = match last_key(finder, &b[tail..]) {
         Some(i) => tail + i,
         None if tail == 0 => return None,
-        None => last_key(&FINDER, &b[..tail + KEY.len() - 1])?,
+        None => last_key(finder, &b[..tail + key_len - 1])?,
     };
-    let rest = &b[at + KEY.len()..];
+    let rest = &b[at + key_len..];
     let rest = rest
         .trim_ascii_start()
         .strip_prefix(b":")?
