@@ -275,3 +275,58 @@ async fn a_predicted_hit_the_engine_reports_nothing_for_counts_against_zero() {
     assert_eq!((p - predicted, rep - reported), (third, 0.0));
     assert!(no >= Some(1.0), "{no:?}");
 }
+
+/// The metric names the dashboard's queries use.
+fn dashboard_metrics() -> Vec<String> {
+    let dash: serde_json::Value =
+        serde_json::from_str(include_str!("../../deploy/grafana/kvgate.json")).expect("JSON");
+    let mut names = Vec::new();
+    for panel in dash["panels"].as_array().into_iter().flatten() {
+        for t in panel["targets"].as_array().into_iter().flatten() {
+            let expr = t["expr"].as_str().unwrap_or_default();
+            let mut rest = expr;
+            while let Some(at) = rest.find(|c: char| c.is_ascii_lowercase()) {
+                rest = &rest[at..];
+                let end = rest
+                    .find(|c: char| !(c.is_ascii_lowercase() || c == '_' || c.is_ascii_digit()))
+                    .unwrap_or(rest.len());
+                let word = &rest[..end];
+                if word.starts_with("kvgate_") || word.starts_with("process_") {
+                    names.push(word.to_owned());
+                }
+                rest = &rest[end..];
+            }
+        }
+    }
+    names.sort();
+    names.dedup();
+    names
+}
+
+#[actix_rt::test]
+async fn every_metric_the_grafana_dashboard_queries_is_emitted() {
+    let sim = SimConfig {
+        enable_cache_report: true,
+        ..SimConfig::default()
+    };
+    let h = Harness::start(2, sim, |_| {});
+    h.wait_for_load_reports().await;
+    for stream in [false, true] {
+        let body = json!({"messages": [{"role": "user", "content": "hello"}], "max_tokens": 3, "stream": stream});
+        let r = post_json(&h.url("/v1/chat/completions"), &body).await;
+        assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    }
+    let names = dashboard_metrics();
+    assert!(names.len() >= 15, "{names:?}");
+    let text = get(&h.url("/metrics")).await.text();
+    for name in &names {
+        let emitted = text.lines().any(|l| {
+            l.strip_prefix(name.as_str())
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        });
+        assert!(
+            emitted,
+            "the dashboard queries {name}, which /metrics does not emit"
+        );
+    }
+}
