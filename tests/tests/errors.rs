@@ -60,6 +60,26 @@ async fn routing_errors() {
     get(&h.url("/v2/unknown"))
         .await
         .assert_error(404, "route_not_found");
+    // Under /v1/ the error lists what is served.
+    let r = post_json(&h.url("/v1/embeddings"), &json!({"input": "x"})).await;
+    r.assert_error(404, "route_not_found");
+    let msg = r.json()["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        msg.contains("POST /v1/embeddings") && msg.contains("POST /v1/chat/completions"),
+        "{msg}"
+    );
+    let m = get(&h.url("/v1/models/kvgate-sim-model")).await;
+    assert_eq!(m.status.as_u16(), 200, "{}", m.text());
+    assert_eq!(
+        (m.json()["id"].as_str(), m.json()["object"].as_str()),
+        (Some("kvgate-sim-model"), Some("model"))
+    );
+    get(&h.url("/v1/models/org/nope"))
+        .await
+        .assert_error(404, "model_not_found");
     get(&h.url("/v1/chat/completions"))
         .await
         .assert_error(405, "method_not_allowed");

@@ -94,6 +94,7 @@ pub(crate) fn app(
         .service(get("/liveness", routes::liveness))
         .service(get("/readiness", routes::readiness))
         .service(get("/v1/models", routes::models))
+        .service(get("/v1/models/{id:.+}", routes::model))
         .service(
             web::resource("/workers")
                 .route(web::get().to(routes::list_workers))

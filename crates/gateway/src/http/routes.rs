@@ -498,12 +498,32 @@ pub(crate) async fn index_stats(
     Ok(HttpResponse::Ok().json(json!({"models": models, "persistence": persist})))
 }
 
+/// The inference routes kvgate serves, for the 404 of any other `/v1/` path.
+const SERVED_ROUTES: &str = "POST /v1/chat/completions, POST /v1/completions, POST /generate, GET /v1/models, GET /v1/models/{id}";
+
 pub(crate) async fn not_found(req: HttpRequest) -> Result<HttpResponse, ApiError> {
-    Err(ApiError::RouteNotFound(format!(
-        "{} {}",
-        req.method(),
-        req.path()
-    )))
+    let what = format!("{} {}", req.method(), req.path());
+    Err(ApiError::RouteNotFound(if req.path().starts_with("/v1/") {
+        format!("{what}; kvgate serves {SERVED_ROUTES}")
+    } else {
+        what
+    }))
+}
+
+/// `GET /v1/models/{id}`: one model of the union, as OpenAI answers it.
+pub(crate) async fn model(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    state.keys.client(&req)?;
+    let id = percent_decode(req.match_info().get("id").unwrap_or(""));
+    let fleet = state.registry.send(ListWorkers).await?;
+    let w = (fleet.iter())
+        .find(|w| w.models.iter().any(|m| *m == id))
+        .ok_or_else(|| ApiError::ModelNotFound(id.clone()))?;
+    Ok(HttpResponse::Ok().json(
+        json!({"id": id, "object": "model", "created": w.added_at as u64, "owned_by": w.runtime}),
+    ))
 }
 
 pub(crate) async fn method_not_allowed(req: HttpRequest) -> Result<HttpResponse, ApiError> {
