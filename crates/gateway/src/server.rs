@@ -162,6 +162,9 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
     );
     let control = Arbiter::new();
     let workers = startup_workers(cfg, &store.registry);
+    // Checked by `validate`: an entry that does not parse was refused then.
+    let allow = AllowList::new(cfg.access.allowed().unwrap_or_default());
+    let guard = ConnectGuard::new(allow.connect_judge());
     let ControlActors {
         registry,
         poller,
@@ -175,7 +178,7 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         (&index, &selector),
         store.persister,
         (store.registry, store.events),
-        (&metrics, &supervision),
+        (&metrics, &supervision, &guard),
     );
     let mut routing = routing;
     routing
@@ -183,9 +186,6 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         .0
         .report_refusals_to(registry.clone().recipient());
     routing.selector.0.read_events_from(events.clone());
-    // Checked by `validate`: an entry that does not parse was refused then.
-    let allow = AllowList::new(cfg.access.allowed().unwrap_or_default());
-    let guard = ConnectGuard::new(allow.connect_judge());
     register(&registry, (&index, &events), workers, (&allow, &guard)).await;
     // After the configured workers: a pod at one of their addresses is theirs.
     DiscoveryActor::start_if_on(

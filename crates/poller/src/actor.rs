@@ -69,10 +69,15 @@ pub struct LoadPoller {
     sink: Recipient<LoadsPolled>,
     /// Made in `started`, on the actor's own thread (the client is not `Send`).
     client: Option<Client>,
+    /// Makes the client instead of the default one (see [`LoadPoller::with_client`]).
+    make_client: Option<MakeClient>,
     targets: BTreeMap<WorkerId, Target>,
     /// The last `Target::serial` handed out.
     serial: u64,
 }
+
+/// Builds the poller's HTTP client from the poll timeout, on the poller's thread.
+pub type MakeClient = std::sync::Arc<dyn Fn(Duration) -> Client + Send + Sync>;
 
 /// A worker remembered without `/v1/loads` is asked again every this many polls (about a
 /// minute at the default 2 s interval): an engine upgraded in place, or one whose
@@ -126,9 +131,18 @@ impl LoadPoller {
             epoch,
             sink,
             client: None,
+            make_client: None,
             targets: BTreeMap::new(),
             serial: 0,
         }
+    }
+
+    /// Polls with the clients `make` builds (say, one whose connections pass an embedder's
+    /// own address checks). It should follow no redirect and time out at the timeout it is
+    /// given, as the default client does.
+    pub fn with_client(mut self, make: MakeClient) -> LoadPoller {
+        self.make_client = Some(make);
+        self
     }
 
     fn tick(&mut self, ctx: &mut Context<Self>) {
@@ -228,7 +242,10 @@ impl Actor for LoadPoller {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        self.client = Some(crate::fetch::client(self.cfg.timeout));
+        self.client = Some(match &self.make_client {
+            Some(make) => make(self.cfg.timeout),
+            None => crate::fetch::client(self.cfg.timeout),
+        });
         ctx.run_interval(self.cfg.interval, |act, ctx| act.tick(ctx));
     }
 }

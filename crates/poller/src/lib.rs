@@ -34,7 +34,7 @@ mod loads;
 mod prometheus;
 mod ranks;
 
-pub use actor::{LoadPoller, LoadsPolled, PollNow, PollTarget, SetTargets};
+pub use actor::{LoadPoller, LoadsPolled, MakeClient, PollNow, PollTarget, SetTargets};
 pub use config::PollerConfig;
 pub use counters::CounterState;
 pub use error::{ConfigError, ParseError};

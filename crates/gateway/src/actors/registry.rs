@@ -259,6 +259,13 @@ impl RegistryActor {
         }
     }
 
+    /// Checks workers through `guard`: a watched name is connected to only at the
+    /// addresses its rule allows, as the pool's connections are.
+    pub(crate) fn with_guard(mut self, guard: &crate::upstream::ConnectGuard) -> Self {
+        self.client = guard.awc_client(self.cfg.health.timeout);
+        self
+    }
+
     /// Records an admin change and hands it to the writer.
     fn remember(&mut self, url: &str, added: bool) {
         self.image.added.retain(|u| u != url);

@@ -519,7 +519,7 @@ pub(crate) async fn model(
     let id = percent_decode(req.match_info().get("id").unwrap_or(""));
     let fleet = state.registry.send(ListWorkers).await?;
     let w = (fleet.iter())
-        .find(|w| w.models.iter().any(|m| *m == id))
+        .find(|w| w.models.contains(&id))
         .ok_or_else(|| ApiError::ModelNotFound(id.clone()))?;
     Ok(HttpResponse::Ok().json(
         json!({"id": id, "object": "model", "created": w.added_at as u64, "owned_by": w.runtime}),

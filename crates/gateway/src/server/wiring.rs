@@ -157,7 +157,7 @@ pub(super) fn control_actors(
     routing: (&Addr<IndexActor>, &Addr<SelectorActor>),
     persister: Option<Persister>,
     (image, events_image): (RegistryImage, Option<EventsImage>),
-    (metrics, sup): (&Arc<Metrics>, &Arc<Supervision>),
+    (metrics, sup, guard): (&Arc<Metrics>, &Arc<Supervision>, &ConnectGuard),
 ) -> ControlActors {
     let metrics = metrics.clone();
     let arbiter = control.handle();
@@ -167,8 +167,11 @@ pub(super) fn control_actors(
     if poller_cfg.api_key.is_none() {
         poller_cfg.api_key = (cfg.access.worker_api_key.as_ref()).map(|k| k.expose().to_owned());
     }
+    // Polls connect as checks and requests do: through the guard.
+    let poll_guard = guard.clone();
+    let make: kvgate_poller::MakeClient = Arc::new(move |timeout| poll_guard.awc_client(timeout));
     let poller = start_supervised(&arbiter, "poller", sup.clone(), move || {
-        LoadPoller::new(poller_cfg, epoch, sink)
+        LoadPoller::new(poller_cfg, epoch, sink).with_client(make)
     });
     let reg_cfg = RegistryConfig {
         health: cfg.health.clone(),
@@ -212,8 +215,11 @@ pub(super) fn control_actors(
         targets: poller.clone().recipient(),
         now: poller.clone().recipient(),
     };
+    let check_guard = guard.clone();
     let registry = start_supervised(&arbiter, "registry", sup.clone(), move || {
-        RegistryActor::new(reg_cfg, subscribers, Some(link), persister, image).with_metrics(metrics)
+        RegistryActor::new(reg_cfg, subscribers, Some(link), persister, image)
+            .with_metrics(metrics)
+            .with_guard(&check_guard)
     });
     ControlActors {
         registry,

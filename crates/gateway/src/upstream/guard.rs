@@ -94,6 +94,43 @@ impl ConnectGuard {
     }
 }
 
+impl ConnectGuard {
+    /// An `awc` client for the worker checks and load polls (no redirects followed, a
+    /// `timeout` per request) whose connections go through this guard, as the pool's do: a
+    /// watched name connects only to the addresses the rule allows.
+    pub(crate) fn awc_client(&self, timeout: std::time::Duration) -> awc::Client {
+        let tcp = actix_tls::connect::Connector::new(actix_tls::connect::Resolver::custom(
+            Guarded(self.clone()),
+        ))
+        .service();
+        awc::Client::builder()
+            .connector(awc::Connector::new().connector(tcp))
+            .timeout(timeout)
+            .disable_redirects()
+            .finish()
+    }
+}
+
+/// The resolver of [`ConnectGuard::awc_client`].
+struct Guarded(ConnectGuard);
+
+impl actix_tls::connect::Resolve for Guarded {
+    fn lookup<'a>(
+        &'a self,
+        host: &'a str,
+        port: u16,
+    ) -> futures_util::future::LocalBoxFuture<'a, Result<Vec<SocketAddr>, Box<dyn std::error::Error>>>
+    {
+        Box::pin(async move {
+            match self.0.addresses(host, port).await {
+                Some(Ok(allowed)) => Ok(allowed),
+                Some(Err(e)) => Err(Box::new(e) as Box<dyn std::error::Error>),
+                None => Ok(tokio::net::lookup_host((host, port)).await?.collect()),
+            }
+        })
+    }
+}
+
 fn normal(host: &str) -> String {
     host.trim_end_matches('.').to_ascii_lowercase()
 }
@@ -134,5 +171,49 @@ mod tests {
                 .await
                 .is_none()
         );
+    }
+
+    /// A one-route server on 127.0.0.1; its port.
+    fn health_server() -> u16 {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        std::thread::spawn(move || {
+            actix_rt::System::new().block_on(async move {
+                let srv = actix_web::HttpServer::new(|| {
+                    actix_web::App::new().route(
+                        "/health",
+                        actix_web::web::get()
+                            .to(|| async { actix_web::HttpResponse::Ok().finish() }),
+                    )
+                })
+                .workers(1)
+                .listen(listener)
+                .expect("listen")
+                .run();
+                let _ = srv.await;
+            });
+        });
+        port
+    }
+
+    #[actix_rt::test]
+    async fn checks_and_polls_by_name_go_through_the_guard() {
+        let port = health_server();
+        let url = format!("http://localhost:{port}/health");
+        let timeout = std::time::Duration::from_secs(5);
+        // Watched, and its name now resolves only where the rule refuses: not connected.
+        let refuse_all: Judge = Arc::new(|_, _| false);
+        let closed = ConnectGuard::new(refuse_all);
+        closed.watch("localhost");
+        let r = closed.awc_client(timeout).get(&url).send().await;
+        assert!(r.is_err(), "connected: {:?}", r.map(|r| r.status()));
+        // The same name allowed (or not watched at all): the check goes through.
+        let allow_v4: Judge = Arc::new(|_, ip| ip == IpAddr::from([127, 0, 0, 1]));
+        let open = ConnectGuard::new(allow_v4);
+        open.watch("localhost");
+        for g in [open, ConnectGuard::default()] {
+            let r = g.awc_client(timeout).get(&url).send().await;
+            assert_eq!(r.map(|r| r.status().as_u16()).ok(), Some(200));
+        }
     }
 }
