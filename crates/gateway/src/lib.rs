@@ -66,12 +66,17 @@ pub mod testing {
     /// bodies read for routing (feature `fault-injection`).
     #[cfg(feature = "fault-injection")]
     pub mod inject {
-        pub use crate::actors::crash::{ActorCrash, crash_tokenizer};
+        pub use crate::actors::crash::ActorCrash;
         pub use crate::actors::index::Crash as IndexCrash;
         pub use crate::actors::index::HoldRebuild;
         pub use crate::actors::index::InjectPanic as IndexPanic;
         pub use crate::actors::selector::Crash as SelectorCrash;
         pub use crate::actors::selector::InjectPanic as SelectorPanic;
         pub use crate::facts::parsed as facts_parsed;
+
+        /// The tokenizer loader is not among the addresses tests hold.
+        pub fn crash_tokenizer(actors: &crate::server::Actors) {
+            actors.loader.do_send(ActorCrash);
+        }
     }
 }

@@ -243,6 +243,21 @@ fn door_counters(r: &mut Registry) -> [Counter; 2] {
     })
 }
 
+/// `kvgate_build_info{version}`, 1.
+fn register_build_info(r: &mut Registry) {
+    let build = Family::<BuildLabels, Gauge>::default();
+    r.register(
+        "build_info",
+        "1, labelled with the version of the running kvgate",
+        build.clone(),
+    );
+    build
+        .get_or_create(&BuildLabels {
+            version: env!("CARGO_PKG_VERSION"),
+        })
+        .set(1);
+}
+
 impl Metrics {
     /// The metrics of a gateway running `policy` (the `policy` label of its decisions).
     pub fn new(policy: &'static str) -> Metrics {
@@ -302,17 +317,7 @@ impl Metrics {
             snapshot_seconds.clone(),
         );
         let gauges = Gauges::register(&mut r);
-        let build = Family::<BuildLabels, Gauge>::default();
-        r.register(
-            "build_info",
-            "1, labelled with the version of the running kvgate",
-            build.clone(),
-        );
-        build
-            .get_or_create(&BuildLabels {
-                version: env!("CARGO_PKG_VERSION"),
-            })
-            .set(1);
+        register_build_info(&mut r);
         let mut process_registry = Registry::default();
         let process = Process::register(&mut process_registry);
         let health_transitions = Family::<TransitionLabels, Counter>::default();

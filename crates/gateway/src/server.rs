@@ -144,6 +144,28 @@ fn bind_listener(cfg: &GatewayConfig) -> Result<(std::net::TcpListener, SocketAd
     Ok((listener, addr))
 }
 
+/// The one dispatch pipeline both front doors share.
+fn pipeline(
+    cfg: &GatewayConfig,
+    selector: &Addr<SelectorActor>,
+    admission: &Arc<Admission>,
+    metrics: &Arc<Metrics>,
+) -> Pipeline {
+    Pipeline {
+        selector: selector.clone(),
+        admission: admission.clone(),
+        decisions: DecisionSink::with_access_log(
+            DECISION_LOG_SIZE,
+            metrics.clone(),
+            cfg.access_log,
+        ),
+        metrics: metrics.clone(),
+        retry: cfg.retry,
+        budget: Arc::new(SharedBudget::new(&cfg.retry)),
+        bytes_per_token: cfg.policy.bytes_per_token,
+    }
+}
+
 /// Starts the actors and the HTTP server inside the current actix System.
 async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threads), StartError> {
     let (listener, addr) = bind_listener(cfg)?;
@@ -197,19 +219,7 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
     );
     let lifecycle = Arc::new(Lifecycle::default());
     let admission = Arc::new(Admission::new(&cfg.admission));
-    let pipeline = Pipeline {
-        selector: selector.clone(),
-        admission: admission.clone(),
-        decisions: DecisionSink::with_access_log(
-            DECISION_LOG_SIZE,
-            metrics.clone(),
-            cfg.access_log,
-        ),
-        metrics: metrics.clone(),
-        retry: cfg.retry,
-        budget: Arc::new(SharedBudget::new(&cfg.retry)),
-        bytes_per_token: cfg.policy.bytes_per_token,
-    };
+    let pipeline = pipeline(cfg, &selector, &admission, &metrics);
     let picker = picker_server(cfg, &pipeline, &tokenizers)?;
     let state = web::Data::new(AppState {
         pipeline,

@@ -7,7 +7,6 @@ use kvgate_poller::LoadPoller;
 use crate::actors::events::EventsActor;
 use crate::actors::registry::RegistryActor;
 use crate::actors::tokenizers::TokenizerActor;
-use crate::server::Actors;
 
 /// Makes the receiving actor's handler panic.
 #[derive(Message, Debug)]
@@ -27,8 +26,3 @@ macro_rules! crashes {
 }
 
 crashes!(RegistryActor, LoadPoller, EventsActor, TokenizerActor);
-
-/// The tokenizer loader is not among the addresses tests hold.
-pub fn crash_tokenizer(actors: &Actors) {
-    actors.loader.do_send(ActorCrash);
-}

@@ -1,5 +1,6 @@
 //! The table of flags: `(flag, config key, kind, help)`, one row a flag. The table is data
 //! that `cli` turns into the clap command and reads back into config overrides.
+//! Over 600 lines because it is one table, a flag every five lines, read whole.
 
 /// How a flag's value is read.
 #[derive(Debug, Clone, Copy)]
