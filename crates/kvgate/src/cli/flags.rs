@@ -186,7 +186,7 @@ pub(super) const FLAGS: &[(&str, &str, Kind, &str)] = &[
         "eviction-interval",
         "policy.eviction_interval_secs",
         Kind::Float,
-        "--eviction-interval-secs (the reference gateway's spelling)",
+        "The reference gateway's spelling of --eviction-interval-secs",
     ),
     (
         "max-tree-size",
@@ -354,7 +354,7 @@ pub(super) const FLAGS: &[(&str, &str, Kind, &str)] = &[
         "model-path",
         "tokenizer_path",
         Kind::Text,
-        "--tokenizer-path (the reference gateway's spelling; a local path, no download)",
+        "The reference gateway's spelling of --tokenizer-path (a local path; nothing is downloaded)",
     ),
     (
         "backend",
@@ -370,7 +370,7 @@ pub(super) const FLAGS: &[(&str, &str, Kind, &str)] = &[
         Kind::AcceptedValue(
             "--runtime: kvgate detects each worker's runtime (SGLang, vLLM, or OpenAI-compatible) from the worker itself; the flag changes nothing",
         ),
-        "--backend (the reference gateway's other spelling)",
+        "Accepted for the reference gateway's scripts (its other spelling of --backend): each worker's runtime is detected",
     ),
     (
         "prometheus-port",
@@ -412,13 +412,13 @@ pub(super) const FLAGS: &[(&str, &str, Kind, &str)] = &[
         "retry-initial-backoff-ms",
         "retry_initial_backoff_secs",
         Kind::Millis,
-        "--retry-initial-backoff-secs in milliseconds (the reference gateway's spelling)",
+        "The reference gateway's spelling of --retry-initial-backoff-secs, in milliseconds",
     ),
     (
         "retry-max-backoff-ms",
         "retry_max_backoff_secs",
         Kind::Millis,
-        "--retry-max-backoff-secs in milliseconds (the reference gateway's spelling)",
+        "The reference gateway's spelling of --retry-max-backoff-secs, in milliseconds",
     ),
     (
         "retry-backoff-multiplier",
