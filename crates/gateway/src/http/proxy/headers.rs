@@ -13,7 +13,8 @@ const _: () = assert!(kvgate_policies::ROUTING_KEY_HEADERS.len() == ROUTING_KEY_
 
 /// Request headers that stay at the gateway: the hop-by-hop ones (RFC 9110 §7.6.1), those
 /// the gateway writes itself for the request out (`host`, `content-length`, its
-/// `x-request-id`), and `expect` (the body goes out whole, so no interim answer is wanted).
+/// `x-request-id`), `expect` (the body goes out whole, so no interim answer is wanted), and
+/// the intake's own `x-kvgate-body` (a client's is dropped by the intake).
 /// Every other header is end to end and reaches the worker: tracing, tenant, session and
 /// adapter headers included.
 fn stays_here(name: &HeaderName) -> bool {
@@ -33,6 +34,7 @@ fn stays_here(name: &HeaderName) -> bool {
             | "content-length"
             | "x-request-id"
             | "expect"
+            | "x-kvgate-body"
     )
 }
 
