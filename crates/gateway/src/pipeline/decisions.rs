@@ -468,6 +468,8 @@ impl DecisionSink {
             worker,
             cached: None,
             prompt_tokens: None,
+            log_access: self.0.access_log
+                && tracing::event_enabled!(target: "kvgate::access", tracing::Level::INFO),
             status: None,
             endpoint,
             stream,

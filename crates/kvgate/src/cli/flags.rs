@@ -1,6 +1,6 @@
-//! The table of flags: `(flag, config key, kind, help)`, one row a flag. The table is data
-//! that `cli` turns into the clap command and reads back into config overrides.
-//! Over 600 lines because it is one table, a flag every five lines, read whole.
+//! The table of flags, over 600 lines because it is one table read whole (a flag every
+//! five lines): `(flag, config key, kind, help)`, one row a flag, data that `cli` turns
+//! into the clap command and reads back into config overrides.
 
 /// How a flag's value is read.
 #[derive(Debug, Clone, Copy)]

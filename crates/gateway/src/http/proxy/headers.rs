@@ -11,13 +11,8 @@ pub(crate) static ROUTING_KEY_NAMES: [HeaderName; 2] = [
 // A header added to the policies' list must be added above too.
 const _: () = assert!(kvgate_policies::ROUTING_KEY_HEADERS.len() == ROUTING_KEY_NAMES.len());
 
-/// Request headers that stay at the gateway: the hop-by-hop ones (RFC 9110 §7.6.1), those
-/// the gateway writes itself for the request out (`host`, `content-length`, its
-/// `x-request-id`), `expect` (the body goes out whole, so no interim answer is wanted), and
-/// the intake's own `x-kvgate-body` (a client's is dropped by the intake).
-/// Every other header is end to end and reaches the worker: tracing, tenant, session and
-/// adapter headers included.
-fn stays_here(name: &HeaderName) -> bool {
+/// The hop-by-hop headers (RFC 9110 §7.6.1): for one connection, never relayed either way.
+fn hop_by_hop(name: &HeaderName) -> bool {
     matches!(
         name.as_str(),
         "connection"
@@ -30,12 +25,31 @@ fn stays_here(name: &HeaderName) -> bool {
             | "trailers"
             | "transfer-encoding"
             | "upgrade"
-            | "host"
-            | "content-length"
-            | "x-request-id"
-            | "expect"
-            | "x-kvgate-body"
     )
+}
+
+/// Whether `name` is one of the tokens of the `Connection` values in `connection`
+/// (names compared without case, no allocation).
+fn named_by(connection: &[&HeaderValue], name: &HeaderName) -> bool {
+    connection.iter().any(|v| {
+        (v.as_bytes().split(|b| *b == b',')).any(|t| {
+            t.trim_ascii()
+                .eq_ignore_ascii_case(name.as_str().as_bytes())
+        })
+    })
+}
+
+/// Request headers that stay at the gateway besides the hop-by-hop ones: those it writes
+/// itself for the request out (`host`, `content-length`, its `x-request-id`), `expect`
+/// (the body goes out whole, so no interim answer is wanted), and the intake's own
+/// `x-kvgate-body` (a client's is dropped by the intake). Every other header is end to end
+/// and reaches the worker: tracing, tenant, session and adapter headers included.
+fn stays_here(name: &HeaderName) -> bool {
+    hop_by_hop(name)
+        || matches!(
+            name.as_str(),
+            "host" | "content-length" | "x-request-id" | "expect" | "x-kvgate-body"
+        )
 }
 
 /// The client's request headers to send on: all but those that stay here and those its
@@ -46,19 +60,12 @@ pub(super) fn request_headers_out(
     from: &header::HeaderMap,
     pass_authorization: bool,
 ) -> Vec<(&str, &[u8])> {
-    let mut named: Vec<String> = Vec::new();
-    for v in from.get_all(header::CONNECTION) {
-        named.extend(
-            v.as_bytes()
-                .split(|b| *b == b',')
-                .map(|t| String::from_utf8_lossy(t.trim_ascii()).to_ascii_lowercase()),
-        );
-    }
+    let connection: Vec<&HeaderValue> = from.get_all(header::CONNECTION).collect();
     let mut out = Vec::with_capacity(from.len() + 2);
     for (name, value) in from {
         if stays_here(name)
             || (!pass_authorization && name == header::AUTHORIZATION)
-            || named.iter().any(|t| t == name.as_str())
+            || named_by(&connection, name)
         {
             continue;
         }
@@ -67,25 +74,10 @@ pub(super) fn request_headers_out(
     out
 }
 
-/// Response headers the gateway does not relay: the hop-by-hop ones (RFC 9110 §7.6.1),
-/// and the framing and identity headers the gateway's own server writes for its answer.
+/// Response headers the gateway does not relay: the hop-by-hop ones, and the framing and
+/// identity headers the gateway's own server writes for its answer.
 fn set_by_this_hop(name: &HeaderName) -> bool {
-    matches!(
-        name.as_str(),
-        "connection"
-            | "keep-alive"
-            | "proxy-authenticate"
-            | "proxy-authorization"
-            | "proxy-connection"
-            | "te"
-            | "trailer"
-            | "trailers"
-            | "transfer-encoding"
-            | "upgrade"
-            | "content-length"
-            | "date"
-            | "server"
-    )
+    hop_by_hop(name) || matches!(name.as_str(), "content-length" | "date" | "server")
 }
 
 /// Copies the worker's response headers, less those set by this hop and those the
@@ -94,16 +86,14 @@ pub(super) fn copy_response_headers(
     from: Vec<(HeaderName, HeaderValue)>,
     to: &mut HttpResponseBuilder,
 ) {
-    // Header names are lowercase; the tokens are made so to compare.
-    let named: Vec<String> = from
-        .iter()
+    // Cloned out first (a shared buffer each), as the headers themselves move on.
+    let connection: Vec<HeaderValue> = (from.iter())
         .filter(|(n, _)| n == header::CONNECTION)
-        .flat_map(|(_, v)| v.as_bytes().split(|b| *b == b','))
-        .map(|t| String::from_utf8_lossy(t.trim_ascii()).to_ascii_lowercase())
+        .map(|(_, v)| v.clone())
         .collect();
+    let connection: Vec<&HeaderValue> = connection.iter().collect();
     for (name, value) in from {
-        let listed = named.iter().any(|t| t == name.as_str());
-        if !set_by_this_hop(&name) && !listed {
+        if !set_by_this_hop(&name) && !named_by(&connection, &name) {
             to.append_header((name, value));
         }
     }

@@ -23,6 +23,9 @@ pub(crate) struct AnswerNote {
     pub(super) cached: Option<u64>,
     /// The prompt's tokens as the answer's usage gives them (read for the access log only).
     pub(super) prompt_tokens: Option<u64>,
+    /// Whether this answer gets an access-log line: the log is on and its level passes,
+    /// decided once so an answer whose line would be filtered out is never searched for it.
+    pub(super) log_access: bool,
     pub(super) status: Option<u16>,
     pub(super) endpoint: Endpoint,
     pub(super) stream: bool,
@@ -72,7 +75,7 @@ impl AnswerNote {
         if let Some(n) = cached_tokens(b) {
             self.cached = Some(n);
         }
-        if self.sink.0.access_log
+        if self.log_access
             && let Some(n) = usage_number(b, &PROMPT_TOKENS)
         {
             self.prompt_tokens = Some(n);
@@ -84,7 +87,7 @@ impl AnswerNote {
     pub(crate) fn body(&mut self, b: &[u8]) {
         self.whole = true;
         self.cached = cached_tokens(b);
-        if self.sink.0.access_log {
+        if self.log_access {
             self.prompt_tokens = usage_number(b, &PROMPT_TOKENS);
         }
     }
@@ -111,10 +114,7 @@ impl Drop for AnswerNote {
             end: now,
             cached: self.cached,
         };
-        let log = self.relayed
-            && self.sink.0.access_log
-            && tracing::event_enabled!(target: "kvgate::access", tracing::Level::INFO);
-        let access = self.sink.ring().answer(self.slot, answer, log);
+        let access = (self.sink.ring()).answer(self.slot, answer, self.relayed && self.log_access);
         if !self.relayed {
             return;
         }
