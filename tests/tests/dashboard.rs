@@ -92,6 +92,11 @@ async fn the_fleet_page_shows_every_worker_and_moves_with_traffic() {
         );
     }
     assert_eq!(attr(&before, "data-requests"), Some("0"), "{before}");
+    // The chart reads the gateway's own history, sampled since it started.
+    assert!(
+        attr(&before, "data-samples").is_some_and(|n| n.parse::<u32>().is_ok_and(|n| n >= 1)),
+        "{before}"
+    );
     assert!(before.contains("status-ready"), "{before}");
 
     let system = "You are the fleet page's assistant. ".repeat(20);

@@ -61,7 +61,7 @@ async fn routing_errors() {
         .await
         .assert_error(404, "route_not_found");
     // Under /v1/ the error lists what is served.
-    let r = post_json(&h.url("/v1/embeddings"), &json!({"input": "x"})).await;
+    let r = post_json(&h.url("/v1/images/generations"), &json!({"prompt": "x"})).await;
     r.assert_error(404, "route_not_found");
     let msg = r.json()["error"]["message"]
         .as_str()

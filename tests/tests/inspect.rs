@@ -129,9 +129,12 @@ async fn explain_refuses_what_it_cannot_read_with_an_error_body() {
         .await
         .assert_error(400, "invalid_request");
     // A route that does not exist.
-    post_json(&h.url("/admin/explain/v1/embeddings"), &chat("s", "q"))
-        .await
-        .assert_error(400, "invalid_request");
+    post_json(
+        &h.url("/admin/explain/v1/images/generations"),
+        &chat("s", "q"),
+    )
+    .await
+    .assert_error(400, "invalid_request");
     let mut body = chat("s", "q");
     body["route"] = json!(7);
     post_json(&url, &body)
@@ -246,4 +249,45 @@ async fn the_decision_log_shows_each_decision_and_what_the_engine_reported() {
     get(&h.url("/admin/decisions?limit=x"))
         .await
         .assert_error(400, "invalid_request");
+}
+
+#[actix_rt::test]
+async fn the_gateway_keeps_the_charts_last_fifteen_minutes() {
+    let h = fleet(2).await;
+    // A sample is taken at start, so a page opened now already has one.
+    let first = get(&h.url("/admin/history")).await.json();
+    assert_eq!(first["step_secs"], 5, "{first}");
+    assert!(
+        !first["samples"].as_array().expect("samples").is_empty(),
+        "{first}"
+    );
+    for stream in [true, true, false, false, false] {
+        let mut body = chat("You keep the history.", "q");
+        body["stream"] = json!(stream);
+        let r = post_json(&h.url("/v1/chat/completions"), &body).await;
+        assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    }
+    // The next sample (within 5 s) counts the five answers, streamed and whole apart;
+    // each answer is in the one sample of the step it ended in.
+    let mut samples = Vec::new();
+    for _ in 0..400 {
+        let h = get(&h.url("/admin/history")).await.json();
+        samples = h["samples"].as_array().cloned().unwrap_or_default();
+        if samples.last().is_some_and(|s| s["requests_total"] == 5) {
+            break;
+        }
+        actix_rt::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    let last = samples.last().expect("a sample");
+    assert_eq!(last["requests_total"], 5, "{samples:?}");
+    let sum = |key: &str| -> u64 { samples.iter().filter_map(|s| s[key]["n"].as_u64()).sum() };
+    assert_eq!(
+        (sum("ttft_ms"), sum("whole_answer_ms")),
+        (2, 3),
+        "{samples:?}"
+    );
+    assert!(
+        (samples.iter()).any(|s| s["ttft_ms"]["p99"].as_f64().is_some_and(|ms| ms > 0.0)),
+        "{samples:?}"
+    );
 }

@@ -5,7 +5,7 @@
 //! - [`WorkerUrl`]: a worker's base URL, parsed once; [`split_url`] is the one URL
 //!   splitter (the KV-event endpoints use it too).
 //! - [`Secret`]: a key that is never printed and is compared in constant time.
-//! - [`Endpoint`]: the inference routes kvgate proxies.
+//! - [`Endpoint`]: the inference routes kvgate proxies, and [`BodyShape`], how each body is read.
 //! - [`secs`]: durations in config files, as seconds.
 //! - [`clock`]: wall-clock time, read in one place.
 //!
@@ -27,7 +27,7 @@ mod secret;
 pub mod secs;
 mod url;
 
-pub use endpoint::Endpoint;
+pub use endpoint::{BodyShape, Endpoint};
 pub use id::WorkerId;
 pub use secret::Secret;
 pub use url::{UrlError, UrlParts, WorkerUrl, split_url};

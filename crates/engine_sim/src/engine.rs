@@ -70,6 +70,9 @@ pub(crate) struct Engine {
     kv_events: OnceLock<Ports>,
     /// Faults of the KV-event publisher alone.
     pub(crate) publisher_faults: Arc<events::PublisherFaults>,
+    /// Stored Responses answers (`store`, the API's default): id → the conversation so
+    /// far, which a request naming it as `previous_response_id` continues. Lost on restart.
+    pub(crate) responses: Mutex<std::collections::HashMap<String, Vec<(String, String)>>>,
 }
 
 impl Engine {
@@ -94,6 +97,7 @@ impl Engine {
             received: AtomicU64::new(0),
             kv_events: OnceLock::new(),
             publisher_faults: Arc::default(),
+            responses: Mutex::default(),
         })
     }
 
@@ -208,6 +212,10 @@ impl Engine {
 
     pub(crate) fn restart(&self) {
         self.ranks.iter().for_each(|r| r.restart());
+        self.responses
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
         let mut startup = self
             .startup_time
             .lock()

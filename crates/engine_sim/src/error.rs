@@ -17,6 +17,10 @@ pub(crate) enum ApiError {
     /// The engine stopped while the request was in flight; another engine may serve it.
     #[error("the engine stopped before the request finished")]
     Unavailable,
+    /// A `previous_response_id` this engine does not hold (another engine's, or lost in a
+    /// restart): vLLM's 404.
+    #[error("Response with id '{0}' not found.")]
+    UnknownResponse(String),
 }
 
 /// A prompt the model's tokenizer refuses is the client's: SGLang answers it as a 400.
@@ -30,7 +34,7 @@ impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
         match self {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
-            ApiError::NotFound => StatusCode::NOT_FOUND,
+            ApiError::NotFound | ApiError::UnknownResponse(_) => StatusCode::NOT_FOUND,
             ApiError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
@@ -52,6 +56,7 @@ impl ApiError {
                 "message": self.to_string(),
                 "type": match self {
                     ApiError::BadRequest(_) => "BadRequestError",
+                    ApiError::UnknownResponse(_) => "invalid_request_error",
                     _ => "ServiceUnavailableError",
                 },
                 "code": self.status_code().as_u16(),

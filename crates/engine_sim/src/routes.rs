@@ -1,7 +1,8 @@
 //! The HTTP surface of one engine, per flavour, and the server that carries it. The route
 //! table below lists every flavour's routes side by side; the handlers live with their
 //! family: `info` (health, models, server info, loads, metrics), `control` (cache and
-//! simulator controls), `infer` (the inference routes) and `stream` (their event streams).
+//! simulator controls), `infer` (the inference routes), `stream` (their event streams)
+//! and `agents` (the Responses and Messages APIs).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,11 +16,13 @@ use crate::engine::Engine;
 use crate::error::ApiError;
 use crate::{Fault, Flavor};
 
+mod agents;
 mod control;
 mod infer;
 mod info;
 mod stream;
 
+use agents::{messages, responses};
 use control::{abort_request, flush_cache, sim_fault, sim_restart, sim_stats};
 use infer::{chat, completions, generate};
 use info::{health, health_generate, loads, metrics, model_info, models, ready, server_info};
@@ -88,6 +91,8 @@ fn routes(cfg: &mut ServiceConfig, flavor: Flavor, metrics_on: bool) {
         .service(resource("/v1/models").get(models))
         .service(resource("/v1/completions").post(completions))
         .service(resource("/v1/chat/completions").post(chat))
+        .service(resource("/v1/responses").post(responses))
+        .service(resource("/v1/messages").post(messages))
         .service(resource("/sim/stats").get(sim_stats))
         .service(resource("/sim/fault").post(sim_fault))
         .service(resource("/sim/restart").post(sim_restart));

@@ -89,6 +89,8 @@ pub struct GatewayConfig {
     /// Request headers whose first one present becomes the request id (the reference
     /// gateway's `--request-id-headers`); otherwise the gateway makes one.
     pub request_id_headers: Vec<String>,
+    /// Any other path under `/v1/` is forwarded (routed by load) instead of answered 404.
+    pub passthrough_unknown_routes: bool,
     /// Largest request body accepted, in bytes (413 above it).
     pub max_payload_size: usize,
     /// Total time allowed for one upstream request, streams included.
@@ -185,6 +187,7 @@ impl Default for GatewayConfig {
                 .iter()
                 .map(|h| (*h).to_owned())
                 .collect(),
+            passthrough_unknown_routes: false,
             max_payload_size: 64 * 1024 * 1024,
             request_timeout: Duration::from_secs(1800),
             connect_timeout: Duration::from_secs(10),

@@ -6,7 +6,7 @@
 use std::borrow::Cow;
 
 use bytes::Bytes;
-use kvgate_core::Endpoint;
+use kvgate_core::{BodyShape, Endpoint};
 use kvgate_policies::{PromptText, RequestFacts, RoutingText};
 use serde::Deserialize;
 
@@ -32,7 +32,11 @@ pub enum FactsError {
 
 mod fast;
 mod plain;
+mod routes;
 pub(crate) mod tokens;
+
+pub(crate) use routes::multipart_fields;
+use routes::{MessagesBody, PlainBody, ResponsesBody};
 
 #[derive(Deserialize)]
 struct ChatBody<'a> {
@@ -195,8 +199,33 @@ pub fn request_facts(
     bytes: &Bytes,
     prompt: bool,
 ) -> Result<RequestFacts, FactsError> {
+    read_request(endpoint, bytes, prompt).map(|r| r.facts)
+}
+
+/// What a request body tells the gateway: its routing facts, and the answer it continues
+/// (a Responses request's `previous_response_id`).
+pub(crate) struct ReadRequest {
+    pub facts: RequestFacts,
+    pub continues: Option<String>,
+}
+
+/// [`request_facts`], and the answer the request continues.
+pub(crate) fn read_request(
+    endpoint: Endpoint,
+    bytes: &Bytes,
+    prompt: bool,
+) -> Result<ReadRequest, FactsError> {
     #[cfg(feature = "fault-injection")]
     PARSED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    match endpoint.shape() {
+        // Form fields are read with the body's content type (`multipart_fields`).
+        BodyShape::Multipart => return Ok(nothing()),
+        // A passthrough body is read only when it is a JSON object.
+        BodyShape::Any if bytes.trim_ascii_start().first() != Some(&b'{') => {
+            return Ok(nothing());
+        }
+        _ => {}
+    }
     // The fast path checks UTF-8 as it reads (see `fast`); what it leaves goes to serde,
     // with the checks and error messages it needs first.
     let parsed = match fast::scan(bytes, endpoint, prompt) {
@@ -204,6 +233,14 @@ pub fn request_facts(
         None => serde_checked(endpoint, bytes)?,
     };
     facts_of(parsed, prompt, bytes)
+}
+
+/// Facts of a body routing does not read: no model, no prompt.
+fn nothing() -> ReadRequest {
+    ReadRequest {
+        facts: RequestFacts::default(),
+        continues: None,
+    }
 }
 
 /// `body` read by serde, after the checks serde would not make or would report vaguely.
@@ -246,25 +283,44 @@ fn too_deep_error() -> FactsError {
     FactsError::InvalidJson(format!("nesting deeper than {MAX_JSON_DEPTH} levels"))
 }
 
-/// A body of one of the three shapes, read by the fast path or by serde.
+/// A body of one of the shapes, read by the fast path (the first three) or by serde.
 enum Body<'a> {
     Chat(ChatBody<'a>),
     Completion(CompletionBody<'a>),
     Generate(GenerateBody<'a>),
+    Responses(ResponsesBody<'a>),
+    Messages(MessagesBody<'a>),
+    Plain(PlainBody<'a>),
 }
 
 /// The body as serde reads it: the reference for the fast path, and the answer (with
 /// serde's error messages) wherever the fast path is unsure.
 fn serde_body(endpoint: Endpoint, body: &str) -> Result<Body<'_>, FactsError> {
-    Ok(match endpoint {
-        Endpoint::Chat => Body::Chat(serde_json::from_str(body).map_err(json_error)?),
-        Endpoint::Completions => Body::Completion(serde_json::from_str(body).map_err(json_error)?),
-        Endpoint::Generate => Body::Generate(serde_json::from_str(body).map_err(json_error)?),
+    Ok(match endpoint.shape() {
+        BodyShape::Chat => Body::Chat(serde_json::from_str(body).map_err(json_error)?),
+        BodyShape::Completion => Body::Completion(serde_json::from_str(body).map_err(json_error)?),
+        BodyShape::Generate => Body::Generate(serde_json::from_str(body).map_err(json_error)?),
+        BodyShape::Responses => Body::Responses(serde_json::from_str(body).map_err(json_error)?),
+        BodyShape::Messages => Body::Messages(serde_json::from_str(body).map_err(json_error)?),
+        BodyShape::Json | BodyShape::Any | BodyShape::Multipart => {
+            Body::Plain(serde_json::from_str(body).map_err(json_error)?)
+        }
     })
 }
 
-fn facts_of(body: Body<'_>, prompt: bool, bytes: &Bytes) -> Result<RequestFacts, FactsError> {
+fn facts_of(body: Body<'_>, prompt: bool, bytes: &Bytes) -> Result<ReadRequest, FactsError> {
+    let mut continues = None;
     let (model, stream, key) = match body {
+        Body::Responses(b) => {
+            let key = b.routing(prompt, bytes);
+            continues = b.previous_response_id.map(Cow::into_owned);
+            (b.model, b.stream, key)
+        }
+        Body::Messages(b) => {
+            let key = b.routing(prompt, bytes);
+            (b.model, b.stream, key)
+        }
+        Body::Plain(b) => (b.model, b.stream, RoutingText::Empty),
         Body::Chat(b) => {
             let key = if prompt {
                 RoutingText::Text(render_chat(&b.messages, bytes))
@@ -294,11 +350,15 @@ fn facts_of(body: Body<'_>, prompt: bool, bytes: &Bytes) -> Result<RequestFacts,
             (b.model, b.stream, key)
         }
     };
-    Ok(RequestFacts {
-        model: model.map(Cow::into_owned),
-        key,
-        routing_key: None,
-        stream: stream.unwrap_or(false),
+    Ok(ReadRequest {
+        facts: RequestFacts {
+            model: model.map(Cow::into_owned),
+            key,
+            routing_key: None,
+            stream: stream.unwrap_or(false),
+            pinned: None,
+        },
+        continues,
     })
 }
 

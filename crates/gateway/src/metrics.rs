@@ -94,15 +94,11 @@ pub(crate) struct ReportLabels {
     pub reported: &'static str,
 }
 
-/// The three inference routes, in the order of [`Endpoint::index`].
-const ROUTES: [&str; 3] = [
-    Endpoint::Chat.path(),
-    Endpoint::Completions.path(),
-    Endpoint::Generate.path(),
-];
+/// How many inference routes there are ([`Endpoint::ALL`]).
+const ROUTES: usize = Endpoint::ALL.len();
 const STATUSES: [&str; 4] = ["2xx", "4xx", "5xx", "other"];
 /// Every `path` label value of a dispatched decision.
-const PATHS: [&str; 10] = [
+const PATHS: [&str; 11] = [
     "hit",
     "spill",
     "miss",
@@ -112,6 +108,7 @@ const PATHS: [&str; 10] = [
     "round_robin",
     "random",
     "fallback",
+    "pinned",
     "retry",
 ];
 /// Where a dispatched path's counter is in [`PATHS`] (a match, not a string search).
@@ -126,6 +123,7 @@ fn path_slot(path: DecisionPath) -> Option<usize> {
         DecisionPath::RoundRobin => 6,
         DecisionPath::Random => 7,
         DecisionPath::Fallback => 8,
+        DecisionPath::Pinned => 9,
         // Never dispatched: no worker was chosen.
         DecisionPath::NoWorker | DecisionPath::Saturated => return None,
     })
@@ -164,8 +162,41 @@ pub struct RouteSeries {
     pub between_chunks: Histogram,
 }
 
-/// A model's request counters, by route and status class.
-type ModelCounters = Arc<[[Counter; 4]; 3]>;
+/// A model's request counters, by route and status class, each made on its first use:
+/// series of routes a fleet never sees would only lengthen every scrape.
+type ModelCounters = Arc<ModelSeries>;
+
+#[derive(Debug)]
+struct ModelSeries {
+    name: String,
+    family: Family<RequestLabels, Counter>,
+    cells: [[std::sync::OnceLock<Counter>; 4]; ROUTES],
+}
+
+impl ModelSeries {
+    fn inc(&self, route: usize, status: usize) {
+        self.cells[route][status]
+            .get_or_init(|| {
+                self.family
+                    .get_or_create(&RequestLabels {
+                        route: Endpoint::ALL[route].path(),
+                        status: STATUSES[status],
+                        model: self.name.clone(),
+                    })
+                    .clone()
+            })
+            .inc();
+    }
+}
+
+/// A route's histogram families, whose series are made on first use (as the counters).
+#[derive(Debug)]
+struct RouteFamilies {
+    duration: Histograms,
+    ttft: Histograms,
+    between_chunks: Histograms,
+    series: [std::sync::OnceLock<RouteSeries>; ROUTES],
+}
 
 /// Every metric, registered once.
 #[derive(Debug)]
@@ -174,8 +205,8 @@ pub struct Metrics {
     id: u64,
     /// One scrape at a time sets the scrape-time gauges and encodes them.
     scrape: std::sync::Mutex<()>,
-    routes: [RouteSeries; 3],
-    paths: [(&'static str, Counter); 10],
+    routes: RouteFamilies,
+    paths: [(&'static str, Counter); 11],
     /// Dispatched decisions per front door ([`Door`] order).
     doors: [Counter; 2],
     reported: [Counter; 2],
@@ -326,18 +357,12 @@ impl Metrics {
             "A worker became ready (to=healthy) or stopped being ready (to=unhealthy)",
             health_transitions.clone(),
         );
-        let route = |i: usize| RouteSeries {
-            duration: duration
-                .get_or_create(&RouteLabels { route: ROUTES[i] })
-                .clone(),
-            ttft: ttft
-                .get_or_create(&RouteLabels { route: ROUTES[i] })
-                .clone(),
-            between_chunks: between_chunks
-                .get_or_create(&RouteLabels { route: ROUTES[i] })
-                .clone(),
+        let routes = RouteFamilies {
+            duration,
+            ttft,
+            between_chunks,
+            series: std::array::from_fn(|_| std::sync::OnceLock::new()),
         };
-        let routes = [route(0), route(1), route(2)];
         let reported = ["yes", "no"].map(|reported| {
             cache_reports
                 .get_or_create(&ReportLabels { reported })
@@ -415,7 +440,17 @@ impl Metrics {
 
     /// The histograms of an inference route.
     pub fn route(&self, route: Endpoint) -> &RouteSeries {
-        &self.routes[route.index()]
+        let f = &self.routes;
+        f.series[route.index()].get_or_init(|| {
+            let labels = RouteLabels {
+                route: route.path(),
+            };
+            RouteSeries {
+                duration: f.duration.get_or_create(&labels).clone(),
+                ttft: f.ttft.get_or_create(&labels).clone(),
+                between_chunks: f.between_chunks.get_or_create(&labels).clone(),
+            }
+        })
     }
 
     /// A dispatched decision that took `path`, asked for through `door`; a request's
@@ -453,8 +488,8 @@ impl Metrics {
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .values()
-            .flat_map(|m| m.iter().flatten())
-            .map(Counter::get)
+            .flat_map(|m| m.cells.iter().flatten())
+            .filter_map(|c| c.get().map(Counter::get))
             .sum()
     }
 
@@ -482,7 +517,7 @@ impl Metrics {
         // name: that skips the map's SipHash and even the comparison of the text.
         let hit = LAST_MODEL.with(|last| match &*last.borrow() {
             Some((id, name, c)) if *id == self.id && same_model(name.as_ref(), model) => {
-                c[r][s].inc();
+                c.inc(r, s);
                 true
             }
             _ => false,
@@ -501,7 +536,7 @@ impl Metrics {
             Some(c) => c,
             None => self.model_counters(text),
         };
-        counters[r][s].inc();
+        counters.inc(r, s);
         LAST_MODEL.with(|last| *last.borrow_mut() = Some((self.id, model.cloned(), counters)));
     }
 
@@ -513,17 +548,11 @@ impl Metrics {
             "other"
         };
         let make = || {
-            Arc::new([0, 1, 2].map(|r| {
-                [0, 1, 2, 3].map(|s| {
-                    self.requests
-                        .get_or_create(&RequestLabels {
-                            route: ROUTES[r],
-                            status: STATUSES[s],
-                            model: name.to_owned(),
-                        })
-                        .clone()
-                })
-            }))
+            Arc::new(ModelSeries {
+                name: name.to_owned(),
+                family: self.requests.clone(),
+                cells: std::array::from_fn(|_| std::array::from_fn(|_| std::sync::OnceLock::new())),
+            })
         };
         models.entry(name.to_owned()).or_insert_with(make).clone()
     }

@@ -25,6 +25,7 @@ use crate::actors::tokenizers::TokenizerActor;
 use crate::config::{ConfigError, GatewayConfig};
 use crate::http::auth::{AllowList, Keys};
 use crate::http::forwarded::TrustedProxies;
+use crate::http::history::History;
 use crate::http::state::{AppState, Lifecycle};
 use crate::metrics::Metrics;
 use crate::pipeline::{Admission, DECISION_LOG_SIZE, DecisionSink, Pipeline, SharedBudget};
@@ -203,11 +204,9 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         (&metrics, &supervision, &guard),
     );
     let mut routing = routing;
-    routing
-        .selector
-        .0
-        .report_refusals_to(registry.clone().recipient());
-    routing.selector.0.read_events_from(events.clone());
+    let sel = &mut routing.selector.0;
+    sel.report_refusals_to(registry.clone().recipient());
+    sel.read_events_from(events.clone());
     register(&registry, (&index, &events), workers, (&allow, &guard)).await;
     // After the configured workers: a pod at one of their addresses is theirs.
     DiscoveryActor::start_if_on(
@@ -221,9 +220,13 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
     let admission = Arc::new(Admission::new(&cfg.admission));
     let pipeline = pipeline(cfg, &selector, &admission, &metrics);
     let picker = picker_server(cfg, &pipeline, &tokenizers)?;
+    let history = History::start(&control.handle(), &metrics, pipeline.decisions());
     let state = web::Data::new(AppState {
         pipeline,
         serves_inference: cfg.picker.http_serves_inference(),
+        passthrough: cfg.passthrough_unknown_routes,
+        answers: Default::default(),
+        history,
         selector: selector.clone(),
         registry: registry.clone(),
         index: index.clone(),

@@ -141,6 +141,7 @@ fn facts(text: String) -> Arc<RequestFacts> {
         key: RoutingText::Text(text.into()),
         routing_key: None,
         stream: false,
+        pinned: None,
     })
 }
 

@@ -28,6 +28,9 @@ pub enum DecisionPath {
     Random,
     /// No policy-specific signal; the fallback chose.
     Fallback,
+    /// The request continues an answer (`previous_response_id`) whose worker keeps its
+    /// state: that worker, whatever the policy.
+    Pinned,
     /// No eligible worker.
     NoWorker,
     /// Workers are eligible but every one is at the least_load waiting cap: the request
@@ -48,6 +51,7 @@ impl DecisionPath {
             DecisionPath::RoundRobin => "round_robin",
             DecisionPath::Random => "random",
             DecisionPath::Fallback => "fallback",
+            DecisionPath::Pinned => "pinned",
             DecisionPath::NoWorker => "no_worker",
             DecisionPath::Saturated => "saturated",
         }

@@ -100,8 +100,17 @@ pub use snapshot::{
 };
 pub use text::PromptText;
 
-/// Picks a worker for one request under the configured policy.
+/// Picks a worker for one request under the configured policy; a request pinned to the
+/// worker that keeps its state ([`RequestFacts::pinned`]) goes there while it is eligible.
 pub fn select(cfg: &PolicyConfig, input: &SelectInput<'_>, rng: &mut dyn RngCore) -> Decision {
+    if let Some(pinned) = input.request.pinned.as_deref()
+        && let Some(w) = input
+            .workers
+            .iter()
+            .find(|w| w.eligible && &*w.url == pinned)
+    {
+        return Decision::simple(w.id, DecisionPath::Pinned);
+    }
     match cfg.kind {
         PolicyKind::RoundRobin => basic::round_robin(input),
         PolicyKind::Random => basic::random(input, rng),

@@ -20,6 +20,11 @@ pub struct RequestFacts {
     pub routing_key: Option<String>,
     /// `stream: true` in the body.
     pub stream: bool,
+    /// The URL of the worker that keeps the state this request continues (the worker
+    /// that answered its `previous_response_id`). An eligible worker of that URL is
+    /// chosen whatever the policy; otherwise the policy decides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pinned: Option<String>,
 }
 
 /// The prompt as routing sees it: text (chat rendered with roles) or token ids.

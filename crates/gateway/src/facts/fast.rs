@@ -421,6 +421,9 @@ impl<'a> Scan<'a> {
 /// the prompt's strings (roles, contents, prompts) are checked but read as empty.
 pub(super) fn scan(body: &[u8], endpoint: Endpoint, keep: bool) -> Option<Body<'_>> {
     use Endpoint::{Chat, Completions, Generate};
+    if !matches!(endpoint, Chat | Completions | Generate) {
+        return None;
+    }
     let mut s = Scan {
         b: body,
         i: 0,
@@ -498,5 +501,6 @@ pub(super) fn scan(body: &[u8], endpoint: Endpoint, keep: bool) -> Option<Body<'
             text: f.text,
             input_ids: f.input_ids,
         }),
+        _ => return None,
     })
 }

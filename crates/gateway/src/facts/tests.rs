@@ -480,9 +480,12 @@ proptest! {
                         serde_checked(endpoint, &body).is_ok(),
                         "fast accepted what serde refuses: {}", String::from_utf8_lossy(&body)
                     );
-                    let f = facts_of(b, prompt, &Bytes::new()).map_err(|e| e.to_string());
+                    let f = facts_of(b, prompt, &Bytes::new())
+                        .map(|r| r.facts)
+                        .map_err(|e| e.to_string());
                     let s = serde_checked(endpoint, &body)
                         .and_then(|b| facts_of(b, prompt, &Bytes::new()))
+                        .map(|r| r.facts)
                         .map_err(|e| e.to_string());
                     prop_assert_eq!(f, s, "{}", String::from_utf8_lossy(&body));
                 }
@@ -494,7 +497,8 @@ proptest! {
 #[test]
 fn the_fast_path_reads_the_common_shapes() {
     let read = |endpoint, body: &str| {
-        fast::scan(body.as_bytes(), endpoint, true).map(|b| facts_of(b, true, &Bytes::new()).ok())
+        fast::scan(body.as_bytes(), endpoint, true)
+            .map(|b| facts_of(b, true, &Bytes::new()).ok().map(|r| r.facts))
     };
     let chat = r#"{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"q\n"}]}],"max_tokens":8,"stream":true}"#;
     let f = read(Endpoint::Chat, chat)

@@ -59,6 +59,14 @@ pub(crate) async fn tokenize(
         Some(Slot::Missing(reason)) => return TokenSource::text(reason.to_string()),
         Some(Slot::Ready(t)) => t,
     };
+    // The Responses and Messages prompts are rendered by the engine's own templates
+    // from fields the gateway does not model: they are matched as text.
+    if !matches!(
+        endpoint,
+        Endpoint::Chat | Endpoint::Completions | Endpoint::Generate
+    ) {
+        return TokenSource::text("this route's prompt is matched as text");
+    }
     if endpoint == Endpoint::Chat && !tok.has_chat_template() {
         return TokenSource::text("the model's tokenizer has no chat template");
     }

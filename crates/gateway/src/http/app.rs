@@ -87,9 +87,11 @@ pub(crate) fn app(
                 Ok(res)
             }
         })
-        .service(proxied(Endpoint::Chat))
-        .service(proxied(Endpoint::Completions))
-        .service(proxied(Endpoint::Generate))
+        .configure(|cfg| {
+            for e in Endpoint::ALL.into_iter().filter(|e| *e != Endpoint::Other) {
+                cfg.service(proxied(e));
+            }
+        })
         .service(get("/health", routes::health))
         .service(get("/liveness", routes::liveness))
         .service(get("/readiness", routes::readiness))
@@ -114,11 +116,12 @@ pub(crate) fn app(
         .service(get("/admin/decisions", inspect::decisions))
         .service(get("/metrics", inspect::metrics))
         .service(get("/admin/state", inspect::fleet_state))
+        .service(get("/admin/history", inspect::history))
         .service(get("/dashboard", inspect::dashboard))
         .service(post("/add_worker", routes::legacy_add))
         .service(post("/remove_worker", routes::legacy_remove))
         .service(get("/list_workers", routes::legacy_list))
-        .default_service(web::to(routes::not_found))
+        .default_service(web::to(inference::passthrough))
 }
 
 /// An inference route, proxied.

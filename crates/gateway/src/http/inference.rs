@@ -7,12 +7,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use actix_web::http::ConnectionType;
+use actix_web::http::header;
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 use bytes::Bytes;
-use kvgate_core::Endpoint;
+use kvgate_core::{BodyShape, Endpoint};
 use kvgate_policies::RequestFacts;
 
-use crate::facts::{request_facts, tokens};
+use crate::facts::{multipart_fields, read_request, tokens};
 use crate::http::error::ApiError;
 use crate::http::intake;
 use crate::http::proxy::{self, Upstream};
@@ -31,15 +32,29 @@ fn routing_key(req: &HttpRequest) -> Option<String> {
 }
 
 /// The routing facts of a body: the prompt as text or tokens (the engine's own, when the
-/// model has a tokenizer), the model, the sticky key.
+/// model has a tokenizer), the model, the sticky key, and the worker that keeps the
+/// answer it continues.
 async fn facts_of(
     endpoint: Endpoint,
     req: &HttpRequest,
     body: &Bytes,
     state: &AppState,
 ) -> Result<RequestFacts, ApiError> {
-    let mut facts = request_facts(endpoint, body, state.reads_prompt)?;
+    let read = read_request(endpoint, body, state.reads_prompt)?;
+    let mut facts = read.facts;
+    if endpoint.shape() == BodyShape::Multipart {
+        let ct = req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        (facts.model, facts.stream) = multipart_fields(body, ct)?;
+    }
     facts.routing_key = routing_key(req);
+    facts.pinned = read
+        .continues
+        .and_then(|id| state.answers.worker_of(&id))
+        .map(|w| w.to_string());
     tokens::tokenize(&state.tokenizers, endpoint, body, &mut facts).await;
     Ok(facts)
 }
@@ -110,6 +125,23 @@ pub(crate) async fn inference(
     }
 }
 
+/// Any path no route serves: under `/v1/`, with `--passthrough-unknown-routes`, a `POST`
+/// is forwarded to a worker chosen by load; otherwise a 404 that lists the routes served.
+pub(crate) async fn passthrough(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+    pool: web::Data<Pool>,
+) -> Result<HttpResponse, ApiError> {
+    if state.passthrough
+        && req.method() == actix_web::http::Method::POST
+        && req.path().starts_with("/v1/")
+    {
+        return inference(Endpoint::Other, req, payload, state, pool).await;
+    }
+    crate::http::routes::not_found(req).await
+}
+
 async fn proxy_request(
     endpoint: Endpoint,
     req: HttpRequest,
@@ -152,9 +184,15 @@ async fn proxy_request(
         arrived,
         door: Door::Http,
     };
+    // A passthrough goes where it was sent; a query string goes with any route.
+    let path = match (endpoint, req.uri().path_and_query()) {
+        (Endpoint::Other, Some(pq)) => pq.as_str(),
+        (_, Some(pq)) if pq.query().is_some() => pq.as_str(),
+        _ => endpoint.path(),
+    };
     let up = Upstream {
         pool: &pool,
-        path: endpoint.path(),
+        path,
         request_id: &job.request_id,
         timeout: state.request_timeout,
         deadline: Instant::now() + state.request_timeout,
@@ -163,6 +201,8 @@ async fn proxy_request(
         max_response: 256 * 1024 * 1024,
         stream: job.facts.stream,
         pass_authorization: !state.keys.any(),
+        ends_with_done: endpoint.ends_with_done(),
+        answers: (endpoint == Endpoint::Responses).then_some(&state.answers),
     };
     let served = &mut seen.served;
     let sent = state.pipeline.run(&job, up.deadline, |a| {

@@ -17,6 +17,7 @@ use crate::actors::selector::{
     CircuitState, Explain, GetViews, GetWorkerStates, WorkerState, worker_state,
 };
 use crate::http::error::ApiError;
+use crate::http::history::{self, percentile};
 use kvgate_core::Endpoint;
 
 use crate::facts::{request_facts, tokens};
@@ -24,19 +25,23 @@ use crate::http::state::{AppState, load_json, read_body};
 use crate::metrics::{Fleet, FleetWorker};
 
 /// The inference route a name stands for: a path (`/v1/chat/completions`, with or without
-/// the leading slash) or a short name (`chat`, `completions`, `generate`).
+/// the leading slash) or a short name (`chat`, `completions`, `generate`, `responses`,
+/// `messages`).
 fn endpoint_named(name: &str) -> Option<Endpoint> {
-    match name.trim_start_matches('/') {
-        "v1/chat/completions" | "chat" | "chat/completions" => Some(Endpoint::Chat),
-        "v1/completions" | "completions" => Some(Endpoint::Completions),
-        "generate" => Some(Endpoint::Generate),
-        _ => None,
+    let name = name.trim_start_matches('/');
+    match name {
+        "chat" | "chat/completions" => Some(Endpoint::Chat),
+        "completions" => Some(Endpoint::Completions),
+        "responses" => Some(Endpoint::Responses),
+        "messages" => Some(Endpoint::Messages),
+        _ => (Endpoint::ALL.into_iter())
+            .find(|e| *e != Endpoint::Other && e.path().trim_start_matches('/') == name),
     }
 }
 
 fn unknown_route(name: &str) -> ApiError {
     ApiError::BadRequest(format!(
-        "unknown route '{name}': expected /v1/chat/completions, /v1/completions or /generate (or chat, completions, generate)"
+        "unknown route '{name}': expected an inference route's path (/v1/chat/completions, /v1/completions, /generate, /v1/responses, /v1/messages, ...) or chat, completions, generate, responses, messages"
     ))
 }
 
@@ -297,16 +302,6 @@ async fn scrape(state: &AppState) -> Result<HttpResponse, ApiError> {
         .body(body))
 }
 
-/// The nearest-rank percentile `p` (0 to 100) of `v`, `None` when empty.
-fn percentile(v: &mut [f64], p: f64) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let rank = ((p / 100.0) * v.len() as f64).ceil() as usize;
-    v.get(rank.clamp(1, v.len()) - 1).copied()
-}
-
 /// Answers the TTFT percentiles are taken over.
 const TTFT_WINDOW: usize = 200;
 /// How far back the fleet page's decisions per path go (the log's last 1024 at most).
@@ -398,16 +393,15 @@ pub(crate) async fn dashboard() -> HttpResponse {
 
 const DASHBOARD: &str = include_str!("dashboard.html");
 
-#[cfg(test)]
-mod tests {
-    use super::percentile;
-
-    #[test]
-    fn nearest_rank_percentiles() {
-        let mut v = vec![5.0, 1.0, 4.0, 2.0, 3.0];
-        assert_eq!(percentile(&mut v, 50.0), Some(3.0));
-        assert_eq!(percentile(&mut v, 99.0), Some(5.0));
-        assert_eq!(percentile(&mut v, 0.0), Some(1.0));
-        assert_eq!(percentile(&mut [], 50.0), None);
-    }
+/// `GET /admin/history`: the fleet page's chart, kept by the gateway (the last 15 minutes
+/// at 5-second steps, oldest first).
+pub(crate) async fn history(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    state.keys.admin(&req)?;
+    Ok(HttpResponse::Ok().json(json!({
+        "step_secs": history::STEP.as_secs(),
+        "samples": state.history.read(),
+    })))
 }

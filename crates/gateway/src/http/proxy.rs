@@ -5,6 +5,7 @@
 //! which headers cross the gateway; `relay` is the stream relay.
 
 use std::cell::Cell;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix_web::http::StatusCode;
@@ -15,6 +16,7 @@ use kvgate_core::{Secret, WorkerUrl};
 use tokio::sync::watch;
 
 use crate::actors::selector::{Booking, Outcome};
+use crate::http::answers::{IdCatcher, ResponseIds};
 use crate::http::error::ApiError;
 use crate::pipeline::{AnswerNote, Attempt, AttemptFailure, FailureKind, Ticket};
 use crate::upstream::{Body, Pool, Response, UpstreamError};
@@ -29,7 +31,8 @@ use relay::{Relay, Tail};
 /// What one upstream call needs besides the body and the worker.
 pub(crate) struct Upstream<'a> {
     pub pool: &'a Pool,
-    pub path: &'static str,
+    /// The path (and query) the request goes to on the worker.
+    pub path: &'a str,
     pub request_id: &'a str,
     /// The whole request's timeout (`--request-timeout-secs`), retries included.
     pub timeout: Duration,
@@ -44,6 +47,10 @@ pub(crate) struct Upstream<'a> {
     /// The client's `Authorization` goes to the worker only when the gateway checks no
     /// keys of its own: a gateway key is never handed to an engine.
     pub pass_authorization: bool,
+    /// Whether a finished event stream ends with `data: [DONE]` on this route.
+    pub ends_with_done: bool,
+    /// Where a Responses answer's id is remembered with its worker.
+    pub answers: Option<&'a Arc<ResponseIds>>,
 }
 
 /// An attempt that failed with nothing sent to the client yet.
@@ -241,10 +248,13 @@ pub(crate) async fn forward(
     } else {
         Outcome::Neutral
     };
+    let catch = (up.answers)
+        .filter(|_| status.is_success())
+        .map(|ids| IdCatcher::new(ids.clone(), call.worker.as_str()));
     if up.stream || is_sse {
-        relay_stream(call, resp.body, builder, outcome, is_sse, ticket).await
+        relay_stream(call, resp.body, builder, outcome, is_sse, ticket, catch).await
     } else {
-        collect(call, resp.body, builder, outcome).await
+        collect(call, resp.body, builder, outcome, catch).await
     }
 }
 
@@ -363,6 +373,7 @@ async fn relay_stream(
     outcome: Outcome,
     is_sse: bool,
     ticket: &Cell<Option<Ticket>>,
+    catch: Option<IdCatcher>,
 ) -> Result<HttpResponse, Failure> {
     let up = call.up;
     let first_by = call
@@ -410,6 +421,8 @@ async fn relay_stream(
         done: false,
         tail: Tail::default(),
         sse: is_sse,
+        ends_with_done: up.ends_with_done,
+        catch,
         partial: BytesMut::new(),
         ready: None,
         note: call.note,
@@ -429,6 +442,7 @@ async fn collect(
     body: Body,
     mut builder: HttpResponseBuilder,
     outcome: Outcome,
+    catch: Option<IdCatcher>,
 ) -> Result<HttpResponse, Failure> {
     let read = std::pin::pin!(body.collect(call.up.max_response));
     let body = tokio::select! {
@@ -453,6 +467,9 @@ async fn collect(
     };
     call.booking.set_outcome(outcome);
     drop(call.booking);
+    if let Some(mut c) = catch {
+        c.feed(&body);
+    }
     call.note.body(&body);
     call.note.relayed();
     attempts_header(&mut builder, call.number);

@@ -499,7 +499,7 @@ pub(crate) async fn index_stats(
 }
 
 /// The inference routes kvgate serves, for the 404 of any other `/v1/` path.
-const SERVED_ROUTES: &str = "POST /v1/chat/completions, POST /v1/completions, POST /generate, GET /v1/models, GET /v1/models/{id}";
+const SERVED_ROUTES: &str = "POST /v1/chat/completions, POST /v1/completions, POST /generate, POST /v1/responses, POST /v1/messages, POST /v1/embeddings, POST /v1/rerank, POST /rerank, POST /v1/score, POST /v1/classify, POST /v1/tokenize, POST /v1/detokenize, POST /v1/audio/transcriptions, GET /v1/models, GET /v1/models/{id}";
 
 pub(crate) async fn not_found(req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let what = format!("{} {}", req.method(), req.path());

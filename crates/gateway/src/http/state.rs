@@ -18,9 +18,11 @@ use crate::actors::index::IndexActor;
 use crate::actors::registry::RegistryActor;
 use crate::actors::selector::SelectorActor;
 use crate::actors::tokenizers::Tokenizers;
+use crate::http::answers::ResponseIds;
 use crate::http::auth::{AllowList, Keys};
 use crate::http::error::ApiError;
 use crate::http::forwarded::TrustedProxies;
+use crate::http::history::History;
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
 use crate::upstream::ConnectGuard;
@@ -33,6 +35,12 @@ pub(crate) struct AppState {
     pub pipeline: Pipeline,
     /// The inference routes are served (not in picker mode, unless asked).
     pub serves_inference: bool,
+    /// `--passthrough-unknown-routes`: other `/v1/` paths are forwarded.
+    pub passthrough: bool,
+    /// Which worker keeps which Responses answer.
+    pub answers: Arc<ResponseIds>,
+    /// The fleet page's chart, sampled every 5 s.
+    pub history: Arc<History>,
     pub selector: Addr<SelectorActor>,
     pub registry: Addr<RegistryActor>,
     pub index: Addr<IndexActor>,

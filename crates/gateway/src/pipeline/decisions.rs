@@ -47,8 +47,9 @@ pub(crate) struct LoggedAnswer {
     pub ttft_ms: Option<f64>,
     /// Dispatch to the end of the answer.
     pub latency_ms: f64,
-    /// `usage.prompt_tokens_details.cached_tokens` or `meta_info.cached_tokens`, when
-    /// the engine reported it.
+    /// `usage.prompt_tokens_details.cached_tokens` or `meta_info.cached_tokens` (the
+    /// Responses API's `input_tokens_details.cached_tokens`, the Messages API's
+    /// `cache_read_input_tokens`), when the engine reported it.
     pub reported_cached_tokens: Option<u64>,
 }
 
@@ -155,6 +156,8 @@ struct Entry {
     model: Option<Arc<str>>,
     endpoint: Endpoint,
     attempt: u32,
+    /// The client asked for a stream: its first byte is its first token.
+    stream: bool,
     worker: WorkerUrl,
     predicted: Option<u64>,
     decision: Decision,
@@ -338,6 +341,7 @@ impl Ring {
                 model: decided.model,
                 endpoint: decided.endpoint,
                 attempt: decided.attempt,
+                stream: decided.stream,
                 worker: decided.worker_url,
                 predicted,
                 decision: std::mem::replace(decision, Decision::none()),
@@ -348,6 +352,7 @@ impl Ring {
         e.seq = seq;
         e.at = at;
         e.request_id = RequestIdText::new(decided.request_id);
+        e.stream = decided.stream;
         e.model = decided.model;
         e.endpoint = decided.endpoint;
         e.attempt = decided.attempt;
@@ -507,6 +512,31 @@ impl DecisionSink {
             }
         }
         out
+    }
+
+    /// The first-byte times (ms) of the answers that ended after `after` and by `until`,
+    /// as far back as the ring goes: streamed answers' (their first token) and whole
+    /// ones' (a whole answer's head comes when generation ends).
+    pub(crate) fn first_bytes_ended(
+        &self,
+        after: Option<Instant>,
+        until: Instant,
+    ) -> (Vec<f64>, Vec<f64>) {
+        let (mut streamed, mut whole) = (Vec::new(), Vec::new());
+        for e in self.ring().iter() {
+            let Some(a) = e.answer else { continue };
+            let Some(first) = a.first_byte else { continue };
+            if a.end > until || after.is_some_and(|t| a.end <= t) {
+                continue;
+            }
+            let t = ms(first.duration_since(e.at));
+            if e.stream {
+                streamed.push(t);
+            } else {
+                whole.push(t);
+            }
+        }
+        (streamed, whole)
     }
 
     /// The time to first byte (ms) of the newest `n` answered decisions that have one.

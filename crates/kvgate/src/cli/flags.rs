@@ -87,6 +87,12 @@ pub(super) const FLAGS: &[(&str, &str, Kind, &str)] = &[
         "Request headers, space-separated, the first of which the client sends becomes the request id (logged, echoed as x-request-id, sent to the worker)",
     ),
     (
+        "passthrough-unknown-routes",
+        "passthrough_unknown_routes",
+        Kind::Switch,
+        "Forward any other path under /v1/ to a worker chosen by load (otherwise 404 listing the routes served)",
+    ),
+    (
         "max-payload-size",
         "max_payload_size",
         Kind::Int,

@@ -28,7 +28,7 @@ pub(super) enum Look {
     Take { head: usize, body: usize },
 }
 
-const INFERENCE: [Endpoint; 3] = Endpoint::ALL;
+const INFERENCE: [Endpoint; Endpoint::ALL.len()] = Endpoint::ALL;
 
 /// Reads the head at the start of `input`: whether its body is taken (the head rewritten
 /// for `token` onto `out`), passes, or the connection passes through from here on.

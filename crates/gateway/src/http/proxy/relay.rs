@@ -13,6 +13,7 @@ use tracing::warn;
 
 use super::upstream_error;
 use crate::actors::selector::{Booking, Outcome};
+use crate::http::answers::IdCatcher;
 use crate::http::error::ApiError;
 use crate::pipeline::{AnswerNote, Ticket};
 use crate::upstream::{Body, UpstreamError};
@@ -63,6 +64,11 @@ pub(super) struct Relay {
     /// Only event streams are expected to end with `[DONE]`, and only they are held to
     /// event boundaries.
     pub(super) sse: bool,
+    /// Whether a finished stream ends with `[DONE]` on this route; elsewhere a clean end
+    /// of the body's framing is the stream's end.
+    pub(super) ends_with_done: bool,
+    /// Remembers a Responses answer's id with its worker.
+    pub(super) catch: Option<IdCatcher>,
     /// The start of an event whose end has not arrived. Relaying events whole means an
     /// error event added after a failure never lands inside an unfinished one.
     pub(super) partial: BytesMut,
@@ -157,6 +163,9 @@ impl Relay {
     fn take(&mut self, b: Bytes) -> Option<Bytes> {
         self.tail.push(&b);
         self.note.chunk(&b);
+        if let Some(c) = self.catch.as_mut() {
+            c.feed(&b);
+        }
         if let Some(g) = self.guard.as_mut() {
             g.first_byte();
         }
@@ -199,7 +208,7 @@ impl Relay {
 
     /// The upstream body ended cleanly.
     fn end(&mut self) -> Poll<Option<Result<Bytes, actix_web::Error>>> {
-        if self.sse && !self.tail.is_done() {
+        if self.sse && self.ends_with_done && !self.tail.is_done() {
             let err = upstream_error(&self.worker, UpstreamError::StreamUnfinished);
             return self.fail(err);
         }

@@ -72,11 +72,12 @@ impl AnswerNote {
             Some(_) => {}
         }
         self.last_chunk = Some(now);
-        if let Some(n) = cached_tokens(b) {
+        let (cached, prompt) = usage_keys(self.endpoint);
+        if let Some(n) = usage_number(b, cached) {
             self.cached = Some(n);
         }
         if self.log_access
-            && let Some(n) = usage_number(b, &PROMPT_TOKENS)
+            && let Some(n) = usage_number(b, prompt)
         {
             self.prompt_tokens = Some(n);
         }
@@ -86,9 +87,10 @@ impl AnswerNote {
     /// same moment, read once when the note is dropped.
     pub(crate) fn body(&mut self, b: &[u8]) {
         self.whole = true;
-        self.cached = cached_tokens(b);
+        let (cached, prompt) = usage_keys(self.endpoint);
+        self.cached = usage_number(b, cached);
         if self.log_access {
-            self.prompt_tokens = usage_number(b, &PROMPT_TOKENS);
+            self.prompt_tokens = usage_number(b, prompt);
         }
     }
 }
@@ -199,8 +201,31 @@ static CACHED_TOKENS: LazyLock<memchr::memmem::Finder<'static>> =
 static PROMPT_TOKENS: LazyLock<memchr::memmem::Finder<'static>> =
     LazyLock::new(|| memchr::memmem::Finder::new(b"\"prompt_tokens\""));
 
+static INPUT_TOKENS: LazyLock<memchr::memmem::Finder<'static>> =
+    LazyLock::new(|| memchr::memmem::Finder::new(b"\"input_tokens\""));
+static CACHE_READ_TOKENS: LazyLock<memchr::memmem::Finder<'static>> =
+    LazyLock::new(|| memchr::memmem::Finder::new(b"\"cache_read_input_tokens\""));
+
+/// The usage keys of a route's answers, cached then prompt tokens: OpenAI's and SGLang's
+/// (`cached_tokens`, `prompt_tokens`), the Responses API's (`cached_tokens` in
+/// `input_tokens_details`, `input_tokens`) and the Messages API's
+/// (`cache_read_input_tokens`, `input_tokens`).
+fn usage_keys(
+    endpoint: Endpoint,
+) -> (
+    &'static memchr::memmem::Finder<'static>,
+    &'static memchr::memmem::Finder<'static>,
+) {
+    match endpoint {
+        Endpoint::Responses => (&CACHED_TOKENS, &INPUT_TOKENS),
+        Endpoint::Messages => (&CACHE_READ_TOKENS, &INPUT_TOKENS),
+        _ => (&CACHED_TOKENS, &PROMPT_TOKENS),
+    }
+}
+
 /// The value of the last `"cached_tokens": N` in a JSON text. A quote inside a JSON string
 /// is escaped, so generated text that mentions the key does not match.
+#[cfg(test)]
 pub(super) fn cached_tokens(b: &[u8]) -> Option<u64> {
     usage_number(b, &CACHED_TOKENS)
 }
