@@ -497,7 +497,7 @@ const GATEWAY_LAYERS: &[&[&str]] = &[
     &["pipeline"],
     &["facts"],
     &["actors"],
-    &["upstream", "metrics"],
+    &["upstream", "metrics", "telemetry"],
     &["config", "alloc"],
 ];
 

@@ -91,6 +91,9 @@ pub struct GatewayConfig {
     pub request_id_headers: Vec<String>,
     /// Any other path under `/v1/` is forwarded (routed by load) instead of answered 404.
     pub passthrough_unknown_routes: bool,
+    /// An OTLP/gRPC collector (`http://host:4317`): each proxied request is exported as a
+    /// span, continuing the client's `traceparent`. Without it no span is made.
+    pub otlp_endpoint: Option<String>,
     /// Largest request body accepted, in bytes (413 above it).
     pub max_payload_size: usize,
     /// Total time allowed for one upstream request, streams included.
@@ -188,6 +191,7 @@ impl Default for GatewayConfig {
                 .map(|h| (*h).to_owned())
                 .collect(),
             passthrough_unknown_routes: false,
+            otlp_endpoint: None,
             max_payload_size: 64 * 1024 * 1024,
             request_timeout: Duration::from_secs(1800),
             connect_timeout: Duration::from_secs(10),

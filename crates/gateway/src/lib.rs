@@ -36,6 +36,7 @@ mod metrics;
 mod picker;
 mod pipeline;
 mod server;
+mod telemetry;
 mod upstream;
 
 pub use alloc::keep_freed_memory;
@@ -46,6 +47,7 @@ pub use config::{
 pub use http::error::ApiError;
 pub use kvgate_core::Secret;
 pub use server::{Gateway, StartError};
+pub use telemetry::TelemetryError;
 
 /// The actors and request parsing, for the workspace's own end-to-end tests and
 /// benchmarks. Not a stable API.

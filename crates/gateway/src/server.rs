@@ -29,6 +29,7 @@ use crate::http::history::History;
 use crate::http::state::{AppState, Lifecycle};
 use crate::metrics::Metrics;
 use crate::pipeline::{Admission, DECISION_LOG_SIZE, DecisionSink, Pipeline, SharedBudget};
+use crate::telemetry::{Telemetry, TelemetryError};
 use crate::upstream::ConnectGuard;
 
 mod listen;
@@ -53,6 +54,8 @@ pub enum StartError {
     Thread(std::io::Error),
     #[error("the gateway thread exited during startup")]
     Startup,
+    #[error(transparent)]
+    Telemetry(#[from] TelemetryError),
     #[error("the ext_proc TLS certificate or key {path}: {reason}")]
     PickerTls { path: String, reason: String },
     #[error(
@@ -83,7 +86,10 @@ pub struct Actors {
     pub(crate) side: Arc<SideListeners>,
     pub events: Addr<EventsActor>,
     /// For the tests' injected panics.
-    #[cfg_attr(not(feature = "fault-injection"), expect(dead_code))]
+    #[cfg_attr(
+        not(feature = "fault-injection"),
+        expect(dead_code, reason = "read only by the test hooks")
+    )]
     pub(crate) loader: Addr<TokenizerActor>,
 }
 
@@ -105,6 +111,8 @@ struct Threads {
     writer: Option<std::thread::JoinHandle<()>>,
     /// The `--prometheus-port` listener, stopped with the gateway.
     metrics: Option<ServerHandle>,
+    /// Its last spans are exported once the requests are done.
+    telemetry: Arc<Telemetry>,
 }
 
 impl Threads {
@@ -120,6 +128,7 @@ impl Threads {
         if let Some(w) = self.writer {
             let _ = w.join();
         }
+        self.telemetry.shutdown();
     }
 }
 
@@ -221,12 +230,14 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
     let pipeline = pipeline(cfg, &selector, &admission, &metrics);
     let picker = picker_server(cfg, &pipeline, &tokenizers)?;
     let history = History::start(&control.handle(), &metrics, pipeline.decisions());
+    let telemetry = Arc::new(Telemetry::start(cfg.otlp_endpoint.as_deref())?);
     let state = web::Data::new(AppState {
         pipeline,
         serves_inference: cfg.picker.http_serves_inference(),
         passthrough: cfg.passthrough_unknown_routes,
         answers: Default::default(),
         history,
+        telemetry: telemetry.clone(),
         selector: selector.clone(),
         registry: registry.clone(),
         index: index.clone(),
@@ -276,17 +287,21 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
     let threads = Threads {
         arbiters,
         writer: store.writer,
-        metrics: metrics.map(|(server, _)| {
-            let handle = server.handle();
-            #[expect(
-                clippy::disallowed_methods,
-                reason = "the metrics listener is stopped through its handle, kept in Threads"
-            )]
-            actix_rt::spawn(server);
-            handle
-        }),
+        telemetry,
+        metrics: metrics.map(|(server, _)| run_metrics(server)),
     };
     Ok((server, addr, actors, threads))
+}
+
+/// Runs the `--prometheus-port` listener; its handle stops it.
+fn run_metrics(server: Server) -> ServerHandle {
+    let handle = server.handle();
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "the metrics listener is stopped through its handle, kept in Threads"
+    )]
+    actix_rt::spawn(server);
+    handle
 }
 
 /// A gateway running on its own thread.

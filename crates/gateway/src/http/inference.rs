@@ -3,6 +3,7 @@
 //! proxied to its worker (`proxy`).
 
 use std::cell::Cell;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -20,6 +21,7 @@ use crate::http::proxy::{self, Upstream};
 use crate::http::state::{AppState, RequestId, read_body};
 use crate::metrics::Door;
 use crate::pipeline::{Job, RunError};
+use crate::telemetry::RequestSpan;
 use crate::upstream::Pool;
 
 /// The first usable routing key among the headers, in order.
@@ -66,6 +68,8 @@ struct Seen {
     served: Option<Arc<str>>,
     /// The body as the intake reads it, until it is read.
     claim: Option<intake::BodyClaim>,
+    /// The request's span, with `--otlp-endpoint`; a streamed answer keeps it to its end.
+    span: Option<Rc<RequestSpan>>,
 }
 
 /// Any inference route: `endpoint` says which body shape to read and where to forward.
@@ -87,9 +91,13 @@ pub(crate) async fn inference(
     let arrived = Instant::now();
     let metrics = state.metrics.clone();
     // Taken first: a request refused before its body is needed lets the body go.
+    let trace = (state.telemetry)
+        .request_span(req.headers(), endpoint.path(), id.as_deref().unwrap_or(""))
+        .map(Rc::new);
     let mut seen = Seen {
         served: None,
         claim: intake::claim(&req),
+        span: trace,
     };
     if let Some(c) = &seen.claim {
         c.hold().await;
@@ -99,11 +107,18 @@ pub(crate) async fn inference(
         span,
     )
     .await;
-    let Seen { served, claim } = seen;
+    let Seen {
+        served,
+        claim,
+        span: trace,
+    } = seen;
     let status = match &answer {
         Ok(resp) => resp.status().as_u16(),
         Err(e) => actix_web::ResponseError::status_code(e).as_u16(),
     };
+    if let Some(s) = trace {
+        s.status(status);
+    }
     metrics.request(endpoint, status, served.as_ref());
     // A relayed answer's duration is taken when it ends; an error's now.
     if answer.is_err() {
@@ -157,6 +172,7 @@ async fn proxy_request(
     }
     state.keys.client(&req)?;
     let peer = state.proxies.client_ip(&req);
+    let span = seen.span.clone();
     let admission = &state.pipeline.admission;
     admission.rate(state.keys.client_id(&req), peer)?;
     let read = async {
@@ -203,10 +219,14 @@ async fn proxy_request(
         pass_authorization: !state.keys.any(),
         ends_with_done: endpoint.ends_with_done(),
         answers: (endpoint == Endpoint::Responses).then_some(&state.answers),
+        span: span.as_ref(),
     };
     let served = &mut seen.served;
     let sent = state.pipeline.run(&job, up.deadline, |a| {
         served.clone_from(&a.dispatch.model);
+        if let Some(s) = up.span {
+            s.worker(a.dispatch.url.as_str(), a.number);
+        }
         proxy::forward(&up, &req, body.clone(), a, &ticket)
     });
     match sent.await {

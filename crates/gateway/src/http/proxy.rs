@@ -5,6 +5,7 @@
 //! which headers cross the gateway; `relay` is the stream relay.
 
 use std::cell::Cell;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,6 +20,7 @@ use crate::actors::selector::{Booking, Outcome};
 use crate::http::answers::{IdCatcher, ResponseIds};
 use crate::http::error::ApiError;
 use crate::pipeline::{AnswerNote, Attempt, AttemptFailure, FailureKind, Ticket};
+use crate::telemetry::RequestSpan;
 use crate::upstream::{Body, Pool, Response, UpstreamError};
 
 mod headers;
@@ -51,6 +53,8 @@ pub(crate) struct Upstream<'a> {
     pub ends_with_done: bool,
     /// Where a Responses answer's id is remembered with its worker.
     pub answers: Option<&'a Arc<ResponseIds>>,
+    /// The request's span: the engine gets it as the parent of its own.
+    pub span: Option<&'a Rc<RequestSpan>>,
 }
 
 /// An attempt that failed with nothing sent to the client yet.
@@ -275,6 +279,14 @@ async fn send(
         headers.push(("authorization", a.as_bytes()));
     }
     headers.push(("x-request-id", up.request_id.as_bytes()));
+    // The gateway's span is the engine's parent, in place of the client's.
+    if let Some(s) = up.span {
+        headers.retain(|(n, _)| *n != "traceparent" && *n != "tracestate");
+        headers.push(("traceparent", s.traceparent.as_bytes()));
+        if !s.tracestate.is_empty() {
+            headers.push(("tracestate", s.tracestate.as_bytes()));
+        }
+    }
     let member = rank.and_then(|r| rank_member(&body, r));
     let insert = member.as_ref().map(|(at, m)| (*at, m.as_slice()));
     // The head of a plain answer comes when generation ends; of a stream, at once. An
@@ -423,6 +435,7 @@ async fn relay_stream(
         sse: is_sse,
         ends_with_done: up.ends_with_done,
         catch,
+        _span: up.span.cloned(),
         partial: BytesMut::new(),
         ready: None,
         note: call.note,

@@ -25,6 +25,7 @@ use crate::http::forwarded::TrustedProxies;
 use crate::http::history::History;
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
+use crate::telemetry::Telemetry;
 use crate::upstream::ConnectGuard;
 
 /// Shared by every HTTP worker thread.
@@ -41,6 +42,8 @@ pub(crate) struct AppState {
     pub answers: Arc<ResponseIds>,
     /// The fleet page's chart, sampled every 5 s.
     pub history: Arc<History>,
+    /// Request spans, with `--otlp-endpoint`.
+    pub telemetry: Arc<Telemetry>,
     pub selector: Addr<SelectorActor>,
     pub registry: Addr<RegistryActor>,
     pub index: Addr<IndexActor>,

@@ -87,6 +87,12 @@ pub(super) const FLAGS: &[(&str, &str, Kind, &str)] = &[
         "Request headers, space-separated, the first of which the client sends becomes the request id (logged, echoed as x-request-id, sent to the worker)",
     ),
     (
+        "otlp-endpoint",
+        "otlp_endpoint",
+        Kind::Text,
+        "An OTLP/gRPC collector (http://host:4317): each request is a span exported there, the child of the client's traceparent; the engine gets the gateway's span as parent",
+    ),
+    (
         "passthrough-unknown-routes",
         "passthrough_unknown_routes",
         Kind::Switch,

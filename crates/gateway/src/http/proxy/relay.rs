@@ -16,6 +16,7 @@ use crate::actors::selector::{Booking, Outcome};
 use crate::http::answers::IdCatcher;
 use crate::http::error::ApiError;
 use crate::pipeline::{AnswerNote, Ticket};
+use crate::telemetry::RequestSpan;
 use crate::upstream::{Body, UpstreamError};
 
 /// The last bytes relayed, to tell a finished LLM stream (`data: [DONE]`) from one the
@@ -69,6 +70,8 @@ pub(super) struct Relay {
     pub(super) ends_with_done: bool,
     /// Remembers a Responses answer's id with its worker.
     pub(super) catch: Option<IdCatcher>,
+    /// The request's span, which ends with the stream.
+    pub(super) _span: Option<std::rc::Rc<RequestSpan>>,
     /// The start of an event whose end has not arrived. Relaying events whole means an
     /// error event added after a failure never lands inside an unfinished one.
     pub(super) partial: BytesMut,
