@@ -149,11 +149,30 @@ fn streams() -> Vec<(&'static str, Vec<Vec<u8>>)> {
         b"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"}}\n\nevent: message_stop\n".to_vec(),
         b"data: {\"type\":\"message_stop\"}\n\n".to_vec(),
     ];
-    vec![("/v1/responses", responses), ("/v1/messages", messages)]
+    // vLLM streams transcriptions as chat-like chunks.
+    let transcription = vec![
+        b"data: {\"object\":\"transcription.chunk\",\"choices\":[{\"delta\":{\"content\":\"hel\"}}]}\n\n".to_vec(),
+        b"data: {\"object\":\"transcription.chunk\",\"choices\":[{\"delta\":{\"content\":\"lo\"}}]}\n\ndata: [DONE]\n\n".to_vec(),
+    ];
+    vec![
+        ("/v1/responses", responses),
+        ("/v1/messages", messages),
+        ("/v1/audio/transcriptions", transcription),
+    ]
+}
+
+/// A transcription upload that asks for a stream.
+fn streamed_upload() -> Vec<u8> {
+    let mut b = multipart_body();
+    let end = b"--kvgate-test-boundary--\r\n";
+    b.truncate(b.len() - end.len());
+    b.extend_from_slice(b"--kvgate-test-boundary\r\nContent-Disposition: form-data; name=\"stream\"\r\n\r\ntrue\r\n");
+    b.extend_from_slice(end);
+    b
 }
 
 #[actix_rt::test]
-async fn responses_and_messages_streams_are_relayed_byte_for_byte() {
+async fn streams_are_relayed_byte_for_byte_with_their_own_event_names() {
     for (path, chunks) in streams() {
         let expected = chunks.concat();
         let up = RawUpstream::start(Script {
@@ -163,13 +182,16 @@ async fn responses_and_messages_streams_are_relayed_byte_for_byte() {
             crash: false,
         });
         let (gw, _dir) = gateway_for(&up.url, false);
-        let body = match path {
-            "/v1/responses" => json!({"input": "hi", "stream": true}),
-            _ => {
-                json!({"messages": [{"role": "user", "content": "hi"}], "stream": true, "max_tokens": 8})
+        let url = format!("{}{path}", gw.url());
+        let r = match path {
+            "/v1/responses" => post_json(&url, &json!({"input": "hi", "stream": true})).await,
+            "/v1/messages" => {
+                let msgs = json!([{"role": "user", "content": "hi"}]);
+                let body = json!({"messages": msgs, "stream": true, "max_tokens": 8});
+                post_json(&url, &body).await
             }
+            _ => post_as(&url, MULTIPART, streamed_upload()).await,
         };
-        let r = post_json(&format!("{}{path}", gw.url()), &body).await;
         assert_eq!(r.status.as_u16(), 200, "{path}: {}", r.text());
         // A clean end of the body is the stream's end: no error event is added.
         assert_eq!(r.body.as_ref(), expected.as_slice(), "{path}: {}", r.text());
