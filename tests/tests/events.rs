@@ -458,3 +458,32 @@ async fn new_prefix_groups_stay_together_before_their_engines_publish_them() {
     }
     gw.stop();
 }
+
+#[actix_rt::test]
+async fn explain_says_the_hash_index_matched_when_the_events_overlay_is_not_used() {
+    // With the hash index the events overlay is skipped: live events or not, every
+    // candidate was matched by the index, and explain says so.
+    let fleet = SimFleet::start_each("127.0.0.1", 0, vec![engine(), engine()]).expect("fleet");
+    let dir = tempfile::tempdir().expect("dir");
+    let mut cfg = test_config(&dir);
+    cfg.worker_urls = fleet.urls();
+    cfg.policy.cache_index = kvgate_policies::CacheIndex::Hash;
+    let gw = Gateway::start(cfg).expect("gateway");
+    until_workers(&gw, "live events", |ws| {
+        ws.len() == 2 && ws.iter().all(|w| w["events"]["state"] == "live")
+    })
+    .await;
+    let ask = json!({"input_ids": prefix(5, 192), "sampling_params": {"max_new_tokens": 1}});
+    let r = post_json(&format!("{}/generate", gw.url()), &ask).await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    let e = post_json(&format!("{}/admin/explain/generate", gw.url()), &ask)
+        .await
+        .json();
+    let cands = e["candidates"].as_array().cloned().unwrap_or_default();
+    assert_eq!(cands.len(), 2, "{e}");
+    for c in &cands {
+        assert_eq!(c["events"], "live", "{e}");
+        assert_eq!(c["matched_by"], "index", "{e}");
+    }
+    gw.stop();
+}

@@ -291,3 +291,43 @@ async fn the_gateway_keeps_the_charts_last_fifteen_minutes() {
         "{samples:?}"
     );
 }
+
+/// Explains `body` on `route`, then sends it: the worker each named.
+async fn explained_then_sent(h: &Harness, route: &str, body: &Value) -> (String, String) {
+    let e = post_json(&h.url(&format!("/admin/explain{route}")), body)
+        .await
+        .json();
+    let r = post_json(&h.url(route), body).await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    let id = r.json()["id"].as_str().unwrap_or("").to_owned();
+    let sent = engine_of(&id).map(|i| h.fleet.urls()[i].clone());
+    (
+        e["worker"].as_str().unwrap_or("").to_owned(),
+        sent.unwrap_or_default(),
+    )
+}
+
+#[actix_rt::test]
+async fn explain_names_the_worker_the_same_request_is_then_sent_to() {
+    // The random policy draws on every decision: an explain that drew too would move the
+    // dispatch after it. Cache-aware: shared prefixes and new ones, hits and misses.
+    for policy in [
+        kvgate_policies::PolicyKind::Random,
+        kvgate_policies::PolicyKind::CacheAware,
+    ] {
+        let h = Harness::start(4, sim(), |c| {
+            c.seed = Some(11);
+            c.policy.kind = policy;
+        });
+        h.wait_for_load_reports().await;
+        let systems: Vec<String> = (0..4)
+            .map(|g| format!("Group {g} of the agreement test. ").repeat(25))
+            .collect();
+        for i in 0..20 {
+            let body = chat(&systems[i % 4], &format!("question {i}"));
+            let (explained, sent) = explained_then_sent(&h, "/v1/chat/completions", &body).await;
+            assert!(!sent.is_empty());
+            assert_eq!(explained, sent, "{policy:?}, request {i}");
+        }
+    }
+}

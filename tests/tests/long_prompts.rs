@@ -51,7 +51,7 @@ async fn matched(gw: &kvgate_gateway::Gateway, text: &str) -> Option<usize> {
         .await
         .expect("selector answers")
         .expect("a decision");
-    d.candidates.first().and_then(|c| c.matched)
+    d.decision.candidates.first().and_then(|c| c.matched)
 }
 
 #[actix_rt::test]

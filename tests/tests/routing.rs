@@ -177,7 +177,8 @@ async fn explain_is_a_dry_run_with_reasons() {
         })
         .await
         .unwrap()
-        .unwrap();
+        .unwrap()
+        .decision;
     assert_eq!(d.path, DecisionPath::Miss, "{d:?}");
     assert_eq!(d.candidates.len(), 2, "every candidate is scored: {d:?}");
     assert!(d.candidates.iter().all(|c| c.score.is_some()), "{d:?}");
@@ -196,7 +197,8 @@ async fn explain_is_a_dry_run_with_reasons() {
         })
         .await
         .unwrap()
-        .unwrap();
+        .unwrap()
+        .decision;
     assert_eq!(again.path, DecisionPath::Miss);
     assert_eq!(h.split(), vec![0, 0]);
 }
@@ -304,7 +306,8 @@ async fn shared_prefix_pair(hold: Duration) -> (u64, f64) {
             })
             .await
             .expect("the selector answers")
-            .expect("a decision");
+            .expect("a decision")
+            .decision;
     let traffic = d.chosen().and_then(|c| c.prefix_traffic);
     (s.cached_tokens, traffic.unwrap_or(f64::NAN))
 }

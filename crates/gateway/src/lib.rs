@@ -59,7 +59,7 @@ pub mod testing {
     pub use crate::actors::registry::{
         AddDiscovered, Fleet, FleetChanged, PodRef, WorkerRecord, WorkerStatus,
     };
-    pub use crate::actors::selector::{Explain, GetViews, SelectorActor};
+    pub use crate::actors::selector::{Explain, Explained, GetViews, SelectorActor};
     pub use crate::facts::request_facts;
     pub use crate::server::Actors;
     pub use kvgate_core::Endpoint;

@@ -46,7 +46,7 @@ pub(crate) use messages::{
     Booking, Dispatch, Failed, GetWorkerStates, Ping, Recorded, Release, Select, SelectError,
     Selected, Warmed, WorkerState, worker_state,
 };
-pub use messages::{Explain, GetViews};
+pub use messages::{Explain, Explained, GetViews};
 
 /// The selector's mailbox. Its messages, by response type:
 /// - `Select`, `Explain` (`send`, `AtomicResponse`): one per admitted request and attempt,

@@ -14,7 +14,8 @@ use bytes::Bytes;
 use kvgate_core::{BodyShape, Endpoint};
 use kvgate_policies::RequestFacts;
 
-use crate::facts::{multipart_fields, read_request, tokens};
+use crate::facts::tokens::{self, TokenSource};
+use crate::facts::{multipart_fields, read_request};
 use crate::http::error::ApiError;
 use crate::http::intake;
 use crate::http::proxy::{self, Upstream};
@@ -35,13 +36,14 @@ fn routing_key(req: &HttpRequest) -> Option<String> {
 
 /// The routing facts of a body: the prompt as text or tokens (the engine's own, when the
 /// model has a tokenizer), the model, the sticky key, and the worker that keeps the
-/// answer it continues.
-async fn facts_of(
+/// answer it continues; and where its tokens came from. `POST /admin/explain` reads a body
+/// through this too, so it explains what a dispatch would decide.
+pub(crate) async fn facts_of(
     endpoint: Endpoint,
     req: &HttpRequest,
     body: &Bytes,
     state: &AppState,
-) -> Result<RequestFacts, ApiError> {
+) -> Result<(RequestFacts, TokenSource), ApiError> {
     let read = read_request(endpoint, body, state.reads_prompt)?;
     let mut facts = read.facts;
     if endpoint.shape() == BodyShape::Multipart {
@@ -57,8 +59,8 @@ async fn facts_of(
         .continues
         .and_then(|id| state.answers.worker_of(&id))
         .map(|w| w.to_string());
-    tokens::tokenize(&state.tokenizers, endpoint, body, &mut facts).await;
-    Ok(facts)
+    let source = tokens::tokenize(&state.tokenizers, endpoint, body, &mut facts).await;
+    Ok((facts, source))
 }
 
 /// What the route learns of a request as it is proxied.
@@ -191,7 +193,7 @@ async fn proxy_request(
     // answer that relays a stream, so the slot is held until it ends.
     let ticket = Cell::new(Some(admission.slot().await?));
     let job = Job {
-        facts: Arc::new(facts_of(endpoint, &req, &body, &state).await?),
+        facts: Arc::new(facts_of(endpoint, &req, &body, &state).await?.0),
         endpoint,
         request_id: req
             .extensions()

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use actix_web::{HttpRequest, HttpResponse, web};
-use kvgate_policies::{CandidateScore, Decision, RoutingText, WorkerId, WorkerView};
+use kvgate_policies::{CandidateScore, RoutingText, WorkerId, WorkerView};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -14,13 +14,13 @@ use crate::actors::events::{EventState, GetEventStates, WorkerEvents};
 use crate::actors::index::GetIndexStats;
 use crate::actors::registry::ListWorkers;
 use crate::actors::selector::{
-    CircuitState, Explain, GetViews, GetWorkerStates, WorkerState, worker_state,
+    CircuitState, Explain, Explained, GetViews, GetWorkerStates, WorkerState, worker_state,
 };
 use crate::http::error::ApiError;
 use crate::http::history::{self, percentile};
+use crate::http::inference;
 use kvgate_core::Endpoint;
 
-use crate::facts::{request_facts, tokens};
 use crate::http::state::{AppState, load_json, read_body};
 use crate::metrics::{Fleet, FleetWorker};
 
@@ -78,8 +78,7 @@ pub(crate) async fn explain(
             ));
         }
     };
-    let mut facts = request_facts(endpoint, &body, true)?;
-    let source = tokens::tokenize(&state.tokenizers, endpoint, &body, &mut facts).await;
+    let (facts, source) = inference::facts_of(endpoint, &req, &body, &state).await?;
     let mut prompt = match &facts.key {
         RoutingText::Text(t) => json!({"kind": "text", "bytes": t.len(),
             "estimated_tokens": (t.len() as f64 / state.pipeline.bytes_per_token().max(f64::MIN_POSITIVE)).ceil() as u64}),
@@ -89,8 +88,7 @@ pub(crate) async fn explain(
     // Where the tokens came from, or why the text is matched as text.
     prompt["tokens_from"] = json!(source);
     let model = facts.model.clone();
-    let tokens = matches!(facts.key, RoutingText::Tokens(_));
-    let decision = state
+    let explained = state
         .selector
         .send(Explain {
             facts: Arc::new(facts),
@@ -98,7 +96,7 @@ pub(crate) async fn explain(
         .await??;
     let targets = state.selector.send(GetWorkerStates).await?;
     let events = state.events.send(GetEventStates).await?;
-    let mut out = decision_json(&decision, &targets, &events, tokens);
+    let mut out = decision_json(&explained, &targets, &events);
     if let Value::Object(m) = &mut out {
         m.insert("route".into(), json!(endpoint.path()));
         m.insert("model".into(), json!(model));
@@ -108,14 +106,14 @@ pub(crate) async fn explain(
     Ok(HttpResponse::Ok().json(out))
 }
 
-/// A decision with every candidate's scores, load figures and URL.
-/// `tokens`: the request is token ids, which a worker's live KV events match.
+/// A decision with every candidate's scores, load figures and URL, and which index
+/// matched each candidate.
 fn decision_json(
-    d: &Decision,
+    e: &Explained,
     targets: &[WorkerState],
     events: &HashMap<WorkerId, WorkerEvents>,
-    tokens: bool,
 ) -> Value {
+    let d = &e.decision;
     let by_id: HashMap<_, _> = targets.iter().map(|t| (t.view.id, t)).collect();
     let url = |id| by_id.get(&id).map(|t| t.view.url.to_string());
     let candidates: Vec<Value> = d
@@ -130,12 +128,12 @@ fn decision_json(
                 j["worker_id"] = json!(t.worker.to_string());
                 j["target_id"] = json!(c.worker.to_string());
             }
-            // Which index matched it: a token request reads a worker's own KV events when
-            // they are live, the approximate index otherwise.
+            // Which index matched it, as the selector used them: the engine's own KV
+            // events, or the approximate index.
             let worker = target.map_or(c.worker, |t| t.worker);
             let state = events.get(&worker).map_or(EventState::Off, |e| e.state);
             j["events"] = json!(state);
-            j["matched_by"] = json!(if tokens && state == EventState::Live {
+            j["matched_by"] = json!(if e.from_events.contains(&c.worker) {
                 "kv_events"
             } else {
                 "index"

@@ -145,11 +145,21 @@ pub enum Selected {
 #[rtype(result = "()")]
 pub struct Warmed(pub Release);
 
-/// A dry run: the decision the policy would make now, with nothing dispatched or credited.
+/// A dry run: the decision the policy would make now, with nothing dispatched, credited
+/// or drawn (the random generator is left as it was, so the dispatch that follows decides
+/// the same).
 #[derive(Message, Debug)]
-#[rtype(result = "Result<Decision, SelectError>")]
+#[rtype(result = "Result<Explained, SelectError>")]
 pub struct Explain {
     pub facts: Arc<RequestFacts>,
+}
+
+/// An [`Explain`]'s answer: the decision, and the targets whose match came from their
+/// engine's KV events (the others' from the approximate index, if any).
+#[derive(Debug)]
+pub struct Explained {
+    pub decision: Decision,
+    pub from_events: Vec<WorkerId>,
 }
 
 /// What a dispatch recorded in the prefix index: the index namespace, the target, and

@@ -5,11 +5,11 @@
 use std::time::Duration;
 
 use actix::prelude::*;
-use kvgate_policies::{Decision, MatchSource, PrefixMatches, RoutingText, WorkerId};
+use kvgate_policies::{MatchSource, PrefixMatches, RequestFacts, RoutingText, WorkerId};
 use tracing::trace;
 
 use super::decide::Dispatched;
-use super::{Explain, Failed, Hold, Select, SelectError, Selected, SelectorActor};
+use super::{Explain, Explained, Failed, Hold, Select, SelectError, Selected, SelectorActor};
 use crate::actors::events::{ChainAnswer, EventsActor, MatchChain};
 use crate::actors::index::{ForgetPrefix, IndexActor, MatchPrefix, RecordPrefix};
 
@@ -63,17 +63,19 @@ impl SelectorActor {
     /// matches: per rank for a rank target, the worker's best rank for a whole worker;
     /// what a target was routed lately (`lately`, [`ROUTED_LATELY`]) counts too, as its
     /// engine has not published it yet.
+    /// Answers the targets whose holdings came from their events.
     fn overlay(
         &self,
         m: &mut PrefixMatches,
         lately: &[(WorkerId, usize)],
         c: Option<&ChainAnswer>,
-    ) {
+    ) -> Vec<WorkerId> {
+        let mut from_events = Vec::new();
         let Some(c) = c else {
-            return;
+            return from_events;
         };
         if m.source != MatchSource::TokenTree {
-            return;
+            return from_events;
         }
         for (v, meta) in self.views.iter().zip(&self.meta) {
             let mut live = false;
@@ -87,6 +89,7 @@ impl SelectorActor {
             if !live {
                 continue;
             }
+            from_events.push(v.id);
             if let Some((_, n)) = lately.iter().find(|(t, _)| *t == v.id) {
                 best = best.max(*n);
             }
@@ -96,6 +99,7 @@ impl SelectorActor {
                 m.per_worker.push((v.id, held));
             }
         }
+        from_events
     }
 }
 
@@ -231,15 +235,31 @@ impl Handler<Select> for SelectorActor {
     }
 }
 
+impl SelectorActor {
+    /// The decision for `facts` on these matches, the random generator left as it was.
+    fn dry_run(
+        &mut self,
+        facts: &RequestFacts,
+        matches: Option<&PrefixMatches>,
+        from_events: Vec<WorkerId>,
+    ) -> Result<Explained, SelectError> {
+        let seq = self.seq.wrapping_add(1);
+        let rng = self.rng.clone();
+        let decided = self.guarded(|s| s.decide(facts, matches, &[], seq));
+        self.rng = rng;
+        decided.map(|c| Explained {
+            decision: c.decision,
+            from_events,
+        })
+    }
+}
+
 impl Handler<Explain> for SelectorActor {
-    type Result = AtomicResponse<Self, Result<Decision, SelectError>>;
+    type Result = AtomicResponse<Self, Result<Explained, SelectError>>;
 
     fn handle(&mut self, msg: Explain, _: &mut Context<Self>) -> Self::Result {
-        let seq = self.seq.wrapping_add(1);
         let Some(index) = self.index_for(&msg.facts) else {
-            let r = self
-                .guarded(|s| s.decide(&msg.facts, None, &[], seq))
-                .map(|c| c.decision);
+            let r = self.dry_run(&msg.facts, None, Vec::new());
             return AtomicResponse::new(Box::pin(fut::ready(r)));
         };
         let ask = lookup(
@@ -255,9 +275,8 @@ impl Handler<Explain> for SelectorActor {
         let msg_facts = msg.facts;
         AtomicResponse::new(Box::pin(ask.into_actor(self).map(move |answer, act, _| {
             let (mut matches, lately, chain, _) = answer.map_err(|_| SelectError::NoHealthy)?;
-            act.overlay(&mut matches, &lately, chain.as_ref());
-            act.guarded(|s| s.decide(&msg_facts, Some(&matches), &[], seq))
-                .map(|c| c.decision)
+            let from_events = act.overlay(&mut matches, &lately, chain.as_ref());
+            act.dry_run(&msg_facts, Some(&matches), from_events)
         })))
     }
 }
