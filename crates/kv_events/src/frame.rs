@@ -80,22 +80,28 @@ pub fn encode_replay_end() -> [Vec<u8>; 4] {
     [Vec::new(), Vec::new(), END_SEQ.to_vec(), Vec::new()]
 }
 
-/// Decodes one frame of a replay answer.
+/// Decodes one frame of a replay answer: `[b"", topic, seq, payload]`, or vLLM 0.25's and
+/// older releases' `[b"", seq, payload]` (no topic), each list ending with its end marker.
 pub fn decode_replay_frame<F: AsRef<[u8]>>(frames: &[F]) -> Result<ReplayFrame, DecodeError> {
-    let [empty, topic, seq, payload] = frames else {
-        return Err(DecodeError::Frames {
-            expected: 4,
-            found: frames.len(),
-        });
+    let (empty, topic, seq, payload) = match frames {
+        [empty, topic, seq, payload] => (empty.as_ref(), topic.as_ref(), seq, payload),
+        // vLLM 0.25 and older send no topic: `[b"", seq, payload]`, ending `[b"", -1, b""]`.
+        [empty, seq, payload] => (empty.as_ref(), &[][..], seq, payload),
+        _ => {
+            return Err(DecodeError::Frames {
+                expected: 4,
+                found: frames.len(),
+            });
+        }
     };
-    if !empty.as_ref().is_empty() {
+    if !empty.is_empty() {
         return Err(DecodeError::Delimiter);
     }
     // The default topic is empty too, so the sequence and the empty payload mark the end.
     if seq.as_ref() == END_SEQ && payload.as_ref().is_empty() {
         return Ok(ReplayFrame::End);
     }
-    message(topic.as_ref(), seq.as_ref(), payload.as_ref()).map(ReplayFrame::Batch)
+    message(topic, seq.as_ref(), payload.as_ref()).map(ReplayFrame::Batch)
 }
 
 /// An 8-byte big-endian sequence frame.

@@ -299,7 +299,24 @@ fn replay_protocol() {
         decode_replay_frame(&[&b"x"[..], b"", &[0xff; 8], b""]).unwrap_err(),
         DecodeError::Delimiter
     );
-    assert!(decode_replay_frame(&answer[1..]).is_err());
+    // vLLM 0.25 and older: no topic frame.
+    let ReplayFrame::Batch(m) =
+        decode_replay_frame(&answer[..1].iter().chain(&answer[2..]).collect::<Vec<_>>()).unwrap()
+    else {
+        panic!("not a batch")
+    };
+    assert_eq!((m.topic.len(), m.seq, m.batch), (0, 3, sample()));
+    assert_eq!(
+        decode_replay_frame(&[&b""[..], &[0xff; 8], b""]).unwrap(),
+        ReplayFrame::End
+    );
+    // Without the delimiter, a topic first is no frame of either form.
+    let topical = encode_replay_batch(b"kv", 3, &encode_payload(&sample()));
+    assert_eq!(
+        decode_replay_frame(&topical[1..]).unwrap_err(),
+        DecodeError::Delimiter
+    );
+    assert!(decode_replay_frame(&answer[2..]).is_err());
     // A sequence of -1 with a payload is not the marker; that payload must then decode.
     assert!(decode_replay_frame(&[&b""[..], b"", &[0xff; 8], b"\xc1"]).is_err());
 }

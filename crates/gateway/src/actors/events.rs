@@ -65,6 +65,9 @@ pub struct WorkerEvents {
     pub restarts: u64,
     /// Why it is stalled, off or refused, when it is.
     pub reason: Option<String>,
+    /// What the last frame counted in `malformed` was refused for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_malformed: Option<String>,
 }
 
 #[derive(Debug)]
@@ -84,6 +87,7 @@ struct Worker {
     reason: Option<String>,
     batches: u64,
     malformed: u64,
+    last_malformed: Option<String>,
     replays: u64,
     resets: u64,
     restarts: u64,
@@ -300,6 +304,7 @@ impl EventsActor {
                 reason: None,
                 batches: 0,
                 malformed: 0,
+                last_malformed: None,
                 replays: 0,
                 resets: 0,
                 restarts: 0,
@@ -480,6 +485,7 @@ enum Feed {
     },
     Malformed {
         worker: WorkerId,
+        reason: String,
     },
     Replayed {
         worker: WorkerId,
@@ -565,9 +571,10 @@ impl EventsActor {
                     }
                 }
             }
-            Feed::Malformed { worker } => {
+            Feed::Malformed { worker, reason } => {
                 if let Some(w) = self.workers.get_mut(&worker) {
                     w.malformed += 1;
+                    w.last_malformed = Some(reason);
                 }
             }
             Feed::Replayed { worker } => {

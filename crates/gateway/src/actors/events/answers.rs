@@ -42,6 +42,7 @@ impl Handler<GetEventStates> for EventsActor {
                         resets: w.resets,
                         restarts: w.restarts,
                         reason: w.reason.clone(),
+                        last_malformed: w.last_malformed.clone(),
                     },
                 )
             })
@@ -59,6 +60,7 @@ impl Handler<GetEventStates> for EventsActor {
                     resets: 0,
                     restarts: 0,
                     reason: Some(why.clone()),
+                    last_malformed: None,
                 },
             );
         }

@@ -65,31 +65,52 @@ pub(super) fn message_of(frames: Vec<Vec<u8>>) -> Option<ZmqMessage> {
     Some(m)
 }
 
-/// Asks the replay ROUTER at `endpoint` for every batch from `from`, in order; `None` when
-/// it cannot be reached or does not answer whole.
-async fn replay(endpoint: &str, from: u64) -> Option<Vec<(u64, EventBatch)>> {
+/// Why a replay brought nothing usable.
+enum ReplayFailed {
+    /// Not reached, or no whole answer in time.
+    Silent,
+    /// It answered with a frame kvgate cannot read.
+    Malformed(String),
+}
+
+/// Asks the replay ROUTER at `endpoint` for every batch from `from`, in order.
+async fn replay(endpoint: &str, from: u64) -> Result<Vec<(u64, EventBatch)>, ReplayFailed> {
+    let silent = |_| ReplayFailed::Silent;
     let mut dealer = zeromq::DealerSocket::new();
     actix_rt::time::timeout(CONNECT_TIMEOUT, dealer.connect(endpoint))
         .await
-        .ok()?
-        .ok()?;
-    dealer
-        .send(message_of(encode_replay_request(from).to_vec())?)
-        .await
-        .ok()?;
+        .map_err(silent)?
+        .map_err(|_| ReplayFailed::Silent)?;
+    let ask = message_of(encode_replay_request(from).to_vec()).ok_or(ReplayFailed::Silent)?;
+    dealer.send(ask).await.map_err(|_| ReplayFailed::Silent)?;
     let mut out = Vec::new();
     let deadline = tokio::time::Instant::now() + REPLAY_TIMEOUT;
     loop {
         let m = tokio::time::timeout_at(deadline, dealer.recv())
             .await
-            .ok()?
-            .ok()?;
+            .map_err(silent)?
+            .map_err(|_| ReplayFailed::Silent)?;
         let frames: Vec<&[u8]> = m.iter().map(|f| f.as_ref()).collect();
         match decode_replay_frame(&frames) {
-            Ok(ReplayFrame::End) => return Some(out),
+            Ok(ReplayFrame::End) => return Ok(out),
             Ok(ReplayFrame::Batch(b)) => out.push((b.seq, b.batch)),
             // A frame it cannot read makes the replay unusable as a whole.
-            Err(_) => return None,
+            Err(e) => return Err(ReplayFailed::Malformed(e.to_string())),
+        }
+    }
+}
+
+/// What a failed replay at `ep` says of the rank, and counts as malformed.
+fn replay_failure(me: &Addr<EventsActor>, worker: WorkerId, ep: &str, f: ReplayFailed) -> String {
+    match f {
+        ReplayFailed::Silent => format!("replay at {ep} did not answer"),
+        ReplayFailed::Malformed(why) => {
+            let reason = format!("replay at {ep} answered a frame kvgate cannot read: {why}");
+            me.do_send(Feed::Malformed {
+                worker,
+                reason: reason.clone(),
+            });
+            reason
         }
     }
 }
@@ -166,9 +187,13 @@ pub(super) async fn subscribe(feed: RankFeed) {
                 break;
             };
             let frames: Vec<&[u8]> = m.iter().map(|f| f.as_ref()).collect();
-            let Ok(msg) = decode_message(&frames) else {
-                me.do_send(Feed::Malformed { worker });
-                continue;
+            let msg = match decode_message(&frames) {
+                Ok(msg) => msg,
+                Err(e) => {
+                    let reason = format!("a frame from {endpoint} kvgate cannot read: {e}");
+                    me.do_send(Feed::Malformed { worker, reason });
+                    continue;
+                }
             };
             // One publisher sends in order on one connection: a step back is a new one.
             let restarted = msg.seq < floor || last_live.is_some_and(|l| msg.seq <= l);
@@ -217,12 +242,12 @@ async fn catch_up(
     gap_to: Option<u64>,
 ) {
     let replayed = match replay_at {
-        Some(ep) => replay(ep, *next).await,
-        None => None,
+        Some(ep) => replay(ep, *next).await.map_err(|f| Some((ep, f))),
+        None => Err(None),
     };
     match replayed {
-        Some(batches) => take_replay(me, worker, rank, batches, next, gap_to),
-        None => {
+        Ok(batches) => take_replay(me, worker, rank, batches, next, gap_to),
+        Err(failed) => {
             if let Some(g) = gap_to {
                 me.do_send(Feed::Reset { worker, rank });
                 *next = g;
@@ -232,7 +257,7 @@ async fn catch_up(
                 worker,
                 rank,
                 live: replay_at.is_none(),
-                reason: replay_at.map(|ep| format!("replay at {ep} did not answer")),
+                reason: failed.map(|(ep, f)| replay_failure(me, worker, ep, f)),
             });
         }
     }
@@ -296,14 +321,15 @@ async fn silent(
         return;
     };
     match replay(ep, *next).await {
-        Some(batches) => take_replay(me, worker, rank, batches, next, None),
-        None => me.do_send(Feed::State {
-            worker,
-            rank,
-            live: false,
-            reason: Some(format!(
-                "no KV event for {secs} s and no answer to a replay request at {ep}"
-            )),
-        }),
+        Ok(batches) => take_replay(me, worker, rank, batches, next, None),
+        Err(f) => {
+            let why = replay_failure(me, worker, ep, f);
+            me.do_send(Feed::State {
+                worker,
+                rank,
+                live: false,
+                reason: Some(format!("no KV event for {secs} s; {why}")),
+            });
+        }
     }
 }

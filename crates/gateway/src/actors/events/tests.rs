@@ -114,8 +114,27 @@ async fn blocks_of(
     .per_rank
 }
 
+/// How a test's replay router frames its answers.
+#[derive(Clone, Copy, PartialEq)]
+enum Framing {
+    /// `[b"", topic, seq, payload]`, as SGLang and vLLM since 0.26 send them.
+    Topic,
+    /// `[b"", seq, payload]`, as vLLM 0.25 and older send them.
+    NoTopic,
+    /// Frames no engine sends.
+    Junk,
+}
+
 /// Answers replay requests from `history` (batch `i` has sequence `i`) as it is when asked.
-fn serve_replay(mut router: zeromq::RouterSocket, history: Arc<Mutex<Vec<EventBatch>>>) {
+fn serve_replay(router: zeromq::RouterSocket, history: Arc<Mutex<Vec<EventBatch>>>) {
+    serve_replay_as(router, history, Framing::Topic);
+}
+
+fn serve_replay_as(
+    mut router: zeromq::RouterSocket,
+    history: Arc<Mutex<Vec<EventBatch>>>,
+    framing: Framing,
+) {
     #[expect(
         clippy::disallowed_methods,
         reason = "a test publisher; it ends with the test's runtime"
@@ -131,13 +150,22 @@ fn serve_replay(mut router: zeromq::RouterSocket, history: Arc<Mutex<Vec<EventBa
                 .iter()
                 .map(encode_payload)
                 .collect();
+            let untopic = |mut f: Vec<Vec<u8>>| {
+                if framing == Framing::NoTopic {
+                    f.remove(1);
+                }
+                f
+            };
             for (seq, p) in payloads.iter().enumerate().skip(from as usize) {
                 let mut m = vec![id.clone()];
-                m.extend(encode_replay_batch(b"kv", seq as u64, p));
+                match framing {
+                    Framing::Junk => m.extend([vec![], b"kv".to_vec(), vec![0; 3], p.clone()]),
+                    _ => m.extend(untopic(encode_replay_batch(b"kv", seq as u64, p).to_vec())),
+                }
                 router.send(msg(m)).await.expect("send");
             }
             let mut end = vec![id.clone()];
-            end.extend(encode_replay_end());
+            end.extend(untopic(encode_replay_end().to_vec()));
             router.send(msg(end)).await.expect("send");
         }
     });
@@ -317,4 +345,55 @@ async fn a_publisher_numbering_from_0_again_is_a_new_process_and_its_rank_is_reb
         s.get(&w).is_some_and(|e| e.blocks == 2 && e.restarts == 1)
     })
     .await;
+}
+
+/// A publisher with `history` behind a replay router that frames as `framing`, and an
+/// actor subscribed to it as worker 9.
+async fn replayed_as(framing: Framing) -> (Addr<EventsActor>, zeromq::PubSocket) {
+    let history = vec![batch(vec![stored(&[21, 22], None, 0..8)])];
+    let mut publisher = zeromq::PubSocket::new();
+    let pub_ep = publisher.bind("tcp://127.0.0.1:0").await.expect("bind");
+    let mut router = zeromq::RouterSocket::new();
+    let rep_ep = router.bind("tcp://127.0.0.1:0").await.expect("bind");
+    serve_replay_as(router, Arc::new(Mutex::new(history)), framing);
+    let a = EventsActor::new(None, None).start();
+    a.do_send(FleetChanged(Arc::new(vec![record(
+        9,
+        port_of(&pub_ep),
+        Some(port_of(&rep_ep)),
+    )])));
+    (a, publisher)
+}
+
+#[actix_rt::test]
+async fn a_replay_without_topic_frames_is_read_as_older_vllm_sends_it() {
+    let (a, _publisher) = replayed_as(Framing::NoTopic).await;
+    let w = WorkerId(9);
+    until(&a, "the replayed blocks", |s| {
+        s.get(&w)
+            .is_some_and(|e| e.replays >= 1 && e.blocks == 2 && e.malformed == 0)
+    })
+    .await;
+    assert_eq!(blocks_of(&a, 0..8).await, vec![(w, 0, 2, BS)]);
+}
+
+#[actix_rt::test]
+async fn a_replay_answer_kvgate_cannot_read_is_counted_as_malformed_with_its_reason() {
+    let (a, _publisher) = replayed_as(Framing::Junk).await;
+    let w = WorkerId(9);
+    until(&a, "the malformed replay", |s| {
+        s.get(&w).is_some_and(|e| e.malformed >= 1)
+    })
+    .await;
+    let s = a.send(GetEventStates).await.expect("states");
+    let e = s.get(&w).expect("the worker");
+    let why = e.last_malformed.clone().unwrap_or_default();
+    assert!(why.contains("answered a frame kvgate cannot read"), "{e:?}");
+    // Its state says the replay answered, not that it was silent.
+    assert!(
+        e.reason
+            .as_deref()
+            .is_none_or(|r| !r.contains("did not answer")),
+        "{e:?}"
+    );
 }
