@@ -2,7 +2,8 @@
 //! same `envoy-types` messages kvgate's picker serves: the request headers, the body in
 //! chunks without waiting for an answer, then, once the picker has answered, the
 //! request forwarded to the picked engine and its response reported back the same way.
-//! No Envoy binary is installable here; this client speaks the protocol as Envoy does.
+//! It speaks the protocol as Envoy does, so the protocol's cases run without an Envoy
+//! binary; `tests/tests/picker_envoy.rs` runs through a real one.
 
 use std::net::SocketAddr;
 

@@ -1,7 +1,7 @@
 //! kvgate as the endpoint picker of an Envoy-based gateway: the ext_proc protocol spoken as
 //! Envoy speaks it (`kvgate_tests::envoy`), against simulated engines. The client forwards
 //! each request to the engine the picker named and reports the response back, as Envoy
-//! does; no Envoy binary is installable here.
+//! does. The same through a real Envoy is `picker_envoy.rs`.
 #![expect(
     clippy::expect_used,
     reason = "test code: a helper's panic is a failed test"

@@ -89,6 +89,10 @@ pub struct GatewayConfig {
     /// Request headers whose first one present becomes the request id (the reference
     /// gateway's `--request-id-headers`); otherwise the gateway makes one.
     pub request_id_headers: Vec<String>,
+    /// Request headers whose first one present names the request's session (besides
+    /// OpenAI's `prompt_cache_key` body field, which comes first): in cost mode a session's
+    /// request that no prefix decides goes where the session went last.
+    pub session_headers: Vec<String>,
     /// Any other path under `/v1/` is forwarded (routed by load) instead of answered 404.
     pub passthrough_unknown_routes: bool,
     /// An OTLP/gRPC collector (`http://host:4317`): each proxied request is exported as a
@@ -190,6 +194,7 @@ impl Default for GatewayConfig {
                 .iter()
                 .map(|h| (*h).to_owned())
                 .collect(),
+            session_headers: vec!["x-session-id".to_owned()],
             passthrough_unknown_routes: false,
             otlp_endpoint: None,
             max_payload_size: 64 * 1024 * 1024,
@@ -327,6 +332,7 @@ impl GatewayConfig {
                 .with_list_parse_key("worker_allow")
                 .with_list_parse_key("trusted_proxies")
                 .with_list_parse_key("request_id_headers")
+                .with_list_parse_key("session_headers")
                 .with_list_parse_key("selector")
                 .source(Some(vars)),
         );
@@ -372,6 +378,11 @@ impl GatewayConfig {
         for u in &self.worker_urls {
             if let Err(e) = kvgate_core::WorkerUrl::parse(u) {
                 return invalid("worker_urls", e.to_string());
+            }
+        }
+        for h in &self.session_headers {
+            if actix_web::http::header::HeaderName::from_bytes(h.as_bytes()).is_err() {
+                return invalid("session_headers", format!("{h:?} is not a header name"));
             }
         }
         for h in &self.request_id_headers {

@@ -235,6 +235,19 @@ pub(crate) fn read_request(
     facts_of(parsed, prompt, bytes)
 }
 
+/// OpenAI's `prompt_cache_key` (1 to 256 bytes), the session a body says it belongs to.
+/// Parsed only from a body that names it, so others are not read twice.
+pub(crate) fn prompt_cache_key(body: &[u8]) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Key {
+        #[serde(default)]
+        prompt_cache_key: Option<String>,
+    }
+    memchr::memmem::find(body, b"\"prompt_cache_key\"")?;
+    let k = serde_json::from_slice::<Key>(body).ok()?.prompt_cache_key?;
+    (!k.is_empty() && k.len() <= 256).then_some(k)
+}
+
 /// Facts of a body routing does not read: no model, no prompt.
 fn nothing() -> ReadRequest {
     ReadRequest {
@@ -357,6 +370,7 @@ fn facts_of(body: Body<'_>, prompt: bool, bytes: &Bytes) -> Result<ReadRequest, 
             routing_key: None,
             stream: stream.unwrap_or(false),
             pinned: None,
+            session: None,
         },
         continues,
     })

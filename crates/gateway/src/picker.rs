@@ -47,6 +47,8 @@ pub(crate) struct Picker {
     pub reads_prompt: bool,
     /// Largest request body read for routing; a larger one is refused (413).
     pub max_body: usize,
+    /// `--session-headers`, lower case.
+    pub session_headers: Arc<[String]>,
 }
 
 /// The service names the gateways and kubelets probe besides the server as a whole (""):

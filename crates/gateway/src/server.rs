@@ -254,10 +254,8 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         grace: cfg.shutdown_grace_period,
         lifecycle: lifecycle.clone(),
         supervision,
-        // Checked by `validate`: a name that does not parse was refused then.
-        request_id_headers: (cfg.request_id_headers.iter())
-            .filter_map(|h| actix_web::http::header::HeaderName::from_bytes(h.as_bytes()).ok())
-            .collect(),
+        request_id_headers: header_names(&cfg.request_id_headers),
+        session_headers: header_names(&cfg.session_headers),
         reads_prompt: cfg.policy.kind.reads_prompt(),
         events: events.clone(),
         tokenizers,
@@ -291,6 +289,14 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         metrics: metrics.map(|(server, _)| run_metrics(server)),
     };
     Ok((server, addr, actors, threads))
+}
+
+/// Header names as the config gives them (checked by `validate`: one that does not parse
+/// was refused then).
+fn header_names(names: &[String]) -> Arc<[actix_web::http::header::HeaderName]> {
+    (names.iter())
+        .filter_map(|h| actix_web::http::header::HeaderName::from_bytes(h.as_bytes()).ok())
+        .collect()
 }
 
 /// Runs the `--prometheus-port` listener; its handle stops it.

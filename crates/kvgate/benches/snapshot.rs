@@ -142,6 +142,7 @@ fn facts(text: String) -> Arc<RequestFacts> {
         routing_key: None,
         stream: false,
         pinned: None,
+        session: None,
     })
 }
 

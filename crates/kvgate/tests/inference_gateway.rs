@@ -5,8 +5,9 @@
 //! with a `name` and, for a Service, a `port`, `failureMode` FailOpen or FailClose); the
 //! pieces against each other (pool, picker Service, kvgate's flags, probes, route, RBAC);
 //! and the container's flags through the real binary, which must open the picker. No
-//! cluster and no schema tool is needed; the built-in kinds are also checked in CI by
-//! `kubernetes-validate` through `deploy/kubernetes`'s own files.
+//! cluster is needed. `.ci/run` also validates the InferencePool against the CRD's schema
+//! itself (`scripts/check-inferencepools.py`, the CRD in `tests/fixtures/crds/`) and the
+//! built-in kinds with `kubernetes-validate`.
 #![expect(
     clippy::expect_used,
     reason = "test code: a helper's panic is a failed test"

@@ -456,6 +456,7 @@ fn simulate(fleet: &Fleet, cfg: &PolicyConfig, reqs: &[Req], seed: u64) -> Outco
                 .collect(),
             source: MatchSource::TokenTree,
             traffic: None,
+            session_holder: None,
         };
         // The policies read only the token count of a prompt.
         let facts = RequestFacts {

@@ -59,6 +59,7 @@ fn bench(c: &mut Criterion) {
             .collect(),
         source: MatchSource::TokenTree,
         traffic: None,
+        session_holder: None,
     };
     let input = SelectInput {
         matches: Some(&matches),

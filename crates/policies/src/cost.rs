@@ -180,7 +180,10 @@ pub(crate) fn select(ctx: &Ctx<'_>, rng: &mut dyn RngCore) -> Decision {
     }
     // Each candidate's rendezvous rank, when the spread below placed the request.
     let mut placed: Option<Vec<u32>> = None;
-    if !holds(at) {
+    if let Some(s) = session_choice(ctx, &set, &totals, cheapest, &useful, at) {
+        (at, rule) = (s, CostRule::Session);
+    }
+    if !holds(at) && rule != CostRule::Session {
         let (chosen, ranks) = place_new_prefix(ctx, &set, &totals, cheapest, &useful, rng);
         placed = ranks;
         if let Some(s) = chosen
@@ -266,6 +269,28 @@ fn annotate(
         }
         d.notes.push(DecisionNote::Rendezvous { rank: ranks[at] });
     }
+}
+
+/// The session's worker, as an index into `set`, when it takes the request: where
+/// nobody's prefix decided (`at` holds nothing useful), within the spread's reach of the
+/// lowest cost; where `at` holds a prefix, if it holds as much, within the affinity margin.
+fn session_choice(
+    ctx: &Ctx<'_>,
+    set: &[usize],
+    totals: &[f64],
+    cheapest: usize,
+    useful: &[usize],
+    at: usize,
+) -> Option<usize> {
+    let h = ctx.matches()?.session_holder?;
+    let s = set.iter().position(|&w| ctx.fleet.workers[w].id == h)?;
+    let margin = ctx.cfg.affinity_margin.max(0.0);
+    let ok = if useful[at] == 0 {
+        totals[s] <= totals[cheapest] * (1.0 + PLACEMENT_REACH * margin)
+    } else {
+        s != at && useful[s] == useful[at] && totals[s] <= totals[cheapest] * (1.0 + margin)
+    };
+    ok.then_some(s)
 }
 
 /// Where a request that starts a prefix group goes (nobody's prefix decided), as an index

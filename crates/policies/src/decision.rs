@@ -149,6 +149,9 @@ pub enum CostRule {
     /// Nobody's prefix decided: the worker that started the fewest new prefixes lately,
     /// within a wider reach of the lowest cost than the affinity margin.
     Spread,
+    /// The worker the request's session went to last: nobody's prefix decided (within the
+    /// spread's reach of the lowest cost), or it matched as much as the choice did.
+    Session,
 }
 
 /// Something about a decision that its path and scores do not say.

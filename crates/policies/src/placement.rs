@@ -26,6 +26,10 @@ use crate::snapshot::{RequestFacts, RoutingText, WorkerView};
 /// The rendezvous key of `request`: a hash of its head up to the first block boundary
 /// past `deepest` matched units; `None` for a request without a prompt.
 pub(crate) fn key(request: &RequestFacts, deepest: usize, cfg: &PolicyConfig) -> Option<u64> {
+    // A session's requests share its key, whatever their prompts.
+    if let Some(s) = &request.session {
+        return Some(xxh3_64(s.as_bytes()));
+    }
     let tokens = cfg.min_match_tokens.max(1);
     match &request.key {
         RoutingText::Empty => None,

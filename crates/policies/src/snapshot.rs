@@ -25,6 +25,13 @@ pub struct RequestFacts {
     /// chosen whatever the policy; otherwise the policy decides.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pinned: Option<String>,
+    /// The session the request says it belongs to (OpenAI's `prompt_cache_key`, a session
+    /// header): in cost mode a prompt nobody's prefix decides goes where its session went
+    /// last (within the load reach of a new prefix), or, for a session's first request,
+    /// where the session's rendezvous ranking puts it; between equal matches the session's
+    /// worker wins.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
 }
 
 /// The prompt as routing sees it: text (chat rendered with roles) or token ids.
@@ -134,6 +141,10 @@ pub struct PrefixMatches {
     /// How much recent traffic shared each matched prefix (tree indexes that count it).
     #[serde(default)]
     pub traffic: Option<PrefixTraffic>,
+    /// The target the request's session (`RequestFacts::session`) was last sent to, as the
+    /// gateway remembers it.
+    #[serde(default)]
+    pub session_holder: Option<WorkerId>,
 }
 
 /// Recent requests through the prefixes of one request, as the tree index counts them

@@ -104,6 +104,7 @@ fn matches() -> impl Strategy<Value = Option<PrefixMatches>> {
                 per_worker: per.into_iter().map(|(i, n)| (WorkerId(i), n)).collect(),
                 source,
                 traffic: None,
+                session_holder: None,
             }),
     )
 }

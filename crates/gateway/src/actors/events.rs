@@ -178,9 +178,8 @@ impl EventsActor {
     }
 
     /// Tells `index` to forget what it recorded for a rank whose engine cache was cleared
-    /// (an `AllBlocksCleared`, a new process, a gap replay could not cover): the gateway
-    /// counts what it routed lately as held until the events say so, and this is the
-    /// events saying otherwise.
+    /// (`AllBlocksCleared`, a new process, a gap replay could not cover): the events
+    /// overrule what the gateway counts as held because it routed it lately.
     pub fn with_prefix_index(mut self, index: Recipient<ClearWorker>) -> Self {
         self.routed = Some(index);
         self
@@ -378,9 +377,8 @@ impl Actor for EventsActor {
 
 /// After a panic the subscriber tasks and the snapshot in progress are gone with the old
 /// context, and the chain index may be half way through a batch: every worker's holdings
-/// go and `started` subscribes again from the last fleet, each rank replayed from sequence
-/// 0 (a publisher without replay refills as it publishes). Meanwhile routing uses the
-/// approximate index, as for a stalled publisher.
+/// go and `started` subscribes again from the last fleet, each rank replayed from 0 (one
+/// without replay refills as it publishes); meanwhile the approximate index routes.
 impl Supervised for EventsActor {
     fn restarting(&mut self, _: &mut Context<Self>) {
         for id in self.workers.keys() {

@@ -354,6 +354,7 @@ impl IndexActor {
                 per_worker: Vec::new(),
                 source,
                 traffic: None,
+                session_holder: None,
             };
             return (none, Vec::new(), None);
         };
@@ -374,6 +375,7 @@ impl IndexActor {
                         .collect(),
                     source: MatchSource::Hash { boundary },
                     traffic: None,
+                    session_holder: None,
                 }
             }
             (RoutingText::Text(s), true) => PrefixMatches {
@@ -381,6 +383,7 @@ impl IndexActor {
                 per_worker: Vec::new(),
                 source: MatchSource::Hash { boundary: None },
                 traffic: None,
+                session_holder: None,
             },
             (RoutingText::Tokens(t), false) => {
                 let mut pm = match (count, since) {
@@ -398,6 +401,7 @@ impl IndexActor {
                     source: MatchSource::TokenTree,
                     traffic: Some(traffic(&pm)),
                     per_worker: pm.per_tenant,
+                    session_holder: None,
                 }
             }
             (RoutingText::Text(s), false) => {
@@ -413,6 +417,7 @@ impl IndexActor {
                     source: MatchSource::TextTree,
                     traffic: Some(traffic(&pm)),
                     per_worker: pm.per_tenant,
+                    session_holder: None,
                 }
             }
             (RoutingText::Empty, _) => PrefixMatches::default(),

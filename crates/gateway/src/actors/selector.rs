@@ -35,6 +35,7 @@ mod events;
 mod hold;
 mod messages;
 mod select;
+mod sessions;
 
 use circuit::Circuit;
 pub(crate) use circuit::{CircuitConfig, CircuitState, Outcome};
@@ -98,6 +99,8 @@ pub struct SelectorActor {
     pending: bool,
     /// Requests held behind a streamed request still prefilling their prefix.
     holds: Holds,
+    /// Where each session went last.
+    sessions: sessions::Sessions,
     next_booking: u64,
     /// What `WorkerView::recent` keeps per dispatch: half of it every `RECENT_HALF_LIFE`.
     recent_keep: f64,
@@ -158,6 +161,7 @@ impl SelectorActor {
     ) -> Self {
         SelectorActor {
             holds: Holds::new(Duration::ZERO, &policy),
+            sessions: sessions::Sessions::default(),
             policy,
             views: Vec::new(),
             meta: Vec::new(),

@@ -66,6 +66,8 @@ pub(crate) struct AppState {
     pub supervision: Arc<Supervision>,
     /// `--request-id-headers`, parsed.
     pub request_id_headers: Arc<[actix_web::http::header::HeaderName]>,
+    /// `--session-headers`, parsed.
+    pub session_headers: Arc<[actix_web::http::header::HeaderName]>,
     /// Whether the policy reads the prompt; without it the routing text is not built.
     pub reads_prompt: bool,
     pub metrics: Arc<Metrics>,

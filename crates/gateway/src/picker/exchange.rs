@@ -27,7 +27,7 @@ use tonic::{Status, Streaming};
 use super::Picker;
 use super::choose::{self, Pick};
 use super::envoy::{self, header};
-use crate::facts::{FactsError, request_facts, tokens};
+use crate::facts::{FactsError, prompt_cache_key, request_facts, tokens};
 use crate::metrics::Door;
 use crate::pipeline::{Job, Outcome, Refusal, Ticket};
 
@@ -38,6 +38,8 @@ struct Head {
     endpoint: Option<Endpoint>,
     request_id: Arc<str>,
     routing_key: Option<String>,
+    /// The first session header the request carried.
+    session: Option<String>,
     /// The gateway's subset hint, when it gave one.
     subset: Option<Vec<String>>,
     arrived: Instant,
@@ -194,10 +196,14 @@ impl Exchange {
             .iter()
             .find_map(|n| kvgate_policies::valid_routing_key(header(hs, n)))
             .map(str::to_owned);
+        let session = (self.picker.session_headers.iter())
+            .find_map(|n| kvgate_policies::valid_routing_key(header(hs, n)))
+            .map(str::to_owned);
         self.head = Some(Head {
             endpoint: Endpoint::from_path(path),
             request_id,
             routing_key,
+            session,
             subset: envoy::subset_hint(md),
             arrived: Instant::now(),
         });
@@ -240,6 +246,10 @@ impl Exchange {
             _ => RequestFacts::default(),
         };
         facts.routing_key.clone_from(&head.routing_key);
+        // As at the HTTP door: the body's key, a session header, the routing key.
+        facts.session = prompt_cache_key(body)
+            .or_else(|| head.session.clone())
+            .or_else(|| head.routing_key.clone());
         Ok(facts)
     }
 

@@ -177,6 +177,9 @@ pub(super) fn picker_server(
         tokenizers: tokenizers.clone(),
         reads_prompt: cfg.policy.kind.reads_prompt(),
         max_body: cfg.max_payload_size,
+        session_headers: (cfg.session_headers.iter())
+            .map(|h| h.to_ascii_lowercase())
+            .collect(),
     };
     let tls = picker_tls(cfg)?;
     let (reporter, service) = tonic_health::server::health_reporter();

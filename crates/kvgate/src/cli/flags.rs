@@ -87,6 +87,12 @@ pub(super) const FLAGS: &[(&str, &str, Kind, &str)] = &[
         "Request headers, space-separated, the first of which the client sends becomes the request id (logged, echoed as x-request-id, sent to the worker)",
     ),
     (
+        "session-headers",
+        "session_headers",
+        Kind::Texts,
+        "Request headers, space-separated, the first of which the client sends names its session (after the body's prompt_cache_key): a session's requests that no prefix decides follow it",
+    ),
+    (
         "otlp-endpoint",
         "otlp_endpoint",
         Kind::Text,

@@ -36,6 +36,7 @@ fn hash_matches(tokens: usize, boundary: Option<usize>, holders: &[u64]) -> Pref
             .collect(),
         source: MatchSource::Hash { boundary },
         traffic: None,
+        session_holder: None,
     }
 }
 

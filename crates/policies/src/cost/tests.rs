@@ -429,6 +429,7 @@ fn paths_and_recording() {
             .collect(),
         source: MatchSource::Hash { boundary },
         traffic: None,
+        session_holder: None,
     };
     let holder_idle = [w(1).flight(1), w(2)];
     let d = check(
@@ -794,4 +795,68 @@ fn load_still_vetoes_the_first_choice() {
     assert_ne!(d.worker, Some(first), "{d:?}");
     let c = d.candidates.iter().find(|c| c.worker == first);
     assert!(c.is_some_and(|c| c.gated && c.in_flight == 0), "{d:?}");
+}
+
+#[test]
+fn a_session_goes_where_it_went_last_unless_load_or_a_deeper_match_says_otherwise() {
+    let fleet: Vec<WorkerView> = (1..=4).map(|i| w(i).load(idle(0.0))).collect();
+    let req = RequestFacts {
+        session: Some("agent-7".into()),
+        ..tokens(600)
+    };
+    // Nobody holds the prompt: its session's worker, though three others are as cheap.
+    let mut m = token_matches(600, &[]);
+    m.session_holder = Some(id(3));
+    let d = check(&cost_cfg(), &fleet, &req, Some(&m), (3, DecisionPath::Miss));
+    assert_eq!(d.rule, Some(CostRule::Session), "{d:?}");
+    // Between equal matches, the session's worker.
+    let mut tie = token_matches(600, &[(2, 512), (3, 512)]);
+    tie.session_holder = Some(id(3));
+    // (Over four seeds: a tie drawn at random would land on worker 2 too.)
+    check(
+        &cost_cfg(),
+        &fleet,
+        &req,
+        Some(&tie),
+        (3, DecisionPath::Hit),
+    );
+    // A deeper match elsewhere wins over the session.
+    let mut deeper = token_matches(600, &[(2, 576), (3, 128)]);
+    deeper.session_holder = Some(id(3));
+    check(
+        &cost_cfg(),
+        &fleet,
+        &req,
+        Some(&deeper),
+        (2, DecisionPath::Hit),
+    );
+    // A session worker far past the spread's reach is left: load decides.
+    let mut busy = fleet.clone();
+    busy[2] = w(3).load(prefilling(10_000, 200_000, 40, 0.0));
+    check(&cost_cfg(), &busy, &req, Some(&m), (1, DecisionPath::Miss));
+}
+
+#[test]
+fn a_sessions_first_request_is_placed_by_its_key_alike_on_every_replica() {
+    let fleet: Vec<WorkerView> = (1..=4).map(|i| w(i).load(idle(0.0))).collect();
+    let reversed: Vec<WorkerView> = fleet.iter().rev().cloned().collect();
+    let miss = token_matches(600, &[]);
+    let mut places = std::collections::BTreeSet::new();
+    for k in 0..16 {
+        let session = Some(format!("session-{k}"));
+        // Different prompts, one session: one place.
+        let a = RequestFacts {
+            session: session.clone(),
+            ..headed(k, 600)
+        };
+        let b = RequestFacts {
+            session,
+            ..headed(k + 1000, 600)
+        };
+        let da = pick(&cost_cfg(), &fleet, &a, Some(&miss), 0);
+        let db = pick(&cost_cfg(), &reversed, &b, Some(&miss), 1);
+        assert_eq!(da.worker, db.worker, "session {k}");
+        places.insert(da.worker);
+    }
+    assert!(places.len() >= 3, "16 sessions over {places:?}");
 }

@@ -201,6 +201,7 @@ impl Handler<Select> for SelectorActor {
                 let (matches, ticket) = match answer {
                     Ok((mut m, lately, chain, ticket)) => {
                         act.overlay(&mut m, &lately, chain.as_ref());
+                        act.session_of(&facts, &mut m);
                         (Some(m), ticket)
                     }
                     // The index is gone (shutdown).
@@ -218,6 +219,9 @@ impl Handler<Select> for SelectorActor {
                         }));
                     }
                 };
+                if let Some(s) = &facts.session {
+                    act.sessions.sent(s, d.target);
+                }
                 if d.decision.record_prefix
                     && let Some(index) = &act.index
                 {
@@ -236,6 +240,11 @@ impl Handler<Select> for SelectorActor {
 }
 
 impl SelectorActor {
+    /// Says in `m` where the request's session went last.
+    fn session_of(&self, facts: &RequestFacts, m: &mut PrefixMatches) {
+        m.session_holder = (facts.session.as_deref()).and_then(|s| self.sessions.holder(s));
+    }
+
     /// The decision for `facts` on these matches, the random generator left as it was.
     fn dry_run(
         &mut self,
@@ -276,6 +285,7 @@ impl Handler<Explain> for SelectorActor {
         AtomicResponse::new(Box::pin(ask.into_actor(self).map(move |answer, act, _| {
             let (mut matches, lately, chain, _) = answer.map_err(|_| SelectError::NoHealthy)?;
             let from_events = act.overlay(&mut matches, &lately, chain.as_ref());
+            act.session_of(&msg_facts, &mut matches);
             act.dry_run(&msg_facts, Some(&matches), from_events)
         })))
     }
