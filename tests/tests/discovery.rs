@@ -342,6 +342,7 @@ async fn an_admin_removal_holds_until_the_pod_changes_and_nothing_is_persisted()
     let again = gw.actors().registry.send(AddDiscovered {
         url: at(ips[0]),
         pod: pod.clone(),
+        kv_events_config: None,
     });
     assert_eq!(
         again.await.expect("registry answers").expect("no error"),

@@ -16,6 +16,8 @@ pub enum Change {
         pod: String,
         namespace: String,
         uid: String,
+        /// The pod's `kvgate.io/kv-events-config` annotation.
+        kv_events_config: Option<String>,
     },
     /// The worker at this URL stopped serving: its pod turned unready, is being deleted,
     /// is gone, changed IP or was replaced.
@@ -29,6 +31,7 @@ impl Change {
             pod: e.pod.clone(),
             namespace: e.namespace.clone(),
             uid: e.uid.clone(),
+            kv_events_config: e.kv_events_config.clone(),
         }
     }
 }
@@ -163,6 +166,7 @@ mod tests {
             pod: name.into(),
             namespace: "ml".into(),
             uid: uid.into(),
+            kv_events_config: None,
         }
     }
 

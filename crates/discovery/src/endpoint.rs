@@ -13,7 +13,13 @@ pub struct Endpoint {
     pub namespace: String,
     /// The pod's uid: a pod deleted and created again under the same name has a new one.
     pub uid: String,
+    /// The pod's [`KV_EVENTS_ANNOTATION`]: its engine's KV-event publisher settings, for an
+    /// engine that does not advertise them.
+    pub kv_events_config: Option<String>,
 }
+
+/// The pod annotation that gives its engine's `--kv-events-config` JSON.
+pub const KV_EVENTS_ANNOTATION: &str = "kvgate.io/kv-events-config";
 
 /// The worker `pod` is, when it should get traffic: phase `Running`, its `Ready`
 /// condition `True`, an IP, and no deletion timestamp (a pod being deleted may still be
@@ -43,6 +49,9 @@ pub fn endpoint(pod: &Pod, port: u16) -> Option<Endpoint> {
         pod: meta.name.clone()?,
         namespace: meta.namespace.clone().unwrap_or_default(),
         uid: meta.uid.clone().unwrap_or_default(),
+        kv_events_config: (meta.annotations.as_ref())
+            .and_then(|a| a.get(KV_EVENTS_ANNOTATION))
+            .cloned(),
     })
 }
 
@@ -97,7 +106,17 @@ pub(crate) mod tests {
                 pod: "a".into(),
                 namespace: "ml".into(),
                 uid: "u1".into(),
+                kv_events_config: None,
             }
+        );
+        // An engine that does not advertise its KV events says where they are.
+        let mut annotated = pod_json("a", "u1", Some("10.1.2.3"), true);
+        annotated["metadata"]["annotations"] =
+            json!({KV_EVENTS_ANNOTATION: r#"{"endpoint": "tcp://*:5557"}"#});
+        let e = endpoint(&pod(annotated), 8000).unwrap();
+        assert_eq!(
+            e.kv_events_config.as_deref(),
+            Some(r#"{"endpoint": "tcp://*:5557"}"#)
         );
         let v6 = endpoint(&pod(pod_json("a", "u1", Some("fd00::7"), true)), 30000).unwrap();
         assert_eq!(v6.url, "http://[fd00::7]:30000");

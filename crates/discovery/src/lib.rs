@@ -48,7 +48,7 @@ mod watch;
 
 pub use config::{DiscoveryConfig, SERVICE_ACCOUNT_NAMESPACE, namespace_from};
 pub use diff::{Change, Tracker};
-pub use endpoint::{Endpoint, endpoint};
+pub use endpoint::{Endpoint, KV_EVENTS_ANNOTATION, endpoint};
 pub use error::DiscoveryError;
 pub use pool::{PoolSpec, pool_resource, pool_spec, pool_specs};
 pub use watch::{changes, client};

@@ -29,7 +29,7 @@ pub use admission::AdmissionConfig;
 pub use circuit::CircuitConfig;
 pub use discovery::DiscoverySection;
 pub(crate) use events::EventsConfig;
-pub use events::EventsSection;
+pub use events::{EventsConfigError, EventsSection};
 pub use health::HealthConfig;
 pub use picker::PickerConfig;
 pub use retry::RetryConfig;

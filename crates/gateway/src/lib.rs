@@ -41,8 +41,9 @@ mod upstream;
 
 pub use alloc::keep_freed_memory;
 pub use config::{
-    AccessConfig, AdmissionConfig, CircuitConfig, ConfigError, DiscoverySection, EventsSection,
-    GatewayConfig, HealthConfig, Overrides, PickerConfig, RetryConfig, Section, SnapshotConfig,
+    AccessConfig, AdmissionConfig, CircuitConfig, ConfigError, DiscoverySection, EventsConfigError,
+    EventsSection, GatewayConfig, HealthConfig, Overrides, PickerConfig, RetryConfig, Section,
+    SnapshotConfig,
 };
 pub use http::error::ApiError;
 pub use kvgate_core::Secret;

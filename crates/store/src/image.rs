@@ -95,6 +95,10 @@ pub struct RegistryImage {
     pub added: Vec<String>,
     /// Removed through the API: not registered at start even when the flags list them.
     pub removed: Vec<String>,
+    /// The KV-event settings an added worker was given (URL → its `--kv-events-config`
+    /// JSON), registered with it again.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub kv_events: std::collections::BTreeMap<String, String>,
 }
 
 /// A loaded snapshot.

@@ -22,18 +22,22 @@ pub struct Opened {
     pub problems: Vec<String>,
 }
 
+/// Why the store could not be read, and its worker registry when that was still readable
+/// (boxed: an error is rare and the registry large).
+type LoadFailed = (StoreError, Option<Box<RegistryImage>>);
+
 /// Opens and reads the store. When the snapshot is damaged, the error comes with the
 /// worker registry if that could still be read: it is a separate key, and losing it would
 /// bring back workers removed through the API and forget those added.
 fn open_and_load(
     dir: &Path,
     options: StoreOptions,
-) -> Result<(Store, Option<Image>), (StoreError, Option<RegistryImage>)> {
+) -> Result<(Store, Option<Image>), LoadFailed> {
     let store = Store::open_with(dir, options).map_err(|e| (e, None))?;
     match store.load() {
         Ok(image) => Ok((store, image)),
         Err(e) => {
-            let kept = store.registry().ok();
+            let kept = store.registry().ok().map(Box::new);
             Err((e, kept))
         }
     }
@@ -63,7 +67,7 @@ pub fn open_or_reset_with(dir: &Path, options: StoreOptions) -> Opened {
             }
             match Store::open_with(dir, options) {
                 Ok(s) => {
-                    let registry = match kept.filter(|r| *r != RegistryImage::default()) {
+                    let registry = match kept.filter(|r| **r != RegistryImage::default()) {
                         None => "",
                         Some(r) => match s.put_registry(&r) {
                             Ok(()) => " (the worker registry was kept)",

@@ -367,6 +367,7 @@ mod tests {
         p.registry(RegistryImage {
             added: vec!["http://x:1".into()],
             removed: vec![],
+            kv_events: Default::default(),
         });
         p.flush();
         assert_eq!(p.stats.write_failures.load(Relaxed), 2);

@@ -126,6 +126,7 @@ impl DiscoveryActor {
                 pod,
                 namespace,
                 uid,
+                kv_events_config,
             } => {
                 self.known.insert(url.clone());
                 // Queued now, so it stays behind a removal of the same URL sent before.
@@ -136,6 +137,7 @@ impl DiscoveryActor {
                         namespace,
                         pod_uid: uid,
                     },
+                    kv_events_config,
                 });
                 ctx.spawn(
                     async move {

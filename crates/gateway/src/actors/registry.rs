@@ -79,6 +79,11 @@ pub struct WorkerRecord {
     pub startup_time: Option<f64>,
     /// The `kv_events` block of `/server_info`, kept for event subscription.
     pub kv_events: Option<serde_json::Value>,
+    /// This worker's own `--kv-events-config` JSON (from `POST /workers`, the config file
+    /// or its pod's annotation), used when the engine advertises none; before the shared
+    /// `--kv-events-config`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_events_config: Option<String>,
     /// Where the engine loaded its tokenizer from (`tokenizer_path` of `/server_info` or
     /// `/model_info`): a local path or a hub name.
     #[serde(default)]
@@ -125,6 +130,7 @@ impl WorkerRecord {
             page_size: None,
             startup_time: None,
             kv_events: None,
+            kv_events_config: None,
             tokenizer_path: None,
             added_at: kvgate_core::clock::unix_now(),
             consecutive_failures: 0,
@@ -172,6 +178,8 @@ pub enum RegistryError {
     Exists(String),
     #[error("worker not found: {0}")]
     NotFound(String),
+    #[error("kv_events_config: {0}")]
+    EventsConfig(#[from] crate::config::EventsConfigError),
 }
 
 /// Settings the registry needs.
@@ -267,11 +275,17 @@ impl RegistryActor {
     }
 
     /// Records an admin change and hands it to the writer.
-    fn remember(&mut self, url: &str, added: bool) {
+    /// Keeps an API worker's addition (with its own events config) or removal across a
+    /// restart.
+    fn remember(&mut self, url: &str, added: Option<Option<String>>) {
         self.image.added.retain(|u| u != url);
         self.image.removed.retain(|u| u != url);
-        if added {
+        self.image.kv_events.remove(url);
+        if let Some(events) = added {
             self.image.added.push(url.to_owned());
+            if let Some(e) = events {
+                self.image.kv_events.insert(url.to_owned(), e);
+            }
         } else {
             self.image.removed.push(url.to_owned());
         }
@@ -352,8 +366,10 @@ impl RegistryActor {
         rec.startup_time = d.startup_time;
         rec.kv_events = d.kv_events;
         rec.tokenizer_path = d.tokenizer_path;
+        // Checked when it was given.
+        let own = (rec.kv_events_config.as_deref()).and_then(|j| EventsConfig::parse(j).ok());
         if rec.kv_events.is_none()
-            && let Some(c) = &cfg.kv_events
+            && let Some(c) = own.as_ref().or(cfg.kv_events.as_ref())
         {
             rec.kv_events = Some(c.descriptor(rec.page_size, rec.dp_size));
         }

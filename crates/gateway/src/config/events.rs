@@ -28,6 +28,10 @@ pub struct EventsSection {
     /// `/server_info` advertises no `kv_events` (vLLM has none). The endpoint's wildcard
     /// host is each worker's own host.
     pub kv_events_config: Option<String>,
+    /// Per worker URL, that worker's own `kv_events_config` JSON (config file only:
+    /// `[kv_events_configs]`, `"http://10.0.0.1:8000" = '{"endpoint": "tcp://*:5557"}'`),
+    /// for engines on one host with different event ports; before the shared one.
+    pub kv_events_configs: std::collections::BTreeMap<String, String>,
     /// The model's Hugging Face tokenizer (a directory with `tokenizer.json`, or the file),
     /// for text requests to workers that publish KV events; without it, each worker's
     /// `tokenizer_path` from `/server_info` or `/model_info` is used when it is a local path.
@@ -44,6 +48,7 @@ impl Default for EventsSection {
         EventsSection {
             kv_events_max_blocks: 1_000_000,
             kv_events_config: None,
+            kv_events_configs: std::collections::BTreeMap::new(),
             tokenizer_path: None,
             kv_events_silence: Duration::from_secs(30),
         }
@@ -61,11 +66,27 @@ impl Section for EventsSection {
         if let Err(e) = self.publisher() {
             return invalid("kv_events_config", e.to_string());
         }
+        for (url, json) in &self.kv_events_configs {
+            if let Err(e) = kvgate_core::WorkerUrl::parse(url) {
+                return invalid("kv_events_configs", format!("{url}: {e}"));
+            }
+            if let Err(e) = EventsConfig::parse(json) {
+                return invalid("kv_events_configs", format!("{url}: {e}"));
+            }
+        }
         Ok(())
     }
 }
 
 impl EventsSection {
+    /// The events config given for the worker at `url` (normalised) alone, if any.
+    pub fn worker_kv_events_config(&self, url: &str) -> Option<String> {
+        self.kv_events_configs.iter().find_map(|(u, json)| {
+            let same = kvgate_core::WorkerUrl::parse(u).is_ok_and(|w| w.as_str() == url);
+            same.then(|| json.clone())
+        })
+    }
+
     /// `kv_events_config`, parsed.
     pub fn publisher(&self) -> Result<Option<EventsConfig>, EventsConfigError> {
         self.kv_events_config

@@ -310,3 +310,31 @@ fn request_id_headers_are_a_list_of_header_names() {
         "{err}"
     );
 }
+
+#[test]
+fn a_worker_can_have_its_own_kv_events_config_in_the_file() {
+    let f = toml_file(
+        "[kv_events_configs]\n\"HTTP://10.0.0.1:8000/\" = '{\"endpoint\": \"tcp://*:5557\"}'\n",
+    );
+    let c = GatewayConfig::load(Some(f.path()), &HashMap::new(), vec![]).unwrap();
+    assert_eq!(
+        c.events
+            .worker_kv_events_config("http://10.0.0.1:8000")
+            .as_deref(),
+        Some("{\"endpoint\": \"tcp://*:5557\"}")
+    );
+    assert_eq!(
+        c.events.worker_kv_events_config("http://10.0.0.2:8000"),
+        None
+    );
+    let bad = toml_file(
+        "[kv_events_configs]\n\"http://10.0.0.1:8000\" = '{\"endpoint\": \"ipc://x\"}'\n",
+    );
+    let err = GatewayConfig::load(Some(bad.path()), &HashMap::new(), vec![])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("kv_events_configs") && err.contains("10.0.0.1"),
+        "{err}"
+    );
+}

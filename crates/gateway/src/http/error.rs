@@ -252,6 +252,7 @@ impl From<RegistryError> for ApiError {
             RegistryError::InvalidUrl(_) => ApiError::BadRequest(e.to_string()),
             RegistryError::Exists(u) => ApiError::WorkerExists(u),
             RegistryError::NotFound(u) => ApiError::WorkerNotFound(u),
+            RegistryError::EventsConfig(_) => ApiError::BadRequest(e.to_string()),
         }
     }
 }

@@ -232,6 +232,11 @@ struct AddBody {
     /// `regular` (or absent): the only kind kvgate serves.
     #[serde(default)]
     worker_type: Option<String>,
+    /// The engine's own `--kv-events-config` (the JSON object, or its text), for an engine
+    /// that does not advertise its KV events (vLLM): two engines on one host with their
+    /// own event ports, say.
+    #[serde(default)]
+    kv_events_config: Option<Value>,
     /// Everything else, shown back in the answer as `ignored_fields`.
     #[serde(flatten)]
     rest: serde_json::Map<String, Value>,
@@ -241,6 +246,7 @@ async fn add(
     state: &AppState,
     url: String,
     api_key: Option<Secret>,
+    kv_events_config: Option<String>,
 ) -> Result<WorkerRecord, ApiError> {
     let parsed = WorkerUrl::parse(&url).map_err(|e| ApiError::BadRequest(e.to_string()))?;
     if api_key.as_ref().is_some_and(|k| !k.is_usable()) {
@@ -261,6 +267,7 @@ async fn add(
             url,
             source: WorkerSource::Api,
             api_key,
+            kv_events_config,
         })
         .await??)
 }
@@ -311,7 +318,17 @@ pub(crate) async fn post_worker(
         let names: Vec<&str> = b.rest.keys().map(String::as_str).collect();
         tracing::info!(worker = %b.url, fields = ?names, "worker body fields kvgate does not use");
     }
-    let rec = add(&state, b.url, b.api_key).await?;
+    let events = match b.kv_events_config {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s),
+        Some(o @ Value::Object(_)) => Some(o.to_string()),
+        Some(other) => {
+            return Err(ApiError::BadRequest(format!(
+                "kv_events_config must be the engine's --kv-events-config JSON (an object or its text), not {other}"
+            )));
+        }
+    };
+    let rec = add(&state, b.url, b.api_key, events).await?;
     let mut shown = worker_json(&rec, &[], None, &state.tokenizers.all());
     shown["ignored_fields"] = Value::Object(b.rest);
     Ok(HttpResponse::build(StatusCode::CREATED)
@@ -347,7 +364,7 @@ pub(crate) async fn legacy_add(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     state.keys.admin(&req)?;
-    let rec = add(&state, query_url(q.into_inner())?, None).await?;
+    let rec = add(&state, query_url(q.into_inner())?, None, None).await?;
     Ok(HttpResponse::Ok().json(json!({
         "status": "success",
         "message": format!("Successfully added worker: {}", rec.url),

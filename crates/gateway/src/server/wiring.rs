@@ -232,21 +232,26 @@ pub(super) fn control_actors(
 
 /// The workers to register at start: the configured ones less those the admin API
 /// removed, plus those it added.
-pub(super) fn startup_workers(
-    cfg: &GatewayConfig,
-    image: &RegistryImage,
-) -> Vec<(String, WorkerSource)> {
+/// A worker registered at start: its URL, where it came from, its own events config.
+pub(super) type Startup = (String, WorkerSource, Option<String>);
+
+pub(super) fn startup_workers(cfg: &GatewayConfig, image: &RegistryImage) -> Vec<Startup> {
     let mut startup = Vec::new();
     for u in &cfg.worker_urls {
         let norm = WorkerUrl::parse(u).map_or_else(|_| u.clone(), |w| w.to_string());
         if image.removed.contains(&norm) {
             info!(worker = %norm, "not registered: it was removed through the admin API");
         } else {
-            startup.push((u.clone(), WorkerSource::Config));
+            let own = cfg.events.worker_kv_events_config(&norm);
+            startup.push((u.clone(), WorkerSource::Config, own));
         }
     }
     for u in &image.added {
-        startup.push((u.clone(), WorkerSource::Api));
+        startup.push((
+            u.clone(),
+            WorkerSource::Api,
+            image.kv_events.get(u).cloned(),
+        ));
     }
     startup
 }
@@ -256,10 +261,10 @@ pub(super) fn startup_workers(
 pub(super) async fn register(
     registry: &Addr<RegistryActor>,
     (index, events): (&Addr<IndexActor>, &Addr<EventsActor>),
-    workers: Vec<(String, WorkerSource)>,
+    workers: Vec<Startup>,
     (allow, guard): (&AllowList, &ConnectGuard),
 ) {
-    let adds = workers.into_iter().map(|(url, source)| {
+    let adds = workers.into_iter().map(|(url, source, kv_events_config)| {
         let registry = registry.clone();
         async move {
             // A worker the API added before the restart is checked against today's list.
@@ -280,6 +285,7 @@ pub(super) async fn register(
                     url: url.clone(),
                     source,
                     api_key: None,
+                    kv_events_config,
                 })
                 .await;
             match r {

@@ -63,7 +63,9 @@ pub(crate) fn example_toml() -> String {
         // Keys without a flag, at the end of their table.
         if let Some(section) = section {
             for (name, v) in section {
-                let nested = table.is_empty() && v.is_object();
+                // A section's table is nested; an empty map (a table keyed by the user,
+                // such as `kv_events_configs`) is a key of its own.
+                let nested = table.is_empty() && v.as_object().is_some_and(|o| !o.is_empty());
                 if !nested && !keys.iter().any(|(k, _)| k == name) {
                     keys.push((name.as_str(), None));
                 }

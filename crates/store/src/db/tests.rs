@@ -25,6 +25,7 @@ fn a_snapshot_round_trips_and_survives_reopening() {
         s.put_registry(&RegistryImage {
             added: vec!["http://x:1".into()],
             removed: vec![],
+            kv_events: Default::default(),
         })
         .unwrap();
     }
@@ -144,6 +145,7 @@ fn a_damaged_snapshot_is_moved_aside_but_the_registry_is_kept() {
     let registry = RegistryImage {
         added: vec!["http://a:1".into()],
         removed: vec!["http://b:2".into()],
+        kv_events: Default::default(),
     };
     {
         let s = Store::open(dir.path()).unwrap();

@@ -63,6 +63,7 @@ fn record(id: u64, port: u16, replay: Option<u16>) -> WorkerRecord {
         incarnation: 1,
         api_key: None,
         kubernetes: None,
+        kv_events_config: None,
     }
 }
 

@@ -18,6 +18,8 @@ pub struct AddWorker {
     pub source: WorkerSource,
     /// The key this worker expects, if not the configured `worker_api_key`.
     pub api_key: Option<Secret>,
+    /// Its own `--kv-events-config` JSON, for an engine that advertises none.
+    pub kv_events_config: Option<String>,
 }
 
 impl Handler<AddWorker> for RegistryActor {
@@ -32,13 +34,17 @@ impl Handler<AddWorker> for RegistryActor {
         if self.workers.contains_key(&id) {
             return Box::pin(fut::ready(Err(RegistryError::Exists(url.to_string()))));
         }
+        if let Some(Err(e)) = msg.kv_events_config.as_deref().map(EventsConfig::parse) {
+            return Box::pin(fut::ready(Err(e.into())));
+        }
         self.incarnations += 1;
         let key = msg.api_key.or_else(|| self.cfg.worker_key.clone());
         // Reserve the id now so a concurrent add of the same URL is refused.
-        let rec = WorkerRecord::pending(url.clone(), msg.source, self.incarnations, key);
+        let mut rec = WorkerRecord::pending(url.clone(), msg.source, self.incarnations, key);
+        rec.kv_events_config.clone_from(&msg.kv_events_config);
         self.workers.insert(id, rec);
         if msg.source == WorkerSource::Api {
-            self.remember(url.as_str(), true);
+            self.remember(url.as_str(), Some(msg.kv_events_config));
         }
         let client = self.client.clone();
         let timeout = self.cfg.health.timeout;
@@ -109,7 +115,7 @@ impl Handler<RemoveWorker> for RegistryActor {
         match &rec.kubernetes {
             // Its pod still serves: out until the pod changes, and never persisted.
             Some(pod) => self.excluded.exclude(&rec.url, pod),
-            None => self.remember(rec.url.as_str(), false),
+            None => self.remember(rec.url.as_str(), None),
         }
         self.publish();
         Ok(rec)

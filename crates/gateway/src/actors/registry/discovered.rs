@@ -8,7 +8,7 @@ use actix::prelude::*;
 use kvgate_core::WorkerUrl;
 use kvgate_policies::WorkerId;
 use serde::{Deserialize, Serialize};
-use tracing::info;
+use tracing::{info, warn};
 
 use super::*;
 
@@ -49,6 +49,8 @@ impl Exclusions {
 pub struct AddDiscovered {
     pub url: String,
     pub pod: PodRef,
+    /// The pod's `kvgate.io/kv-events-config` annotation.
+    pub kv_events_config: Option<String>,
 }
 
 impl Handler<AddDiscovered> for RegistryActor {
@@ -97,10 +99,19 @@ impl Handler<AddDiscovered> for RegistryActor {
                 None => return Box::pin(fut::ready(Err(RegistryError::Exists(url.to_string())))),
             }
         }
+        // A bad annotation does not keep a serving pod out: its events are then off.
+        let kv_events_config = msg.kv_events_config.filter(|j| match EventsConfig::parse(j) {
+            Ok(_) => true,
+            Err(e) => {
+                warn!(worker = %url, pod = %msg.pod.pod, error = %e, "the pod's kvgate.io/kv-events-config annotation is not used");
+                false
+            }
+        });
         let add = AddWorker {
             url: url.to_string(),
             source: WorkerSource::Kubernetes,
             api_key: None,
+            kv_events_config,
         };
         let pending = <Self as Handler<AddWorker>>::handle(self, add, ctx);
         // Inserted (pending) by the handler above; its answer clones the record.
