@@ -2,7 +2,8 @@
 //! per rank, and left to itself spreads requests round robin over them, so a conversation's
 //! next turn lands on a rank that never saw its start. The gateway picks the rank (the
 //! prefix index and the load gate work per rank) and names it in the body
-//! (`routed_dp_rank`).
+//! (`routed_dp_rank`). A vLLM server with data-parallel engines behind it (its metrics label
+//! each `engine`) is routed the same way, the rank named in `X-data-parallel-rank`.
 
 use kvgate_engine_sim::SimConfig;
 use kvgate_policies::PolicyKind;
@@ -37,7 +38,21 @@ async fn chat(h: &Harness, messages: &[Value]) -> Value {
 
 #[actix_rt::test]
 async fn each_conversation_stays_on_the_rank_that_holds_its_start() {
-    let h = Harness::start(1, two_ranks(), |c| {
+    conversations_stay_on_their_rank(two_ranks()).await;
+}
+
+#[actix_rt::test]
+async fn a_vllm_servers_engines_are_routed_one_by_one_through_the_rank_header() {
+    let vllm = SimConfig {
+        flavor: kvgate_engine_sim::Flavor::Vllm,
+        enable_metrics: true,
+        ..two_ranks()
+    };
+    conversations_stay_on_their_rank(vllm).await;
+}
+
+async fn conversations_stay_on_their_rank(sim: SimConfig) {
+    let h = Harness::start(1, sim, |c| {
         c.policy.kind = PolicyKind::CacheAware;
         c.seed = Some(11);
     });

@@ -29,10 +29,7 @@ type LoadFailed = (StoreError, Option<Box<RegistryImage>>);
 /// Opens and reads the store. When the snapshot is damaged, the error comes with the
 /// worker registry if that could still be read: it is a separate key, and losing it would
 /// bring back workers removed through the API and forget those added.
-fn open_and_load(
-    dir: &Path,
-    options: StoreOptions,
-) -> Result<(Store, Option<Image>), LoadFailed> {
+fn open_and_load(dir: &Path, options: StoreOptions) -> Result<(Store, Option<Image>), LoadFailed> {
     let store = Store::open_with(dir, options).map_err(|e| (e, None))?;
     match store.load() {
         Ok(image) => Ok((store, image)),

@@ -1,10 +1,10 @@
 //! The inference routes (`/generate` and the OpenAI completions and chat): injected faults,
 //! parsing, scheduling one job per prompt, and a whole or streamed answer.
 
-use actix_web::HttpResponse;
 use actix_web::http::StatusCode;
 use actix_web::http::header::ContentType;
 use actix_web::web::{Bytes, Data};
+use actix_web::{HttpRequest, HttpResponse};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -17,19 +17,39 @@ use crate::error::ApiError;
 use crate::scheduler::{Event, Finish, Job};
 
 pub(super) async fn generate(e: Data<Engine>, body: Bytes) -> Answer {
-    infer(e, Api::Generate, body).await
+    infer(e, Api::Generate, body, None).await
 }
 
-pub(super) async fn completions(e: Data<Engine>, body: Bytes) -> Answer {
-    infer(e, Api::Completion, body).await
+pub(super) async fn completions(e: Data<Engine>, req: HttpRequest, body: Bytes) -> Answer {
+    let rank = header_rank(&e, &req)?;
+    infer(e, Api::Completion, body, rank).await
 }
 
-pub(super) async fn chat(e: Data<Engine>, body: Bytes) -> Answer {
-    infer(e, Api::Chat, body).await
+pub(super) async fn chat(e: Data<Engine>, req: HttpRequest, body: Bytes) -> Answer {
+    let rank = header_rank(&e, &req)?;
+    infer(e, Api::Chat, body, rank).await
+}
+
+/// vLLM's `X-data-parallel-rank` request header (a vLLM engine's only way to be told the
+/// rank; SGLang reads `routed_dp_rank` in the body).
+fn header_rank(e: &Engine, req: &HttpRequest) -> Result<Option<i64>, ApiError> {
+    if e.cfg.flavor != crate::Flavor::Vllm {
+        return Ok(None);
+    }
+    let Some(v) = req.headers().get("x-data-parallel-rank") else {
+        return Ok(None);
+    };
+    let bad = || ApiError::BadRequest("X-data-parallel-rank must be an integer".into());
+    v.to_str()
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .map(Some)
+        .ok_or_else(bad)
 }
 
 /// The inference path shared by the three routes: faults, parse, schedule, answer.
-async fn infer(e: Data<Engine>, api: Api, body: Bytes) -> Answer {
+/// `header_rank`: a rank named in a header, over the body's.
+async fn infer(e: Data<Engine>, api: Api, body: Bytes, header_rank: Option<i64>) -> Answer {
     e.received
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let fault = e.fault();
@@ -55,7 +75,9 @@ async fn infer(e: Data<Engine>, api: Api, body: Bytes) -> Answer {
         return canned(&e, api, &body);
     }
     let req = api::parse(api, &body, &e.cfg, &e.vocab)?;
-    let pinned = match e.check_rank(req.dp_rank) {
+    // vLLM reads no rank in the body (an extra field it ignores).
+    let body_rank = req.dp_rank.filter(|_| e.cfg.flavor != crate::Flavor::Vllm);
+    let pinned = match e.check_rank(header_rank.or(body_rank)) {
         Ok(pinned) => pinned,
         // SGLang raises inside its generator: a stream answers 200 with the error as its
         // one event, a whole answer is a 400.

@@ -148,14 +148,21 @@ impl WorkerRecord {
     }
 
     /// The ranks the gateway routes to one by one: an SGLang engine with `dp_size > 1`
-    /// takes the rank in the body (`routed_dp_rank`); any other worker is one target.
+    /// takes the rank in the body (`routed_dp_rank`), a vLLM server with several
+    /// data-parallel engines in a header ([`WorkerRecord::rank_in_header`]); any other
+    /// worker is one target.
     pub fn routed_ranks(&self) -> Option<u32> {
         match (self.runtime, self.dp_size) {
-            (Runtime::Sglang, Some(n)) if (2..=MAX_ROUTED_RANKS).contains(&n) => {
+            (Runtime::Sglang | Runtime::Vllm, Some(n)) if (2..=MAX_ROUTED_RANKS).contains(&n) => {
                 u32::try_from(n).ok()
             }
             _ => None,
         }
+    }
+
+    /// Its rank goes in the `X-data-parallel-rank` header (vLLM), not the body.
+    pub fn rank_in_header(&self) -> bool {
+        self.runtime == Runtime::Vllm
     }
 
     /// Its routing targets: each with its id and rank (`None`: the worker as a whole).

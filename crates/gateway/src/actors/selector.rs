@@ -124,8 +124,10 @@ pub struct SelectorActor {
 struct Meta {
     /// The worker it is, or one rank of.
     worker: WorkerId,
-    /// The rank sent in the body; `None` when the target is the whole worker.
+    /// The rank sent with the request; `None` when the target is the whole worker.
     rank: Option<u32>,
+    /// The rank goes in the `X-data-parallel-rank` header (vLLM), not the body (SGLang).
+    rank_in_header: bool,
     /// The registration; a release for an older one must not touch this one.
     incarnation: u64,
     url: WorkerUrl,
@@ -303,6 +305,7 @@ impl SelectorActor {
                         let meta = Meta {
                             worker: rec.id,
                             rank,
+                            rank_in_header: rec.rank_in_header(),
                             incarnation: rec.incarnation,
                             url: rec.url.clone(),
                             ready: false,

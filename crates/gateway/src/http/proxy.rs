@@ -224,14 +224,8 @@ pub(crate) async fn forward(
         note,
         number,
     };
-    let resp = send(
-        &mut call,
-        req,
-        body,
-        dispatch.worker_key.as_ref(),
-        dispatch.rank,
-    )
-    .await?;
+    let rank = dispatch.rank.map(|r| (r, dispatch.rank_in_header));
+    let resp = send(&mut call, req, body, dispatch.worker_key.as_ref(), rank).await?;
     let status = resp.status;
     call.note.status(status.as_u16());
     let is_sse = resp
@@ -269,7 +263,7 @@ async fn send(
     req: &HttpRequest,
     body: Bytes,
     worker_key: Option<&Secret>,
-    rank: Option<u32>,
+    rank: Option<(u32, bool)>,
 ) -> Result<Response, Failure> {
     let up = call.up;
     let auth = worker_key.map(|k| format!("Bearer {}", k.expose()));
@@ -287,7 +281,15 @@ async fn send(
             headers.push(("tracestate", s.tracestate.as_bytes()));
         }
     }
-    let member = rank.and_then(|r| rank_member(&body, r));
+    // The rank: vLLM reads it in a header, SGLang in the body.
+    let header_rank = rank.filter(|(_, h)| *h).map(|(r, _)| r.to_string());
+    if let Some(r) = &header_rank {
+        headers.retain(|(n, _)| *n != "x-data-parallel-rank");
+        headers.push(("x-data-parallel-rank", r.as_bytes()));
+    }
+    let member = rank
+        .filter(|(_, h)| !*h)
+        .and_then(|(r, _)| rank_member(&body, r));
     let insert = member.as_ref().map(|(at, m)| (*at, m.as_slice()));
     // The head of a plain answer comes when generation ends; of a stream, at once. An
     // engine that hangs while its health passes is left after the first-byte limit.

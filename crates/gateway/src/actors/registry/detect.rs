@@ -192,6 +192,11 @@ pub(super) async fn detect(probe: Probe<'_>, url: &WorkerUrl) -> Result<Detected
     if let Some(v) = info {
         read_server_info(&mut d, url, &v);
     }
+    // vLLM behind one API server with data-parallel engines: its metrics label each
+    // engine; the gateway then routes rank by rank (`X-data-parallel-rank`).
+    if d.runtime == Some(Runtime::Vllm) && !d.server_info {
+        d.dp_size = vllm_engines(probe, url).await;
+    }
     // Older engines name the tokenizer only in /model_info.
     if d.server_info && d.tokenizer_path.is_none() {
         let info = match get_json::<serde_json::Value>(probe, url.join("/model_info")).await {
@@ -205,6 +210,36 @@ pub(super) async fn detect(probe: Probe<'_>, url: &WorkerUrl) -> Result<Detected
     Ok(d)
 }
 
+/// How many data-parallel engines a vLLM server's `/metrics` labels (`engine="N"` on
+/// `vllm:num_requests_running`); `None` when it does not answer or labels one.
+async fn vllm_engines(probe: Probe<'_>, url: &WorkerUrl) -> Option<u64> {
+    let mut resp = probe.get(&url.join("/metrics")).send().await.ok()?;
+    if !resp.status().is_success() {
+        return None;
+    }
+    let body = resp.body().limit(PROBE_BODY_LIMIT).await.ok()?;
+    let n = engines_labelled(std::str::from_utf8(&body).ok()?);
+    (n > 1).then_some(n)
+}
+
+/// The distinct `engine` labels of `vllm:num_requests_running` in a Prometheus text.
+pub(super) fn engines_labelled(text: &str) -> u64 {
+    let mut seen = std::collections::BTreeSet::new();
+    for line in text.lines() {
+        let Some(labels) = line.strip_prefix("vllm:num_requests_running{") else {
+            continue;
+        };
+        let engine = labels
+            .split(',')
+            .find_map(|l| l.trim().strip_prefix("engine=\""))
+            .and_then(|v| v.split('"').next());
+        if let Some(e) = engine {
+            seen.insert(e.to_owned());
+        }
+    }
+    seen.len() as u64
+}
+
 /// `GET <endpoint>` (`/health` by default): any 2xx passes.
 pub(super) async fn health(
     probe: Probe<'_>,
@@ -216,5 +251,24 @@ pub(super) async fn health(
         Ok(r) if r.status().is_success() => Ok(()),
         Ok(r) => Err(ProbeError::status(url, r.status())),
         Err(source) => Err(ProbeError::Send { url, source }),
+    }
+}
+
+#[cfg(test)]
+mod engine_label_tests {
+    use super::engines_labelled;
+
+    #[test]
+    fn a_vllm_servers_engines_are_counted_by_their_label() {
+        let two = "# HELP vllm:num_requests_running Number of requests running.\n\
+            vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 1.0\n\
+            vllm:num_requests_running{engine=\"1\",model_name=\"m\"} 0.0\n\
+            vllm:num_requests_waiting{engine=\"2\",model_name=\"m\"} 0.0\n";
+        assert_eq!(engines_labelled(two), 2);
+        assert_eq!(
+            engines_labelled("vllm:num_requests_running{model_name=\"m\"} 1.0\n"),
+            0
+        );
+        assert_eq!(engines_labelled(""), 0);
     }
 }

@@ -211,6 +211,7 @@ impl SelectorActor {
             recorded,
             target: v.id,
             rank: meta.rank,
+            rank_in_header: meta.rank_in_header,
             model: served,
         }))
     }

@@ -36,9 +36,11 @@ pub struct Dispatch {
     pub worker: WorkerId,
     /// The routing target chosen: the worker, or one of its ranks (the index's tenant).
     pub target: WorkerId,
-    /// The data-parallel rank to send in the body (`routed_dp_rank`), when the target is
-    /// one rank of the worker.
+    /// The data-parallel rank to send (`routed_dp_rank` in the body, or vLLM's
+    /// `X-data-parallel-rank` header with `rank_in_header`), when the target is one rank
+    /// of the worker.
     pub rank: Option<u32>,
+    pub rank_in_header: bool,
     pub url: WorkerUrl,
     pub decision: Decision,
     /// The slot on the worker: dropping it (the response ended, or this reply was never
