@@ -17,10 +17,11 @@ fn blocks_of(ws: &[Value], url: &str) -> u64 {
 }
 
 /// A vLLM engine (no `/server_info`: it advertises nothing) publishing on `port`, replay
-/// on `replay`.
-fn vllm(port: u16, replay: u16) -> SimConfig {
+/// on `replay`, in vLLM's own form (hashes as integers, or as bytes with `hash_bytes`).
+fn vllm(port: u16, replay: u16, hash_bytes: bool) -> SimConfig {
     SimConfig {
         flavor: Flavor::Vllm,
+        kv_event_hash_bytes: hash_bytes,
         page_size: 16,
         kv_events_port: Some(port),
         kv_events_replay_port: Some(replay),
@@ -36,7 +37,10 @@ async fn each_engine_on_one_host_is_followed_at_its_own_event_ports() {
     let fleet = SimFleet::start_each(
         host[0],
         0,
-        vec![vllm(ports[0], ports[1]), vllm(ports[2], ports[3])],
+        vec![
+            vllm(ports[0], ports[1], false),
+            vllm(ports[2], ports[3], true),
+        ],
     )
     .expect("engines");
     let urls = fleet.urls();
@@ -83,6 +87,17 @@ async fn each_engine_on_one_host_is_followed_at_its_own_event_ports() {
         let w = ws.iter().find(|w| w["url"] == *u.as_str()).expect("listed");
         assert_eq!(w["kv_events"]["endpoint_port_base"], ports[2 * k], "{w}");
         assert!(w["kv_events_config"].is_string(), "{w}");
+        // Each prefix (hashes sent as integers by one, as bytes by the other) is matched
+        // on its holder's events.
+        let mut ids = unique_tokens(k as u32, 64);
+        ids.extend(unique_tokens(100, 8));
+        let e = post_json(
+            &format!("{}/admin/explain/v1/completions", gw.url()),
+            &json!({"prompt": ids}),
+        )
+        .await
+        .json();
+        assert_eq!(e["worker"], *u.as_str(), "prefix {k}: {e}");
     }
     // A restart registers them again with their own settings.
     gw.stop();
@@ -100,7 +115,8 @@ async fn a_discovered_pod_says_where_its_events_are_in_an_annotation() {
         port_free_on(&[ip]),
         port_free_on(&[ip]),
     );
-    let _engine = SimFleet::start_each(ip, port, vec![vllm(events, replay)]).expect("engine");
+    let _engine =
+        SimFleet::start_each(ip, port, vec![vllm(events, replay, false)]).expect("engine");
     let dir = tempfile::tempdir().expect("dir");
     let mut cfg = test_config(&dir);
     cfg.discovery = kvgate_gateway::DiscoverySection {

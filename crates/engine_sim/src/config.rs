@@ -108,6 +108,9 @@ pub struct SimConfig {
     pub kv_events_port: Option<u16>,
     /// The topic frame of every published message. Default `""`, as SGLang's.
     pub kv_events_topic: String,
+    /// The vLLM flavour's block hashes as 32 bytes each, not unsigned integers (vLLM with
+    /// integer block hashes turned off). Default off.
+    pub kv_event_hash_bytes: bool,
     /// The replay ROUTER port of rank 0 (rank r on this + r; 0 picks free ports); needs
     /// `kv_events_port`. Default `None`: no replay.
     pub kv_events_replay_port: Option<u16>,
@@ -156,6 +159,7 @@ impl Default for SimConfig {
             api_key: None,
             kv_events_port: None,
             kv_events_topic: String::new(),
+            kv_event_hash_bytes: false,
             kv_events_replay_port: None,
             kv_events_replay_buffer: 10_000,
             load_publish_port: None,

@@ -3,7 +3,10 @@
 //! per batch), and with replay a ROUTER on `replay_port_base + rank` that answers
 //! `[identity, b"", start_seq]` with every buffered batch from `start_seq`, then the end
 //! marker. Both run as tasks on the engine's runtime; the scheduler hands them batches
-//! through an unbounded channel, so publishing never blocks a step.
+//! through an unbounded channel, so publishing never blocks a step. The vLLM flavour sends
+//! what vLLM's `ZmqEventPublisher` does: its payload form ([`encode_payload_vllm`], hashes
+//! as unsigned integers or, with `kv_event_hash_bytes`, as bytes) and replay answers
+//! without the topic frame (`[b"", seq, payload]`).
 
 use std::collections::VecDeque;
 use std::io;
@@ -12,14 +15,14 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use bytes::Bytes;
 use kvgate_kv_events::{
-    EventBatch, KvEvent, decode_replay_request, encode_message, encode_replay_batch,
-    encode_replay_end,
+    EventBatch, KvEvent, VllmHashes, decode_replay_request, encode_message, encode_payload_vllm,
+    encode_replay_batch, encode_replay_end,
 };
 use serde_json::{Value, json};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
-use crate::SimConfig;
+use crate::{Flavor, SimConfig};
 use kvgate_core::clock::unix_now;
 
 /// What a rank's scheduler hands its publisher.
@@ -103,6 +106,11 @@ pub(crate) async fn start(
         None => (None, (0..n).map(|_| None).collect::<Vec<_>>()),
     };
     let topic = Bytes::from(cfg.kv_events_topic.clone().into_bytes());
+    let form = (cfg.flavor == Flavor::Vllm).then_some(if cfg.kv_event_hash_bytes {
+        VllmHashes::Bytes
+    } else {
+        VllmHashes::Ints
+    });
     let mut outboxes = Vec::with_capacity(n);
     for (rank, (socket, router)) in publishers.into_iter().zip(routers).enumerate() {
         let (tx, rx) = unbounded_channel();
@@ -122,20 +130,18 @@ pub(crate) async fn start(
                 buffer: buffer.clone(),
                 keep,
                 faults: Arc::clone(faults),
+                form,
             },
             rx,
         ));
         if let Some(router) = router {
+            // vLLM's replay answers carry no topic frame.
+            let topic = form.is_none().then(|| topic.clone());
             #[expect(
                 clippy::disallowed_methods,
                 reason = "a simulated engine's tasks run on its own runtime, which stops with the fleet"
             )]
-            actix_rt::spawn(replay_loop(
-                topic.clone(),
-                router,
-                buffer,
-                Arc::clone(faults),
-            ));
+            actix_rt::spawn(replay_loop(topic, router, buffer, Arc::clone(faults)));
         }
     }
     let ports = Ports {
@@ -154,6 +160,8 @@ struct Publisher {
     buffer: Buffer,
     keep: Option<usize>,
     faults: Arc<PublisherFaults>,
+    /// vLLM's payload form, for that flavour; SGLang's otherwise.
+    form: Option<VllmHashes>,
 }
 
 /// Publishes each batch the scheduler hands over, numbering them from 0.
@@ -165,6 +173,7 @@ async fn publish(p: Publisher, mut rx: UnboundedReceiver<Publish>) {
         buffer,
         keep,
         faults,
+        form,
     } = p;
     let mut seq = 0u64;
     while let Some(p) = rx.recv().await {
@@ -185,7 +194,14 @@ async fn publish(p: Publisher, mut rx: UnboundedReceiver<Publish>) {
             attn_dp_rank: Some(rank),
             unknown_events: 0,
         };
-        let [_, seq_frame, payload] = encode_message(&topic, seq, &batch);
+        let [_, seq_frame, payload] = match form {
+            None => encode_message(&topic, seq, &batch),
+            Some(f) => [
+                Vec::new(),
+                seq.to_be_bytes().to_vec(),
+                encode_payload_vllm(&batch, f),
+            ],
+        };
         let payload = Bytes::from(payload);
         let lost = faults
             .lost
@@ -218,8 +234,9 @@ async fn publish(p: Publisher, mut rx: UnboundedReceiver<Publish>) {
 }
 
 /// Answers replay requests, one at a time, from the buffer.
+/// `topic`: `None` answers as vLLM does, without the topic frame.
 async fn replay_loop(
-    topic: Bytes,
+    topic: Option<Bytes>,
     mut socket: RouterSocket,
     buffer: Buffer,
     faults: Arc<PublisherFaults>,
@@ -255,8 +272,18 @@ async fn replay_loop(
             .collect();
         let answers = batches
             .iter()
-            .map(|(seq, payload)| encode_replay_batch(&topic, *seq, payload))
-            .chain(std::iter::once(encode_replay_end()));
+            .map(|(seq, payload)| {
+                encode_replay_batch(topic.as_deref().unwrap_or(b""), *seq, payload)
+            })
+            .chain(std::iter::once(encode_replay_end()))
+            .map(|frames| {
+                let mut frames = frames.to_vec();
+                // `[b"", topic, seq, payload]`, or vLLM's `[b"", seq, payload]`.
+                if topic.is_none() {
+                    frames.remove(1);
+                }
+                frames
+            });
         for frames in answers {
             let mut msg = ZmqMessage::from(identity.clone());
             for f in frames {

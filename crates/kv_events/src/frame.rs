@@ -80,12 +80,13 @@ pub fn encode_replay_end() -> [Vec<u8>; 4] {
     [Vec::new(), Vec::new(), END_SEQ.to_vec(), Vec::new()]
 }
 
-/// Decodes one frame of a replay answer: `[b"", topic, seq, payload]`, or vLLM 0.25's and
-/// older releases' `[b"", seq, payload]` (no topic), each list ending with its end marker.
+/// Decodes one frame of a replay answer: `[b"", topic, seq, payload]` (SGLang), or
+/// `[b"", seq, payload]` (vLLM's `ZmqEventPublisher`: no topic), each list ending with its
+/// end marker.
 pub fn decode_replay_frame<F: AsRef<[u8]>>(frames: &[F]) -> Result<ReplayFrame, DecodeError> {
     let (empty, topic, seq, payload) = match frames {
         [empty, topic, seq, payload] => (empty.as_ref(), topic.as_ref(), seq, payload),
-        // vLLM 0.25 and older send no topic: `[b"", seq, payload]`, ending `[b"", -1, b""]`.
+        // vLLM sends no topic: `[b"", seq, payload]`, ending `[b"", -1, b""]`.
         [empty, seq, payload] => (empty.as_ref(), &[][..], seq, payload),
         _ => {
             return Err(DecodeError::Frames {

@@ -13,9 +13,10 @@
 //!   ([`rank_endpoints`]).
 //!
 //! Every decoder takes bytes from a worker and returns a typed [`DecodeError`] for anything
-//! malformed; none panics. Each has an encoder, for the engine simulator and tests. The
-//! crate is pure: it opens no socket (the ZMQ transport lives with its caller), reads no
-//! clock and keeps no state; the spec it follows is SGLang 0.5.23's publisher.
+//! malformed; none panics. Each has an encoder, for the engine simulator and tests, in
+//! SGLang's form and in vLLM's ([`encode_payload_vllm`]). The crate is pure: it opens no
+//! socket (the ZMQ transport lives with its caller), reads no clock and keeps no state; the
+//! specs it follows are SGLang 0.5.23's publisher and vLLM's `ZmqEventPublisher`.
 //!
 //! ```
 //! use kvgate_kv_events::{
@@ -50,6 +51,7 @@ mod frame;
 mod hash;
 mod load;
 mod value;
+mod vllm;
 
 #[cfg(test)]
 mod tests;
@@ -68,3 +70,4 @@ pub use load::{
     LoadMessage, LoadStat, decode_load_message, decode_load_stat, encode_load_message,
     encode_load_stat,
 };
+pub use vllm::{VllmHashes, encode_payload_vllm, hash_bytes};

@@ -299,7 +299,7 @@ fn replay_protocol() {
         decode_replay_frame(&[&b"x"[..], b"", &[0xff; 8], b""]).unwrap_err(),
         DecodeError::Delimiter
     );
-    // vLLM 0.25 and older: no topic frame.
+    // vLLM's form: no topic frame.
     let ReplayFrame::Batch(m) =
         decode_replay_frame(&answer[..1].iter().chain(&answer[2..]).collect::<Vec<_>>()).unwrap()
     else {

@@ -323,12 +323,20 @@ async fn silent(
     match replay(ep, *next).await {
         Ok(batches) => take_replay(me, worker, rank, batches, next, None),
         Err(f) => {
-            let why = replay_failure(me, worker, ep, f);
+            let reason = match f {
+                ReplayFailed::Silent => {
+                    format!("no KV event for {secs} s and no answer to a replay request at {ep}")
+                }
+                f => format!(
+                    "no KV event for {secs} s; {}",
+                    replay_failure(me, worker, ep, f)
+                ),
+            };
             me.do_send(Feed::State {
                 worker,
                 rank,
                 live: false,
-                reason: Some(format!("no KV event for {secs} s; {why}")),
+                reason: Some(reason),
             });
         }
     }

@@ -118,9 +118,9 @@ async fn blocks_of(
 /// How a test's replay router frames its answers.
 #[derive(Clone, Copy, PartialEq)]
 enum Framing {
-    /// `[b"", topic, seq, payload]`, as SGLang and vLLM since 0.26 send them.
+    /// `[b"", topic, seq, payload]`, as SGLang sends them.
     Topic,
-    /// `[b"", seq, payload]`, as vLLM 0.25 and older send them.
+    /// `[b"", seq, payload]`, as vLLM's `ZmqEventPublisher` sends them.
     NoTopic,
     /// Frames no engine sends.
     Junk,
@@ -367,7 +367,7 @@ async fn replayed_as(framing: Framing) -> (Addr<EventsActor>, zeromq::PubSocket)
 }
 
 #[actix_rt::test]
-async fn a_replay_without_topic_frames_is_read_as_older_vllm_sends_it() {
+async fn a_replay_without_topic_frames_is_read_as_vllm_sends_it() {
     let (a, _publisher) = replayed_as(Framing::NoTopic).await;
     let w = WorkerId(9);
     until(&a, "the replayed blocks", |s| {
