@@ -145,10 +145,14 @@ impl LoadPoller {
         self
     }
 
-    fn tick(&mut self, ctx: &mut Context<Self>) {
+    /// Polls every target not already being polled. With `spread`, each poll starts at
+    /// its own point of the interval ([`phase`]), so a large fleet is not polled in one
+    /// burst every interval; [`PollNow`] polls at once.
+    fn tick(&mut self, ctx: &mut Context<Self>, spread: bool) {
         let Some(client) = &self.client else {
             return;
         };
+        let interval = self.cfg.interval;
         let timeout = self.cfg.timeout;
         let mut jobs = Vec::new();
         for (&worker, target) in &mut self.targets {
@@ -176,7 +180,15 @@ impl LoadPoller {
         // timeout delays nobody else's report. Spawned on the actor's context, so the polls
         // stop with the actor.
         for (worker, serial, job) in jobs {
+            let wait = if spread {
+                phase(worker, interval)
+            } else {
+                Duration::ZERO
+            };
             let poll = async move {
+                if !wait.is_zero() {
+                    actix::clock::sleep(wait).await;
+                }
                 // Bounds the whole poll, fallback and body reads included.
                 let out = actix::clock::timeout(timeout, fetch(job)).await.ok();
                 (worker, serial, out)
@@ -226,6 +238,12 @@ impl LoadPoller {
     }
 }
 
+/// Where in each interval `worker` is polled: its id (a hash of its URL) as a fraction of
+/// the interval, so the fleet's polls spread evenly and each worker keeps its own rhythm.
+pub(crate) fn phase(worker: WorkerId, interval: Duration) -> Duration {
+    interval.mul_f64(worker.0 as f64 / (u64::MAX as f64 + 1.0))
+}
+
 fn to_load(
     source: Source,
     sampled_at: Duration,
@@ -246,7 +264,7 @@ impl Actor for LoadPoller {
             Some(make) => make(self.cfg.timeout),
             None => crate::fetch::client(self.cfg.timeout),
         });
-        ctx.run_interval(self.cfg.interval, |act, ctx| act.tick(ctx));
+        ctx.run_interval(self.cfg.interval, |act, ctx| act.tick(ctx, true));
     }
 }
 
@@ -296,7 +314,7 @@ impl Handler<PollNow> for LoadPoller {
     type Result = ();
 
     fn handle(&mut self, _: PollNow, ctx: &mut Context<Self>) {
-        self.tick(ctx);
+        self.tick(ctx, false);
     }
 }
 
@@ -305,6 +323,25 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     use super::*;
+
+    #[test]
+    fn a_fleets_polls_spread_over_the_interval() {
+        let interval = Duration::from_secs(2);
+        let mut per_tenth = [0u32; 10];
+        for i in 0..256 {
+            let w = WorkerId::from_url(&format!("http://10.0.{}.{}:8000", i / 200, i % 200));
+            let p = phase(w, interval);
+            assert!(p < interval, "{p:?}");
+            per_tenth[(p.as_secs_f64() / 0.2) as usize] += 1;
+            // A worker keeps its own point in the interval.
+            assert_eq!(p, phase(w, interval));
+        }
+        // 25.6 each on average; no tenth empty or holding a burst.
+        assert!(
+            per_tenth.iter().all(|n| (8..=48).contains(n)),
+            "{per_tenth:?}"
+        );
+    }
 
     /// Keeps every report it gets.
     struct Sink(Arc<Mutex<Vec<LoadsPolled>>>);
