@@ -42,6 +42,7 @@ pub use alloc::keep_freed_memory;
 pub use config::{
     AccessConfig, AdmissionConfig, CircuitConfig, ConfigError, DiscoverySection, EventsSection,
     GatewayConfig, HealthConfig, Overrides, PickerConfig, RetryConfig, Section, SnapshotConfig,
+    TlsConfig,
 };
 pub use http::error::ApiError;
 pub use kvgate_core::Secret;

@@ -54,6 +54,9 @@ pub enum StartError {
     Startup,
     #[error("the ext_proc TLS certificate or key {path}: {reason}")]
     PickerTls { path: String, reason: String },
+    /// The workers' TLS settings or the listener's certificate cannot be used.
+    #[error("TLS: {0}")]
+    Tls(String),
     #[error(
         "refusing to start: on {host} the admin routes would be open to the network; give \
          --control-plane-api-keys, or --allow-open-admin to accept it"
@@ -166,6 +169,16 @@ fn pipeline(
     }
 }
 
+/// The TLS settings of `https://` workers, read once at start.
+fn worker_tls(cfg: &GatewayConfig) -> Result<Arc<rustls::ClientConfig>, StartError> {
+    let t = &cfg.tls;
+    let files = crate::upstream::WorkerTlsFiles {
+        ca: t.worker_ca_cert.as_deref(),
+        client: (t.worker_client_cert.as_deref()).zip(t.worker_client_key.as_deref()),
+    };
+    crate::upstream::worker_client_config(files).map_err(|e| StartError::Tls(e.to_string()))
+}
+
 /// Starts the actors and the HTTP server inside the current actix System.
 async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threads), StartError> {
     let (listener, addr) = bind_listener(cfg)?;
@@ -186,7 +199,7 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
     let workers = startup_workers(cfg, &store.registry);
     // Checked by `validate`: an entry that does not parse was refused then.
     let allow = AllowList::new(cfg.access.allowed().unwrap_or_default());
-    let guard = ConnectGuard::new(allow.connect_judge());
+    let guard = ConnectGuard::new(allow.connect_judge()).with_tls(worker_tls(cfg)?);
     let ControlActors {
         registry,
         poller,
