@@ -147,3 +147,25 @@ pub fn addr_of(url: &str) -> SocketAddr {
         .parse()
         .expect("an http://ip:port URL")
 }
+
+/// The certificate a TLS server at `addr` presents for `localhost`, verified against `ca`.
+pub async fn served_certificate(addr: SocketAddr, ca: &[&Path]) -> CertificateDer<'static> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let name = rustls::pki_types::ServerName::try_from("localhost").expect("a name");
+    let tls = tokio_rustls::TlsConnector::from(client_config(ca))
+        .connect(name, tcp)
+        .await
+        .expect("a TLS handshake");
+    let certs = tls.get_ref().1.peer_certificates().expect("a certificate");
+    certs[0].clone().into_owned()
+}
+
+/// An `awc` client that trusts the certificates of `ca` only.
+pub fn https_client(ca: &[&Path]) -> awc::Client {
+    let mut config = (*client_config(ca)).clone();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    awc::Client::builder()
+        .connector(awc::Connector::new().rustls_0_23(Arc::new(config)))
+        .timeout(std::time::Duration::from_secs(30))
+        .finish()
+}

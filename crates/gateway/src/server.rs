@@ -31,6 +31,7 @@ use crate::pipeline::{Admission, DECISION_LOG_SIZE, DecisionSink, Pipeline, Shar
 use crate::upstream::ConnectGuard;
 
 mod listen;
+mod tls;
 mod wiring;
 
 use listen::{http_server, metrics_server, picker_server};
@@ -99,6 +100,8 @@ pub(crate) struct SideListeners {
     grpc_health: Option<SocketAddr>,
     /// The picker's gRPC health statuses, turned to not serving when the gateway drains.
     picker_health: Option<tonic_health::server::HealthReporter>,
+    /// The gateway's own port speaks TLS.
+    tls: bool,
 }
 
 /// The threads behind the actors, stopped in order at shutdown.
@@ -263,7 +266,8 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         metrics,
     });
     let metrics = metrics_server(cfg, state.clone())?;
-    let server = http_server(cfg, listener, state, routing)?;
+    let tls = tls::listener_tls(cfg, &control)?;
+    let server = http_server(cfg, listener, state, routing, tls)?;
     info!(%addr, policy = %cfg.policy.kind, workers = cfg.worker_urls.len(), "kvgate listening");
     let actors = Actors {
         registry,
@@ -277,6 +281,7 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
             ext_proc: picker.as_ref().map(|p| p.ext_proc),
             grpc_health: picker.as_ref().and_then(|p| p.health),
             picker_health: picker.as_ref().map(|p| p.reporter.clone()),
+            tls: cfg.tls.listener().is_some(),
         }),
         events,
         loader,
@@ -356,9 +361,14 @@ impl Gateway {
         self.addr
     }
 
-    /// `http://host:port` of the gateway.
+    /// `http://host:port` of the gateway (`https://` when it speaks TLS).
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.actors.side.tls {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// Where the endpoint picker's ext_proc gRPC service listens, when it is on.

@@ -33,7 +33,7 @@ mod tls;
 pub(crate) use body::{Body, Response};
 pub(crate) use guard::{ConnectGuard, GuardError, Judge};
 pub(crate) use pool::Pool;
-pub(crate) use tls::{WorkerTlsFiles, worker_client_config};
+pub(crate) use tls::{WorkerTlsFiles, provider, read_certs, read_key, worker_client_config};
 
 /// What can go wrong between the gateway and a worker.
 #[derive(Debug, Error)]
