@@ -10,6 +10,7 @@
 
 use kvgate_engine_sim::{SimConfig, SimFleet};
 use kvgate_gateway::{Gateway, GatewayConfig};
+use kvgate_policies::{PolicyConfig, PolicyKind};
 use kvgate_tests::raw::{RawUpstream, Script};
 use kvgate_tests::tls::{TlsRelay, addr_of, fixture, server_config};
 use kvgate_tests::{Harness, post, test_config, until_workers};
@@ -77,7 +78,18 @@ async fn an_https_engine_behind_a_private_ca_is_checked_polled_and_proxied() {
 
 #[actix_rt::test]
 async fn requests_and_answers_cross_tls_byte_for_byte() {
+    // Larger than TLS records (16 KiB) and rustls's buffers: many records each way.
+    let long = format!(
+        r#"{{"messages":[{{"role":"user","content":"{}"}}],"max_tokens":1}}"#,
+        "long prompt text ".repeat(40_000)
+    );
+    let long_answer = format!(r#"{{"id":"y","text":"{}"}}"#, "caf\u{e9} ".repeat(60_000));
     for (content_type, chunks, body) in [
+        (
+            "application/json",
+            vec![long_answer.as_bytes().to_vec()],
+            long.as_str(),
+        ),
         (
             "application/json",
             vec![
@@ -105,12 +117,21 @@ async fn requests_and_answers_cross_tls_byte_for_byte() {
             crash: false,
         });
         let tls = relay(&up.url, None);
-        let (gw, _dir) = gateway(&tls.url(), trusting_the_ca);
+        // Round robin: the answer is what is tested, and a cache-aware gateway would keep
+        // the long prompt in its snapshot.
+        let (gw, _dir) = gateway(&tls.url(), |c| {
+            trusting_the_ca(c);
+            c.policy = PolicyConfig::with_kind(PolicyKind::RoundRobin);
+        });
         until_workers(&gw, "the https worker healthy", |w| {
             w.first().is_some_and(|w| w["healthy"] == true)
         })
         .await;
-        let r = post(&format!("{}/v1/chat/completions", gw.url()), body).await;
+        let r = post(
+            &format!("{}/v1/chat/completions", gw.url()),
+            body.to_owned(),
+        )
+        .await;
         assert_eq!(r.status.as_u16(), 200, "{}", r.text());
         assert_eq!(
             r.body,

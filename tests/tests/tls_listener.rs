@@ -55,6 +55,25 @@ async fn https_is_answered_and_a_new_certificate_is_served_after_a_reload() {
         .expect("an https answer");
     assert_eq!(r.status().as_u16(), 200);
     assert!(!r.body().await.expect("a body").is_empty());
+    // A body of many TLS records, read at the socket by the intake, and a streamed answer.
+    for body in [
+        format!(
+            r#"{{"prompt":"{}","max_tokens":2}}"#,
+            "long ".repeat(12_000)
+        ),
+        r#"{"prompt":"hello","max_tokens":3,"stream":true}"#.to_owned(),
+    ] {
+        let mut r = client
+            .post(h.url("/v1/completions"))
+            .insert_header(("content-type", "application/json"))
+            .send_body(body)
+            .await
+            .expect("an https answer");
+        let status = r.status().as_u16();
+        let answer = r.body().limit(1 << 20).await.expect("a body");
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&answer));
+        assert!(!answer.is_empty());
+    }
     let first = certs(&fixture("cert.pem")).remove(0);
     assert_eq!(served_certificate(h.gw.addr(), &both).await, first);
 
