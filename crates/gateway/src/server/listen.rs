@@ -142,7 +142,11 @@ pub(super) fn http_server(
                         None => tokio_util::either::Either::Left(io),
                         Some(a) => super::tls::accept(a, io, header_read_timeout)
                             .await
-                            .map_err(DispatchError::Io)?,
+                            .map_err(|e| {
+                                // A client's failure, not the gateway's: at debug only.
+                                tracing::debug!(peer = ?peer, error = %e, "TLS handshake failed");
+                                DispatchError::Io(e)
+                            })?,
                     };
                     Ok::<_, DispatchError>((Intake::new(io, limit), peer))
                 }
