@@ -7,6 +7,9 @@
 //! watched name the pool resolves itself, keeps only the addresses the same rule allows,
 //! and connects to those; a name that now resolves to none of them fails as a refused
 //! connection, which the engine certainly never saw.
+//!
+//! The guard also carries the TLS settings of `https://` workers (`tls`), so the pools and
+//! the checks' and polls' `awc` clients, which all take it, connect alike.
 
 use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
