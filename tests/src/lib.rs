@@ -8,6 +8,7 @@
 pub mod envoy;
 pub mod kube;
 pub mod raw;
+pub mod tls;
 
 use std::time::Duration;
 

@@ -1,5 +1,6 @@
 //! The gateway's admin API over HTTP: one JSON request, its status and its JSON answer.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -20,6 +21,45 @@ pub(crate) struct Gateway<'a> {
     /// The base URL, without a trailing slash.
     pub(crate) base: &'a str,
     pub(crate) key: Option<&'a str>,
+    /// For an `https://` gateway: the roots it is verified against.
+    pub(crate) tls: Option<&'a Arc<rustls::ClientConfig>>,
+}
+
+/// The TLS settings for an `https://` gateway: the roots of `ca` (PEM), else the system's.
+pub(crate) fn tls_config(
+    ca: Option<&std::path::Path>,
+) -> anyhow::Result<Arc<rustls::ClientConfig>> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    match ca {
+        Some(path) => {
+            let pem = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+            let certs = CertificateDer::pem_slice_iter(&pem)
+                .collect::<Result<Vec<_>, _>>()
+                .with_context(|| format!("{}: not PEM certificates", path.display()))?;
+            anyhow::ensure!(!certs.is_empty(), "{}: no PEM certificate", path.display());
+            for c in certs {
+                roots
+                    .add(c)
+                    .with_context(|| format!("{}", path.display()))?;
+            }
+        }
+        None => {
+            roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
+        }
+    }
+    #[expect(
+        deprecated,
+        reason = "ring is the provider the tree links already; aws-lc-rs would add a C build"
+    )]
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
 }
 
 /// A gateway's answer: its status, its body, and how a person reads it.
@@ -32,33 +72,43 @@ pub(crate) struct Answer {
 
 impl Gateway<'_> {
     pub(crate) async fn get(&self, path: &str) -> anyhow::Result<(u16, Value)> {
-        call("GET", &format!("{}{path}", self.base), self.key, None).await
+        self.call("GET", path, None).await
     }
 
     pub(crate) async fn post(&self, path: &str, body: Value) -> anyhow::Result<(u16, Value)> {
-        call(
-            "POST",
-            &format!("{}{path}", self.base),
-            self.key,
-            Some(body),
-        )
-        .await
+        self.call("POST", path, Some(body)).await
     }
 
     pub(crate) async fn delete(&self, path: &str) -> anyhow::Result<(u16, Value)> {
-        call("DELETE", &format!("{}{path}", self.base), self.key, None).await
+        self.call("DELETE", path, None).await
+    }
+
+    async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> anyhow::Result<(u16, Value)> {
+        let url = format!("{}{path}", self.base);
+        let mut connector = awc::Connector::new();
+        if let Some(tls) = self.tls {
+            connector = connector.rustls_0_23(tls.clone());
+        }
+        let client = awc::Client::builder()
+            .connector(connector)
+            .timeout(Duration::from_secs(30))
+            .finish();
+        call(&client, method, &url, self.key, body).await
     }
 }
 
 async fn call(
+    client: &awc::Client,
     method: &str,
     url: &str,
     key: Option<&str>,
     body: Option<Value>,
 ) -> anyhow::Result<(u16, Value)> {
-    let client = awc::Client::builder()
-        .timeout(Duration::from_secs(30))
-        .finish();
     let req = match method {
         "POST" => client.post(url),
         "DELETE" => client.delete(url),

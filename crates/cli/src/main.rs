@@ -33,6 +33,10 @@ struct Cli {
     /// Print the gateway's JSON instead of a table.
     #[arg(long, global = true)]
     json: bool,
+    /// PEM CA certificates an `https://` gateway is verified against, instead of the
+    /// system's.
+    #[arg(long, global = true)]
+    ca_cert: Option<std::path::PathBuf>,
     /// The gateway's admin key (`--control-plane-api-keys`), sent as a bearer token.
     #[arg(long, global = true, env = "KVGATE_ADMIN_KEY", hide_env_values = true)]
     admin_key: Option<String>,
@@ -107,9 +111,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         return snapshot::inspect(data_dir, cli.json);
     }
     let base = cli.url.trim_end_matches('/');
+    let tls = (base.get(..8))
+        .is_some_and(|s| s.eq_ignore_ascii_case("https://"))
+        .then(|| client::tls_config(cli.ca_cert.as_deref()))
+        .transpose()?;
     let gw = Gateway {
         base,
         key: cli.admin_key.as_deref(),
+        tls: tls.as_ref(),
     };
     actix_rt::System::new().block_on(async {
         let answer = match &cli.cmd {

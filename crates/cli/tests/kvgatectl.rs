@@ -468,3 +468,42 @@ fn snapshot_inspect_shows_each_ranks_kv_event_blocks_and_sequence() {
     assert!(out.contains("KV-event index: written"), "{out}");
     assert!(out.contains("NEXT-SEQ"), "{out}");
 }
+
+#[test]
+fn speaks_https_to_a_gateway_through_its_ca() {
+    let fixtures =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tls");
+    let fleet = SimFleet::start(1, SimConfig::default()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = GatewayConfig {
+        port: 0,
+        http_workers: Some(1),
+        data_dir: dir.path().join("d"),
+        worker_urls: fleet.urls(),
+        ..GatewayConfig::default()
+    };
+    cfg.tls.tls_cert_path = Some(fixtures.join("cert.pem"));
+    cfg.tls.tls_key_path = Some(fixtures.join("key.pem"));
+    let gw = Gateway::start(cfg).unwrap();
+    let url = gw.url();
+    assert!(url.starts_with("https://"), "{url}");
+    let ca = fixtures.join("ca.pem");
+    let ca = ca.to_str().unwrap();
+    let (ok, out, err) = run(&["--gateway", &url, "--ca-cert", ca, "workers"]);
+    assert!(ok, "{err}");
+    assert!(out.contains(&fleet.urls()[0]), "{out}");
+    // Without the CA the gateway's certificate is refused, and said so.
+    let (ok, _, err) = run(&["--gateway", &url, "health"]);
+    assert!(!ok);
+    assert!(err.to_lowercase().contains("certificate"), "{err}");
+    // A CA file that holds none is named.
+    let readme = fixtures.join("README.md");
+    let (ok, _, err) = run(&[
+        "--gateway",
+        &url,
+        "--ca-cert",
+        readme.to_str().unwrap(),
+        "health",
+    ]);
+    assert!(!ok && err.contains("README.md"), "{err}");
+}

@@ -16,8 +16,8 @@ pub struct UrlError {
     pub reason: &'static str,
 }
 
-/// A worker's base URL in canonical form: `http://host[:port][/prefix]`, scheme and host
-/// lowercased, no trailing slash. Cloning is cheap; two URLs are equal when their
+/// A worker's base URL in canonical form: `http[s]://host[:port][/prefix]`, scheme and
+/// host lowercased, no trailing slash. Cloning is cheap; two URLs are equal when their
 /// canonical forms are.
 ///
 /// ```
@@ -27,7 +27,9 @@ pub struct UrlError {
 /// assert_eq!(u.as_str(), "http://engine-1:8000/v1");
 /// assert_eq!((u.host(), u.port(), u.authority(), u.prefix()), ("engine-1", 8000, "engine-1:8000", "/v1"));
 /// assert_eq!(u.join("/health"), "http://engine-1:8000/v1/health");
-/// assert!(WorkerUrl::parse("https://a:1").is_err());
+/// let t = WorkerUrl::parse("https://Engine-2/v1")?;
+/// assert_eq!((t.as_str(), t.is_tls(), t.port(), t.origin()), ("https://engine-2/v1", true, 443, "https://engine-2"));
+/// assert!(WorkerUrl::parse("ftp://a:1").is_err());
 /// # Ok::<(), kvgate_core::UrlError>(())
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -41,9 +43,9 @@ struct Parts {
     /// The host without IPv6 brackets.
     host: Range<usize>,
     port: u16,
+    /// `https://`: the connection speaks TLS.
+    tls: bool,
 }
-
-const SCHEME: &str = "http://";
 
 impl WorkerUrl {
     pub fn parse(url: &str) -> Result<WorkerUrl, UrlError> {
@@ -53,9 +55,13 @@ impl WorkerUrl {
         };
         let p = split_url(url.trim().trim_end_matches('/'));
         let scheme = p.scheme.ok_or_else(|| bad("expected http://host:port"))?;
-        if !scheme.eq_ignore_ascii_case("http") {
-            return Err(bad("only http:// workers are supported"));
-        }
+        let (scheme, tls, default_port) = if scheme.eq_ignore_ascii_case("http") {
+            ("http://", false, 80)
+        } else if scheme.eq_ignore_ascii_case("https") {
+            ("https://", true, 443)
+        } else {
+            return Err(bad("only http:// and https:// workers are supported"));
+        };
         // Both go into request lines and Host headers as they are.
         let visible = |s: &str| s.bytes().all(|b| b.is_ascii_graphic());
         if p.authority.is_empty() || p.userinfo.is_some() || !visible(p.authority) {
@@ -71,18 +77,19 @@ impl WorkerUrl {
             Some(t) => t
                 .parse::<u16>()
                 .map_err(|_| bad("port must be a number from 0 to 65535"))?,
-            None => 80,
+            None => default_port,
         };
         let bare = p.host.trim_start_matches('[').trim_end_matches(']');
         if bare.is_empty() {
             return Err(bad("missing or malformed host"));
         }
-        let text = format!("{SCHEME}{}{}", p.authority.to_ascii_lowercase(), p.path);
-        let host_start = SCHEME.len() + (p.host.len() - p.host.trim_start_matches('[').len());
+        let text = format!("{scheme}{}{}", p.authority.to_ascii_lowercase(), p.path);
+        let host_start = scheme.len() + (p.host.len() - p.host.trim_start_matches('[').len());
         Ok(WorkerUrl(Arc::new(Parts {
-            authority: SCHEME.len()..SCHEME.len() + p.authority.len(),
+            authority: scheme.len()..scheme.len() + p.authority.len(),
             host: host_start..host_start + bare.len(),
             port,
+            tls,
             text,
         })))
     }
@@ -104,6 +111,17 @@ impl WorkerUrl {
 
     pub fn port(&self) -> u16 {
         self.0.port
+    }
+
+    /// Whether the worker is reached over TLS (`https://`).
+    pub fn is_tls(&self) -> bool {
+        self.0.tls
+    }
+
+    /// `scheme://host[:port]`: what a connection to the worker is, whatever the prefix
+    /// (`http://h:443` and `https://h:443` are two).
+    pub fn origin(&self) -> &str {
+        &self.0.text[..self.0.authority.end]
     }
 
     /// The path the worker is mounted under, without a trailing slash ("" for none).
@@ -213,6 +231,7 @@ mod tests {
         assert_eq!(ok("http://A:8000/"), "http://a:8000");
         assert_eq!(ok(" http://h:1/v1 "), "http://h:1/v1");
         assert_eq!(ok("HTTP://[::1]:80"), "http://[::1]:80");
+        assert_eq!(ok("HTTPS://H:8443/v1/"), "https://h:8443/v1");
         for bad in [
             "",
             "h:8000",
@@ -279,5 +298,19 @@ mod tests {
         assert_eq!(json, "\"http://host\"");
         assert_eq!(serde_json::from_str::<WorkerUrl>(&json).unwrap(), plain);
         assert!(serde_json::from_str::<WorkerUrl>("\"ftp://x\"").is_err());
+        let tls = WorkerUrl::parse("https://[::1]/m").unwrap();
+        assert_eq!(
+            (
+                tls.host(),
+                tls.port(),
+                tls.authority(),
+                tls.prefix(),
+                tls.is_tls()
+            ),
+            ("::1", 443, "[::1]", "/m", true)
+        );
+        assert_eq!(tls.origin(), "https://[::1]");
+        assert!(!plain.is_tls());
+        assert_eq!(plain.origin(), "http://host");
     }
 }

@@ -22,6 +22,7 @@ mod picker;
 mod retry;
 mod section;
 mod snapshot;
+mod tls;
 
 pub use access::AccessConfig;
 pub(crate) use access::Allowed;
@@ -35,6 +36,7 @@ pub use picker::PickerConfig;
 pub use retry::RetryConfig;
 pub use section::Section;
 pub use snapshot::SnapshotConfig;
+pub use tls::TlsConfig;
 
 use section::{duration, invalid, take};
 
@@ -176,6 +178,8 @@ pub struct GatewayConfig {
     pub discovery: DiscoverySection,
     #[serde(flatten, skip_deserializing)]
     pub picker: PickerConfig,
+    #[serde(flatten, skip_deserializing)]
+    pub tls: TlsConfig,
 }
 
 impl Default for GatewayConfig {
@@ -224,6 +228,7 @@ impl Default for GatewayConfig {
             snapshot: SnapshotConfig::default(),
             discovery: DiscoverySection::default(),
             picker: PickerConfig::default(),
+            tls: TlsConfig::default(),
         }
     }
 }
@@ -351,6 +356,7 @@ impl GatewayConfig {
         let snapshot = take(&mut table)?;
         let discovery = take(&mut table)?;
         let picker = take(&mut table)?;
+        let tls = take(&mut table)?;
         let own: GatewayConfig =
             config::Value::new(None, config::ValueKind::Table(table.into_iter().collect()))
                 .try_deserialize()?;
@@ -364,6 +370,7 @@ impl GatewayConfig {
             snapshot,
             discovery,
             picker,
+            tls,
             ..own
         };
         cfg.validate()?;
@@ -443,6 +450,7 @@ impl GatewayConfig {
         self.events.validate()?;
         self.snapshot.validate()?;
         self.discovery.validate()?;
+        self.tls.validate()?;
         if self
             .picker
             .ext_proc_port

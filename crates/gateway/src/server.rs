@@ -33,6 +33,7 @@ use crate::telemetry::{Telemetry, TelemetryError};
 use crate::upstream::ConnectGuard;
 
 mod listen;
+mod tls;
 mod wiring;
 
 use listen::{http_server, metrics_server, picker_server};
@@ -58,6 +59,9 @@ pub enum StartError {
     Telemetry(#[from] TelemetryError),
     #[error("the ext_proc TLS certificate or key {path}: {reason}")]
     PickerTls { path: String, reason: String },
+    /// The workers' TLS settings or the listener's certificate cannot be used.
+    #[error("TLS: {0}")]
+    Tls(String),
     #[error(
         "refusing to start: on {host} the admin routes would be open to the network; give \
          --control-plane-api-keys, or --allow-open-admin to accept it"
@@ -103,6 +107,8 @@ pub(crate) struct SideListeners {
     grpc_health: Option<SocketAddr>,
     /// The picker's gRPC health statuses, turned to not serving when the gateway drains.
     picker_health: Option<tonic_health::server::HealthReporter>,
+    /// The gateway's own port speaks TLS.
+    tls: bool,
 }
 
 /// The threads behind the actors, stopped in order at shutdown.
@@ -176,6 +182,16 @@ fn pipeline(
     }
 }
 
+/// The TLS settings of `https://` workers, read once at start.
+fn worker_tls(cfg: &GatewayConfig) -> Result<Arc<rustls::ClientConfig>, StartError> {
+    let t = &cfg.tls;
+    let files = crate::upstream::WorkerTlsFiles {
+        ca: t.worker_ca_cert.as_deref(),
+        client: (t.worker_client_cert.as_deref()).zip(t.worker_client_key.as_deref()),
+    };
+    crate::upstream::worker_client_config(files).map_err(|e| StartError::Tls(e.to_string()))
+}
+
 /// Starts the actors and the HTTP server inside the current actix System.
 async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threads), StartError> {
     let (listener, addr) = bind_listener(cfg)?;
@@ -196,7 +212,7 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
     let workers = startup_workers(cfg, &store.registry);
     // Checked by `validate`: an entry that does not parse was refused then.
     let allow = AllowList::new(cfg.access.allowed().unwrap_or_default());
-    let guard = ConnectGuard::new(allow.connect_judge());
+    let guard = ConnectGuard::new(allow.connect_judge()).with_tls(worker_tls(cfg)?);
     let ControlActors {
         registry,
         poller,
@@ -262,7 +278,8 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
         metrics,
     });
     let metrics = metrics_server(cfg, state.clone())?;
-    let server = http_server(cfg, listener, state, routing)?;
+    let tls = tls::listener_tls(cfg, &control)?;
+    let server = http_server(cfg, listener, state, routing, tls)?;
     info!(%addr, policy = %cfg.policy.kind, workers = cfg.worker_urls.len(), "kvgate listening");
     let actors = Actors {
         registry,
@@ -276,6 +293,7 @@ async fn build(cfg: &GatewayConfig) -> Result<(Server, SocketAddr, Actors, Threa
             ext_proc: picker.as_ref().map(|p| p.ext_proc),
             grpc_health: picker.as_ref().and_then(|p| p.health),
             picker_health: picker.as_ref().map(|p| p.reporter.clone()),
+            tls: cfg.tls.listener().is_some(),
         }),
         events,
         loader,
@@ -367,9 +385,14 @@ impl Gateway {
         self.addr
     }
 
-    /// `http://host:port` of the gateway.
+    /// `http://host:port` of the gateway (`https://` when it speaks TLS).
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.actors.side.tls {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// Where the endpoint picker's ext_proc gRPC service listens, when it is on.

@@ -10,6 +10,9 @@
 //! pooled connection failed before the request was fully written: once the worker may
 //! have it, this layer never sends it twice.
 //!
+//! An `https://` worker is reached over rustls (`tls`): a connection is an enum, plain or
+//! TLS, so the plain path pays one branch per read or write.
+//!
 //! Why not awc: awc builds a codec per request whose date service spawns a task and arms
 //! a timer, waking the runtime's driver once per request (docs/benchmarks.md); this
 //! client does only the socket work a proxy needs.
@@ -25,10 +28,12 @@ mod head;
 mod idle;
 mod pool;
 mod read;
+mod tls;
 
 pub(crate) use body::{Body, Response};
 pub(crate) use guard::{ConnectGuard, GuardError, Judge};
 pub(crate) use pool::Pool;
+pub(crate) use tls::{WorkerTlsFiles, provider, read_certs, read_key, worker_client_config};
 
 /// What can go wrong between the gateway and a worker.
 #[derive(Debug, Error)]

@@ -22,6 +22,7 @@ use std::time::Duration;
 use tokio::net::TcpStream;
 
 use super::StartError;
+use super::tls::ListenerIo;
 use super::wiring::RoutingStart;
 
 /// Idle upstream connections are dropped before the engines' own keep-alive (uvicorn's
@@ -62,12 +63,14 @@ pub(super) fn metrics_server(
     Ok(Some((server, addr)))
 }
 
-/// The HTTP server over `listener`, with the routing actors started by its first thread.
+/// The HTTP server over `listener`, with the routing actors started by its first thread;
+/// with `tls`, each connection's TLS handshake first (within the head's read timeout).
 pub(super) fn http_server(
     cfg: &GatewayConfig,
     listener: std::net::TcpListener,
     state: web::Data<AppState>,
     routing: RoutingStart,
+    tls: Option<tokio_rustls::TlsAcceptor>,
 ) -> Result<Server, StartError> {
     let routing_start = Arc::new(Mutex::new(Some(routing)));
     let connect_timeout = cfg.connect_timeout;
@@ -104,7 +107,7 @@ pub(super) fn http_server(
                 .into_factory()
                 .map_err(|e| e.error_response());
             let stopping = stopping.clone();
-            let mut http = HttpService::<Intake, _, _>::build()
+            let mut http = HttpService::<Intake<ListenerIo>, _, _>::build()
                 .graceful_shutdown_signal(move || {
                     let s = stopping.clone();
                     async move { s.notified().await }
@@ -115,7 +118,7 @@ pub(super) fn http_server(
                 // nobody.
                 .h1_allow_half_closed(false)
                 .client_disconnect_timeout(Duration::from_secs(1))
-                .on_connect_ext(|io: &Intake, ext: &mut Extensions| {
+                .on_connect_ext(|io: &Intake<ListenerIo>, ext: &mut Extensions| {
                     ext.insert(io.bodies());
                 });
             if let Some(a) = local {
@@ -126,13 +129,27 @@ pub(super) fn http_server(
             // by `connection_info()` without a Host header and `app_config()`, which no
             // route here uses.
             let http = http.h1(map_config(app, |_| AppConfig::default()));
+            let tls = tls.clone();
             fn_service(move |io: TcpStream| {
                 let peer = io.peer_addr().ok();
                 // Streamed tokens are small writes: with Nagle's algorithm each waited for
                 // the client's delayed ACK of the one before (+28 ms TTFT measured at two
                 // streams).
                 let _ = io.set_nodelay(true);
-                std::future::ready(Ok::<_, DispatchError>((Intake::new(io, limit), peer)))
+                let tls = tls.clone();
+                async move {
+                    let io = match &tls {
+                        None => tokio_util::either::Either::Left(io),
+                        Some(a) => super::tls::accept(a, io, header_read_timeout)
+                            .await
+                            .map_err(|e| {
+                                // A client's failure, not the gateway's: at debug only.
+                                tracing::debug!(peer = ?peer, error = %e, "TLS handshake failed");
+                                DispatchError::Io(e)
+                            })?,
+                    };
+                    Ok::<_, DispatchError>((Intake::new(io, limit), peer))
+                }
             })
             .and_then(http)
         })

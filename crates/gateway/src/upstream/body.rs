@@ -7,13 +7,13 @@ use actix_web::http::StatusCode;
 use actix_web::http::header::{HeaderName, HeaderValue};
 use bytes::{Bytes, BytesMut};
 use kvgate_core::WorkerUrl;
-use tokio::net::TcpStream;
 
 use super::UpstreamError;
 use super::chunked::Step;
 use super::head::Framing;
 use super::idle::IdleConns;
 use super::read::poll_read_more;
+use super::tls::Conn;
 
 #[derive(Debug)]
 pub(crate) struct Response {
@@ -36,7 +36,7 @@ impl Response {
 /// The body of an answer, read as it arrives. Reading it to the end gives the connection
 /// back to the pool; dropping it earlier closes the connection.
 pub(crate) struct Body {
-    conn: Option<TcpStream>,
+    conn: Option<Conn>,
     buf: BytesMut,
     framing: Framing,
     reusable: bool,
@@ -59,7 +59,7 @@ impl std::fmt::Debug for Body {
 
 impl Body {
     pub(super) fn new(
-        conn: TcpStream,
+        conn: Conn,
         buf: BytesMut,
         framing: Framing,
         reusable: bool,
@@ -113,7 +113,7 @@ impl Body {
             && self.reusable
             && self.buf.is_empty()
         {
-            self.idle.checkin(self.worker.authority(), conn);
+            self.idle.checkin(self.worker.origin(), conn);
         }
     }
 

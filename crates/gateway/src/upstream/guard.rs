@@ -7,6 +7,9 @@
 //! watched name the pool resolves itself, keeps only the addresses the same rule allows,
 //! and connects to those; a name that now resolves to none of them fails as a refused
 //! connection, which the engine certainly never saw.
+//!
+//! The guard also carries the TLS settings of `https://` workers (`tls`), so the pools and
+//! the checks' and polls' `awc` clients, which all take it, connect alike.
 
 use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
@@ -20,16 +23,24 @@ struct Inner {
     judge: Judge,
 }
 
-/// Shared by the registry's checks and every HTTP thread's pool; `off` watches nothing.
+/// How connections to workers are made: shared by the registry's checks, the poller and
+/// every HTTP thread's pool. It vets watched names (the default watches nothing) and
+/// holds the TLS settings of `https://` workers (the default has none).
 #[derive(Clone, Default)]
-pub(crate) struct ConnectGuard(Option<Arc<Inner>>);
+pub(crate) struct ConnectGuard {
+    names: Option<Arc<Inner>>,
+    tls: Option<Arc<rustls::ClientConfig>>,
+}
 
 impl std::fmt::Debug for ConnectGuard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let n = self.0.as_ref().map_or(0, |i| {
+        let n = self.names.as_ref().map_or(0, |i| {
             i.names.read().unwrap_or_else(PoisonError::into_inner).len()
         });
-        f.debug_struct("ConnectGuard").field("names", &n).finish()
+        f.debug_struct("ConnectGuard")
+            .field("names", &n)
+            .field("tls", &self.tls.is_some())
+            .finish()
     }
 }
 
@@ -44,10 +55,23 @@ pub enum GuardError {
 
 impl ConnectGuard {
     pub(crate) fn new(judge: Judge) -> ConnectGuard {
-        ConnectGuard(Some(Arc::new(Inner {
-            names: RwLock::new(HashSet::new()),
-            judge,
-        })))
+        ConnectGuard {
+            names: Some(Arc::new(Inner {
+                names: RwLock::new(HashSet::new()),
+                judge,
+            })),
+            tls: None,
+        }
+    }
+
+    /// With the TLS settings of `https://` workers, for the pools and the `awc` clients.
+    pub(crate) fn with_tls(mut self, tls: Arc<rustls::ClientConfig>) -> ConnectGuard {
+        self.tls = Some(tls);
+        self
+    }
+
+    pub(super) fn tls(&self) -> Option<Arc<rustls::ClientConfig>> {
+        self.tls.clone()
     }
 
     /// Re-vets `host` at each connection from now on (stored lowercased, without a
@@ -57,7 +81,7 @@ impl ConnectGuard {
         if bare.parse::<IpAddr>().is_ok() {
             return;
         }
-        if let Some(i) = &self.0 {
+        if let Some(i) = &self.names {
             i.names
                 .write()
                 .unwrap_or_else(PoisonError::into_inner)
@@ -66,7 +90,7 @@ impl ConnectGuard {
     }
 
     fn watched(&self, host: &str) -> Option<&Inner> {
-        let i = self.0.as_deref()?;
+        let i = self.names.as_deref()?;
         let names = i.names.read().unwrap_or_else(PoisonError::into_inner);
         // Most hosts are never watched; an empty set costs no allocation.
         (!names.is_empty() && names.contains(&normal(host))).then_some(i)
@@ -97,14 +121,19 @@ impl ConnectGuard {
 impl ConnectGuard {
     /// An `awc` client for the worker checks and load polls (no redirects followed, a
     /// `timeout` per request) whose connections go through this guard, as the pool's do: a
-    /// watched name connects only to the addresses the rule allows.
+    /// watched name connects only to the addresses the rule allows, and an `https://`
+    /// worker is verified with the pool's TLS settings.
     pub(crate) fn awc_client(&self, timeout: std::time::Duration) -> awc::Client {
         let tcp = actix_tls::connect::Connector::new(actix_tls::connect::Resolver::custom(
             Guarded(self.clone()),
         ))
         .service();
+        let mut connector = awc::Connector::new().connector(tcp);
+        if let Some(tls) = &self.tls {
+            connector = connector.rustls_0_23(tls.clone());
+        }
         awc::Client::builder()
-            .connector(awc::Connector::new().connector(tcp))
+            .connector(connector)
             .timeout(timeout)
             .disable_redirects()
             .finish()

@@ -3,17 +3,16 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::io;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use tokio::net::TcpStream;
+use super::tls::Conn;
 
 /// Idle connections kept per worker and thread; more are closed.
 const MAX_IDLE: usize = 256;
 
 struct Idle {
-    conn: TcpStream,
+    conn: Conn,
     since: Instant,
 }
 
@@ -22,7 +21,7 @@ struct Shared {
     keep_alive: Duration,
 }
 
-/// The idle connections; cloning shares them.
+/// The idle connections, by worker origin (`scheme://host:port`); cloning shares them.
 #[derive(Clone)]
 pub(super) struct IdleConns(Rc<Shared>);
 
@@ -43,10 +42,10 @@ impl IdleConns {
         self.0.idle.borrow().values().map(Vec::len).sum()
     }
 
-    /// Idle connections held for the worker at `authority`.
+    /// Idle connections held for the worker at `origin`.
     #[cfg(test)]
-    pub(super) fn count(&self, authority: &str) -> usize {
-        self.0.idle.borrow().get(authority).map_or(0, Vec::len)
+    pub(super) fn count(&self, origin: &str) -> usize {
+        self.0.idle.borrow().get(origin).map_or(0, Vec::len)
     }
 
     /// Workers with an idle-connection list.
@@ -56,35 +55,31 @@ impl IdleConns {
     }
 
     /// A live idle connection, newest first; expired or closed ones are dropped.
-    pub(super) fn checkout(&self, authority: &str) -> Option<TcpStream> {
+    pub(super) fn checkout(&self, origin: &str) -> Option<Conn> {
         let mut idle = self.0.idle.borrow_mut();
-        let list = idle.get_mut(authority)?;
+        let list = idle.get_mut(origin)?;
         prune(list, self.0.keep_alive);
-        while let Some(Idle { conn, .. }) = list.pop() {
-            // A closed peer has made the socket readable (EOF); a live idle one has not.
-            // `try_read` reads only a socket the runtime saw readable since its last short
-            // read, so a live connection is usually checked without a system call.
-            match conn.try_read(&mut [0u8; 1]) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Some(conn),
-                _ => continue,
+        while let Some(Idle { mut conn, .. }) = list.pop() {
+            if conn.idle_alive() {
+                return Some(conn);
             }
         }
         None
     }
 
     /// Expired connections are left to the next checkout or sweep.
-    pub(super) fn checkin(&self, authority: &str, conn: TcpStream) {
+    pub(super) fn checkin(&self, origin: &str, conn: Conn) {
         let mut idle = self.0.idle.borrow_mut();
         let entry = Idle {
             conn,
             since: Instant::now(),
         };
         // Looked up first: the key is allocated only for a worker's first connection.
-        match idle.get_mut(authority) {
+        match idle.get_mut(origin) {
             Some(list) if list.len() >= MAX_IDLE => {}
             Some(list) => list.push(entry),
             None => {
-                idle.insert(authority.to_owned(), vec![entry]);
+                idle.insert(origin.to_owned(), vec![entry]);
             }
         }
     }

@@ -17,6 +17,7 @@ use super::guard::ConnectGuard;
 use super::head::parse_head;
 use super::idle::IdleConns;
 use super::read::read_more;
+use super::tls::Conn;
 
 /// A response head larger than this is refused.
 const MAX_HEAD: usize = 64 * 1024;
@@ -59,7 +60,7 @@ impl Pool {
     /// Idle connections held for `worker`.
     #[cfg(test)]
     pub(crate) fn idle_count(&self, worker: &WorkerUrl) -> usize {
-        self.0.idle.count(worker.authority())
+        self.0.idle.count(worker.origin())
     }
 
     /// Workers with an idle-connection list.
@@ -68,16 +69,16 @@ impl Pool {
         self.0.idle.workers()
     }
 
-    /// A live idle connection to the worker at `authority`, as a request takes one.
+    /// A live idle connection to the worker at `origin`, as a request takes one.
     #[cfg(test)]
-    pub(super) fn checkout(&self, authority: &str) -> Option<TcpStream> {
-        self.0.idle.checkout(authority)
+    pub(super) fn checkout(&self, origin: &str) -> Option<Conn> {
+        self.0.idle.checkout(origin)
     }
 
     /// Gives a connection back, as a body read to its end does.
     #[cfg(test)]
-    pub(super) fn checkin(&self, authority: &str, conn: TcpStream) {
-        self.0.idle.checkin(authority, conn);
+    pub(super) fn checkin(&self, origin: &str, conn: Conn) {
+        self.0.idle.checkin(origin, conn);
     }
 
     /// Sweeps the idle connections every keep-alive period (see [`IdleConns`]).
@@ -85,27 +86,38 @@ impl Pool {
         self.0.idle.spawn_sweeper();
     }
 
-    async fn connect(&self, w: &WorkerUrl) -> Result<TcpStream, UpstreamError> {
+    /// A new connection, its TLS handshake included for an `https://` worker, within the
+    /// connect timeout. A handshake that fails is a connection that failed: the worker saw
+    /// no request.
+    async fn connect(&self, w: &WorkerUrl) -> Result<Conn, UpstreamError> {
         let secs = self.0.connect_timeout.as_secs_f64();
         let connecting = async {
-            match self.0.guard.addresses(w.host(), w.port()).await {
+            let tcp = match self.0.guard.addresses(w.host(), w.port()).await {
                 None => TcpStream::connect((w.host(), w.port()))
                     .await
-                    .map_err(UpstreamError::Connect),
+                    .map_err(UpstreamError::Connect)?,
                 Some(Ok(addrs)) => TcpStream::connect(&addrs[..])
                     .await
-                    .map_err(UpstreamError::Connect),
-                Some(Err(e)) => Err(UpstreamError::Guard(e)),
+                    .map_err(UpstreamError::Connect)?,
+                Some(Err(e)) => return Err(UpstreamError::Guard(e)),
+            };
+            // Requests and answers are single small writes; Nagle would hold them back.
+            if let Err(e) = tcp.set_nodelay(true) {
+                warn!(error = %e, "cannot set TCP_NODELAY on an upstream connection");
             }
+            if !w.is_tls() {
+                return Ok(Conn::Plain(tcp));
+            }
+            let config = self.0.guard.tls().ok_or_else(|| {
+                UpstreamError::Connect(io::Error::other("no TLS settings for https:// workers"))
+            })?;
+            Conn::tls(config, w.host(), tcp)
+                .await
+                .map_err(UpstreamError::Connect)
         };
-        let conn = tokio::time::timeout(self.0.connect_timeout, connecting)
+        tokio::time::timeout(self.0.connect_timeout, connecting)
             .await
-            .map_err(|_| UpstreamError::ConnectTimeout(secs))??;
-        // Requests and answers are single small writes; Nagle would hold them back.
-        if let Err(e) = conn.set_nodelay(true) {
-            warn!(error = %e, "cannot set TCP_NODELAY on an upstream connection");
-        }
-        Ok(conn)
+            .map_err(|_| UpstreamError::ConnectTimeout(secs))?
     }
 
     /// POSTs `body` to `worker` + `path` and returns once the answer's head is read.
@@ -137,7 +149,7 @@ impl Pool {
         head.extend_from_slice(&body[..at]);
         head.extend_from_slice(extra);
         let rest = body.slice(at..);
-        if let Some(conn) = self.0.idle.checkout(worker.authority()) {
+        if let Some(conn) = self.0.idle.checkout(worker.origin()) {
             match self.exchange(conn, worker, &head, &rest).await {
                 Ok(r) => return Ok(r),
                 // The pooled connection failed before the whole request went out (the
@@ -158,7 +170,7 @@ impl Pool {
     /// Writes one request on `conn` and reads the answer's head.
     async fn exchange(
         &self,
-        mut conn: TcpStream,
+        mut conn: Conn,
         worker: &WorkerUrl,
         head: &[u8],
         rest: &[u8],
@@ -207,8 +219,8 @@ impl Pool {
 }
 
 /// Writes `head` then `body`: one vectored write when the socket takes both, the body
-/// never copied.
-async fn write_request(conn: &mut TcpStream, mut head: &[u8], mut body: &[u8]) -> io::Result<()> {
+/// never copied; then flushed, which sends what TLS still holds (nothing for plain TCP).
+async fn write_request(conn: &mut Conn, mut head: &[u8], mut body: &[u8]) -> io::Result<()> {
     while !head.is_empty() || !body.is_empty() {
         let n = if head.is_empty() {
             conn.write(body).await?
@@ -223,7 +235,7 @@ async fn write_request(conn: &mut TcpStream, mut head: &[u8], mut body: &[u8]) -
         head = &head[from_head..];
         body = &body[n - from_head..];
     }
-    Ok(())
+    conn.flush().await
 }
 
 /// How much of a request reached the socket before a failure.

@@ -1,23 +1,20 @@
-//! Reading a socket into a buffer, for the answer's head and its body.
+//! Reading a connection into a buffer, for the answer's head and its body.
 
 use std::future::poll_fn;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::BytesMut;
-use tokio::net::TcpStream;
 
 use super::UpstreamError;
+use super::tls::Conn;
 
-pub(super) async fn read_more(
-    conn: &mut TcpStream,
-    buf: &mut BytesMut,
-) -> Result<usize, UpstreamError> {
+pub(super) async fn read_more(conn: &mut Conn, buf: &mut BytesMut) -> Result<usize, UpstreamError> {
     poll_fn(|cx| poll_read_more(conn, buf, cx)).await
 }
 
 pub(super) fn poll_read_more(
-    conn: &mut TcpStream,
+    conn: &mut Conn,
     buf: &mut BytesMut,
     cx: &mut Context<'_>,
 ) -> Poll<Result<usize, UpstreamError>> {

@@ -323,9 +323,9 @@ async fn a_request_goes_out_whole_and_its_connection_is_reused() {
     );
     let got = server.requests.lock().expect("lock").clone();
     assert_eq!(got, vec![want.into_bytes(); 3]);
-    let conn = pool.checkout(authority).expect("pooled");
+    let conn = pool.checkout(server.url.origin()).expect("pooled");
     assert!(
-        conn.nodelay().expect("nodelay"),
+        conn.tcp().nodelay().expect("nodelay"),
         "Nagle is off on upstream connections"
     );
 }
@@ -501,13 +501,13 @@ async fn closed_or_expired_idle_connections_are_not_reused() {
         .expect("the server closes");
     // Checkout sees a close only once the runtime has seen the socket readable: until it
     // has, the connection is put back as it was.
-    let authority = server.url.authority();
-    if let Some(conn) = p.checkout(authority) {
-        tokio::time::timeout(Duration::from_secs(10), conn.readable())
+    let origin = server.url.origin();
+    if let Some(conn) = p.checkout(origin) {
+        tokio::time::timeout(Duration::from_secs(10), conn.tcp().readable())
             .await
             .expect("the close reaches the idle connection")
             .expect("readable");
-        p.checkin(authority, conn);
+        p.checkin(origin, conn);
     }
     // Reusing it would fail the request; checkout sees the EOF and connects again.
     post_ok(&p, &server.url).await;

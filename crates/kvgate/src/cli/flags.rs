@@ -597,6 +597,36 @@ pub(super) const FLAGS: &[(&str, &str, Kind, &str)] = &[
         "The key sent to every worker in place of the client's",
     ),
     (
+        "worker-ca-cert",
+        "worker_ca_cert",
+        Kind::Text,
+        "PEM CA certificates that https:// workers are verified against, instead of the system's",
+    ),
+    (
+        "worker-client-cert",
+        "worker_client_cert",
+        Kind::Text,
+        "PEM client certificate chain shown to https:// workers that ask for one (with --worker-client-key)",
+    ),
+    (
+        "worker-client-key",
+        "worker_client_key",
+        Kind::Text,
+        "PEM private key of --worker-client-cert",
+    ),
+    (
+        "tls-cert-path",
+        "tls_cert_path",
+        Kind::Text,
+        "PEM certificate chain: the gateway's port speaks TLS (with --tls-key-path; reloaded on SIGHUP or change)",
+    ),
+    (
+        "tls-key-path",
+        "tls_key_path",
+        Kind::Text,
+        "PEM private key of --tls-cert-path",
+    ),
+    (
         "shutdown-grace-period-secs",
         "shutdown_grace_period_secs",
         Kind::Float,
