@@ -31,6 +31,86 @@ pub(crate) enum Cmd {
     /// The gateway's resident memory per request in flight, for large prompts held by a
     /// slow engine.
     Inflight(InflightArgs),
+    /// The cost of one routing decision (match plus select) over fleets of many engines,
+    /// the prefix tree at its budget; in process.
+    Decide(DecideArgs),
+    /// When a release `kvgate` polls the loads of many engines on loopback: requests per
+    /// engine per interval, and the most in any window of it.
+    Polls(PollsArgs),
+    /// A release `kvgate`'s resident memory per engine and per KV-event subscription.
+    Memory(MemoryArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct DecideArgs {
+    /// Fleet sizes, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "64,128,256")]
+    pub engines: Vec<usize>,
+    /// Data-parallel ranks per engine, each its own routing target; comma-separated, each
+    /// size run with each.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    pub dp_size: Vec<usize>,
+    /// The tree's budget in text bytes (the gateway's `--max-tree-size` default).
+    #[arg(long, default_value_t = 1 << 24)]
+    pub max_tree_size: usize,
+    /// Timed decisions per fleet, after the tree has reached its budget.
+    #[arg(long, default_value_t = 20_000)]
+    pub decisions: usize,
+    #[arg(long, default_value_t = 4096)]
+    pub prompt_bytes: usize,
+    /// Each prompt starts with one of `--groups` shared heads of this many bytes.
+    #[arg(long, default_value_t = 2048)]
+    pub head_bytes: usize,
+    #[arg(long, default_value_t = 512)]
+    pub groups: usize,
+    /// Share of prompts with no shared head (a new conversation, placed by rendezvous).
+    #[arg(long, default_value_t = 0.1)]
+    pub fresh_share: f64,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    #[arg(long, default_value = "bench-out")]
+    pub out: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct PollsArgs {
+    #[arg(long, default_value_t = 256)]
+    pub engines: usize,
+    /// The gateway's `--load-monitor-interval`, in seconds.
+    #[arg(long, default_value_t = 2.0)]
+    pub interval_secs: f64,
+    /// Left out at the start: the probes and first polls of startup.
+    #[arg(long, default_value_t = 4)]
+    pub warmup_secs: u64,
+    /// The measured span, in seconds.
+    #[arg(long, default_value_t = 20)]
+    pub duration_secs: u64,
+    /// The window the most polls are counted in, in milliseconds.
+    #[arg(long, default_value_t = 100)]
+    pub window_ms: u64,
+    /// The `kvgate` binary (default: the release one beside this binary).
+    #[arg(long)]
+    pub kvgate_bin: Option<PathBuf>,
+    #[arg(long, default_value = "bench-out")]
+    pub out: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct MemoryArgs {
+    #[arg(long, default_value_t = 128)]
+    pub engines: usize,
+    /// Ranks per engine in the fleets with data parallelism, each publishing KV events in
+    /// the last one.
+    #[arg(long, default_value_t = 8)]
+    pub dp_size: usize,
+    /// Seconds each gateway runs, once ready, before its memory is read.
+    #[arg(long, default_value_t = 15)]
+    pub settle_secs: u64,
+    /// The `kvgate` binary (default: the release one beside this binary).
+    #[arg(long)]
+    pub kvgate_bin: Option<PathBuf>,
+    #[arg(long, default_value = "bench-out")]
+    pub out: PathBuf,
 }
 
 #[derive(Debug, Args)]

@@ -2,6 +2,7 @@
 //! benchmark's settings, and its outputs written (the stdout table, JSON, SVG, and with
 //! `--markdown` the page's tables).
 
+pub(crate) mod fleet;
 pub(crate) mod proxy;
 pub(crate) mod workload;
 
@@ -15,7 +16,7 @@ use crate::args::{ChartArgs, InflightArgs, SoakArgs};
 use crate::{markdown, release_kvgate, run, write};
 
 /// The `kvgate` to run as a child: `--kvgate-bin`, else the release one beside this binary.
-fn kvgate_bin(given: Option<&PathBuf>) -> anyhow::Result<PathBuf> {
+pub(crate) fn kvgate_bin(given: Option<&PathBuf>) -> anyhow::Result<PathBuf> {
     match given.cloned().or_else(release_kvgate) {
         Some(bin) => Ok(bin),
         None => bail!(

@@ -1,6 +1,7 @@
 //! `kvgate-bench`: the routing benchmark (`workload`), the proxy-overhead benchmark
-//! (`proxy`), the resilience soak (`soak`) and memory in flight (`inflight`). Everything
-//! runs on loopback and stops by itself.
+//! (`proxy`), the resilience soak (`soak`), memory in flight (`inflight`), and fleets of
+//! hundreds of engines (`decide`, `polls`, `memory`). Everything runs on loopback and stops
+//! by itself.
 
 mod args;
 mod cmd;
@@ -31,6 +32,9 @@ fn main() -> anyhow::Result<()> {
         Cmd::Chart(a) => cmd::redraw(a),
         Cmd::Soak(a) => cmd::soak(a),
         Cmd::Inflight(a) => cmd::inflight(a),
+        Cmd::Decide(a) => cmd::fleet::decide(a),
+        Cmd::Polls(a) => cmd::fleet::polls(a),
+        Cmd::Memory(a) => cmd::fleet::memory(a),
     }
 }
 

@@ -2,6 +2,7 @@
 
 pub(crate) mod child;
 pub(crate) mod driver;
+pub(crate) mod fleet;
 pub(crate) mod inflight;
 pub(crate) mod proxy;
 pub(crate) mod soak;

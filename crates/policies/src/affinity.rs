@@ -87,6 +87,18 @@ impl<'a> Ctx<'a> {
             .collect()
     }
 
+    /// Each worker index's place in [`candidates`](Self::candidates) (which follow
+    /// `fleet.eligible`), `usize::MAX` for a worker that is not one: scores and notes are
+    /// put in place by index, not searched for by id, so a decision stays linear in the
+    /// fleet's size.
+    pub(crate) fn candidate_slots(&self) -> Vec<usize> {
+        let mut slot = vec![usize::MAX; self.fleet.workers.len()];
+        for (at, &i) in self.fleet.eligible.iter().enumerate() {
+            slot[i] = at;
+        }
+        slot
+    }
+
     /// EW(set) with the whole prompt as credit.
     pub(crate) fn by_wait(
         &self,
@@ -111,9 +123,9 @@ impl<'a> Ctx<'a> {
         record_prefix: bool,
     ) -> Decision {
         let mut candidates = self.candidates();
+        let slot = self.candidate_slots();
         for (i, score) in &pick.scored {
-            let id = self.fleet.workers[*i].id;
-            if let Some(c) = candidates.iter_mut().find(|c| c.worker == id) {
+            if let Some(c) = slot.get(*i).and_then(|&at| candidates.get_mut(at)) {
                 c.score = Some(*score);
             }
         }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use kvgate_kv_index::{PrefixMatch, RadixTree, TreeConfig};
 use kvgate_policies::{
-    HashRing, MatchSource, PolicyConfig, PrefixMatches, PrefixTraffic, PromptText,
+    HashRing, MatchSource, PolicyConfig, PolicyKind, PrefixMatches, PrefixTraffic, PromptText,
     RECENT_HALF_LIFE, RankLoad, RequestFacts, RoutingText, SelectInput, WorkerId, WorkerLoad,
     WorkerView, select,
 };
@@ -30,6 +30,8 @@ pub(crate) struct DecideSettings {
     pub prompt_bytes: usize,
     pub head_bytes: usize,
     pub groups: usize,
+    /// Share of prompts that share nothing (a new conversation): placed by rendezvous.
+    pub fresh_share: f64,
     pub seed: u64,
 }
 
@@ -53,9 +55,11 @@ pub(crate) struct DecideReport {
     pub tree_nodes: usize,
     pub evicted_units: usize,
     pub warmup_decisions: usize,
-    /// Mean holders per lookup and share of decisions that matched a holder.
+    /// Mean holders per lookup, share of decisions that matched a holder, and share that
+    /// started a new prefix (placed by rendezvous).
     pub mean_holders: f64,
     pub hit_share: f64,
+    pub new_prefix_share: f64,
     pub matching: Micros,
     pub selecting: Micros,
     pub match_and_select: Micros,
@@ -147,9 +151,10 @@ pub(crate) fn run(s: &DecideSettings) -> DecideReport {
     let mut rng = SmallRng::seed_from_u64(s.seed);
     let mut workers = views(s, &mut rng);
     let ring = HashRing::from_views(&workers);
+    // The gateway's default policy: cache_aware in cost mode.
     let cfg = PolicyConfig {
         max_tree_size: s.max_tree_size,
-        ..PolicyConfig::default()
+        ..PolicyConfig::with_kind(PolicyKind::CacheAware)
     };
     let mut tree: RadixTree<u8, WorkerId> = RadixTree::new(TreeConfig {
         page_size: NonZeroUsize::MIN,
@@ -167,15 +172,19 @@ pub(crate) fn run(s: &DecideSettings) -> DecideReport {
     let depth = workers.len() * 2;
     let epoch = Instant::now();
     let mut parts = Parts::default();
-    let (mut holders, mut hits, mut warm, mut done) = (0usize, 0usize, 0usize, 0usize);
+    let (mut holders, mut hits, mut fresh) = (0usize, 0usize, 0usize);
+    let (mut warm, mut done) = (0usize, 0usize);
     let mut seq = 0u64;
     // Warm-up ends once the tree has been at its budget for a while, capped in case it cannot
     // fill (a budget above what the prompts reach).
     let warm_cap = 4 * s.max_tree_size / s.prompt_bytes.max(1) + 10_000;
     while done < s.decisions {
-        let head = &heads[rng.gen_range(0..heads.len())];
-        let mut prompt = head.clone();
-        prompt.push_str(&text(&mut rng, s.prompt_bytes.saturating_sub(head.len())));
+        let mut prompt = if rng.gen_bool(s.fresh_share.clamp(0.0, 1.0)) {
+            String::new()
+        } else {
+            heads[rng.gen_range(0..heads.len())].clone()
+        };
+        prompt.push_str(&text(&mut rng, s.prompt_bytes.saturating_sub(prompt.len())));
         let mut key = PromptText::default();
         key.push_str(&prompt);
         let facts = RequestFacts {
@@ -198,7 +207,9 @@ pub(crate) fn run(s: &DecideSettings) -> DecideReport {
         };
         let d = select(&cfg, &input, &mut rng);
         let t2 = Instant::now();
-        let idx = d.worker.and_then(|w| workers.iter().position(|v| v.id == w));
+        let idx = d
+            .worker
+            .and_then(|w| workers.iter().position(|v| v.id == w));
         if let Some(i) = idx {
             for v in &mut workers {
                 v.recent *= keep;
@@ -232,6 +243,7 @@ pub(crate) fn run(s: &DecideSettings) -> DecideReport {
         parts.total.push(ns(t0, t3));
         holders += m.per_worker.len();
         hits += usize::from(!m.per_worker.is_empty());
+        fresh += usize::from(d.new_prefix);
         done += 1;
     }
     DecideReport {
@@ -246,6 +258,7 @@ pub(crate) fn run(s: &DecideSettings) -> DecideReport {
         warmup_decisions: warm,
         mean_holders: holders as f64 / done.max(1) as f64,
         hit_share: hits as f64 / done.max(1) as f64,
+        new_prefix_share: fresh as f64 / done.max(1) as f64,
         matching: micros(&mut parts.matching),
         selecting: micros(&mut parts.selecting),
         match_and_select: micros(&mut parts.both),
@@ -257,12 +270,12 @@ pub(crate) fn run(s: &DecideSettings) -> DecideReport {
 /// The reports as a Markdown table: p50 / p99 µs per part.
 pub(crate) fn table(rows: &[DecideReport]) -> String {
     let mut t = String::from(
-        "| engines × DP | targets | match | select | **match + select** | book + record | holders per lookup |\n|---|---|---|---|---|---|---|\n",
+        "| engines × DP | targets | match | select | **match + select** | book + record | holders per lookup | new prefixes |\n|---|---|---|---|---|---|---|---|\n",
     );
     let pp = |m: &Micros| format!("{:.1} / {:.1}", m.p50, m.p99);
     for r in rows {
         t.push_str(&format!(
-            "| {} × {} | {} | {} | {} | **{}** | {} | {:.1} |\n",
+            "| {} × {} | {} | {} | {} | **{}** | {} | {:.1} | {:.0} % |\n",
             r.engines,
             r.dp_size,
             r.targets,
@@ -271,6 +284,7 @@ pub(crate) fn table(rows: &[DecideReport]) -> String {
             pp(&r.match_and_select),
             pp(&r.booking_and_record),
             r.mean_holders,
+            r.new_prefix_share * 100.0,
         ));
     }
     t

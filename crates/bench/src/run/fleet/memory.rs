@@ -62,13 +62,17 @@ fn all_ready(addr: std::net::SocketAddr, engines: usize, events: bool) -> bool {
         return false;
     };
     let workers = v["workers"].as_array().map_or(&[][..], Vec::as_slice);
-    let ready = |w: &serde_json::Value| {
-        w["healthy"] == true && (!events || w["events"]["state"] == "live")
-    };
+    let ready =
+        |w: &serde_json::Value| w["healthy"] == true && (!events || w["events"]["state"] == "live");
     workers.len() == engines && workers.iter().all(ready)
 }
 
-fn sample(s: &MemorySettings, engines: usize, dp_size: usize, events: bool) -> anyhow::Result<Sample> {
+fn sample(
+    s: &MemorySettings,
+    engines: usize,
+    dp_size: usize,
+    events: bool,
+) -> anyhow::Result<Sample> {
     let sim = SimConfig {
         dp_size,
         fixed_response: true,
@@ -78,7 +82,9 @@ fn sample(s: &MemorySettings, engines: usize, dp_size: usize, events: bool) -> a
     let fleet = SimFleet::start(engines, sim).context("starting the engines")?;
     let data = tempfile::tempdir()?;
     let started = Instant::now();
-    let log = s.out.join(format!("memory-kvgate-{engines}x{dp_size}-{events}.log"));
+    let log = s
+        .out
+        .join(format!("memory-kvgate-{engines}x{dp_size}-{events}.log"));
     let gw = ChildServer::kvgate(&s.kvgate_bin, &fleet.urls(), data.path(), &[], &log)?;
     let addr = socket_addr(gw.url()).context("gateway address")?;
     let deadline = started + Duration::from_secs(180);

@@ -136,15 +136,19 @@ impl Engines {
             .build()?;
         let thread = std::thread::spawn(move || {
             rt.block_on(async move {
+                // Owned sets: dropped at the stop, every engine and connection ends with them.
+                let mut engines = tokio::task::JoinSet::new();
                 for (engine, l) in listeners.into_iter().enumerate() {
                     let Ok(l) = tokio::net::TcpListener::from_std(l) else {
                         continue;
                     };
                     let log = log.clone();
-                    tokio::spawn(async move {
+                    engines.spawn(async move {
+                        let mut conns = tokio::task::JoinSet::new();
                         while let Ok((s, _)) = l.accept().await {
                             let _ = s.set_nodelay(true);
-                            tokio::spawn(serve(s, engine, log.clone(), epoch));
+                            conns.spawn(serve(s, engine, log.clone(), epoch));
+                            while conns.try_join_next().is_some() {}
                         }
                     });
                 }
@@ -205,8 +209,10 @@ pub(crate) fn run(s: &PollSettings) -> anyhow::Result<PollReport> {
         .lock()
         .map_err(|_| anyhow::anyhow!("a recording engine panicked"))?
         .clone();
-    let span: Vec<&(usize, String, Duration)> =
-        log.iter().filter(|(_, _, t)| *t >= from && *t < to).collect();
+    let span: Vec<&(usize, String, Duration)> = log
+        .iter()
+        .filter(|(_, _, t)| *t >= from && *t < to)
+        .collect();
     let mut by_path = BTreeMap::new();
     for (_, p, _) in &span {
         *by_path.entry(p.clone()).or_insert(0) += 1;
@@ -244,7 +250,11 @@ mod tests {
 
     #[test]
     fn the_window_count_is_the_densest_span() {
-        let ms = |v: &[u64]| v.iter().map(|&x| Duration::from_millis(x)).collect::<Vec<_>>();
+        let ms = |v: &[u64]| {
+            v.iter()
+                .map(|&x| Duration::from_millis(x))
+                .collect::<Vec<_>>()
+        };
         let w = Duration::from_millis(100);
         assert_eq!(max_in_window(&ms(&[0, 50, 99, 100, 150, 199, 200]), w), 3);
         assert_eq!(max_in_window(&ms(&[0, 500, 1000]), w), 1);
