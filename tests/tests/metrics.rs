@@ -177,6 +177,8 @@ async fn metrics_count_requests_decisions_tokens_and_what_the_fleet_reports() {
         .samples
         .iter()
         .filter(|x| x.metric == "kvgate_index_units")
+        // Text requests: the text tree's unit, bytes.
+        .filter(|x| x.labels.get("unit").is_some_and(|u| u == "bytes"))
         .filter_map(|x| match x.value {
             Value::Gauge(v) | Value::Untyped(v) => Some(v),
             _ => None,

@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::actors::events::{EventState, GetEventStates, WorkerEvents};
-use crate::actors::index::GetIndexStats;
+use crate::actors::index::{GetIndexStats, IndexStats};
 use crate::actors::registry::ListWorkers;
 use crate::actors::selector::{
     CircuitState, Explain, Explained, GetViews, GetWorkerStates, WorkerState, worker_state,
@@ -275,18 +275,7 @@ async fn scrape(state: &AppState) -> Result<HttpResponse, ApiError> {
                 }
             })
             .collect(),
-        index: stats
-            .iter()
-            .flat_map(|m| {
-                m.per_worker.iter().map(|(w, n)| {
-                    (
-                        m.model.clone(),
-                        urls.get(w).cloned().unwrap_or_else(|| w.to_string()),
-                        *n,
-                    )
-                })
-            })
-            .collect(),
+        index: index_series(&stats, &urls),
         snapshots_written: persist.snapshots_written,
         snapshot_failures: persist.write_failures,
         snapshot_pending: persist.pending,
@@ -378,6 +367,26 @@ pub(crate) async fn fleet_state(
             "p99": percentile(&mut ttfts, 99.0),
         },
     })))
+}
+
+/// The index's holdings per model, worker URL and unit (`bytes`, `tokens`), for
+/// `kvgate_index_units`.
+fn index_series(
+    stats: &[IndexStats],
+    urls: &HashMap<WorkerId, String>,
+) -> Vec<(String, String, &'static str, usize)> {
+    let mut out = Vec::new();
+    for m in stats {
+        for (w, text, tokens) in &m.per_worker_split {
+            let url = urls.get(w).cloned().unwrap_or_else(|| w.to_string());
+            for (unit, n) in [("bytes", *text), ("tokens", *tokens)] {
+                if n > 0 {
+                    out.push((m.model.clone(), url.clone(), unit, n));
+                }
+            }
+        }
+    }
+    out
 }
 
 /// `GET /dashboard`: the fleet page, one self-contained file (no CDN, nothing fetched but

@@ -34,6 +34,8 @@ pub(super) struct RankLabels {
 pub(super) struct IndexLabels {
     pub model: String,
     pub worker: String,
+    /// `bytes` (text trees) or `tokens` (token trees).
+    pub unit: &'static str,
 }
 
 /// The scrape-time gauges.
@@ -108,7 +110,7 @@ impl Gauges {
         let index_units = Family::<IndexLabels, Gauge>::default();
         r.register(
             "index_units",
-            "Prefix index units (bytes of text or tokens) per model and worker",
+            "What the prefix index holds per model and worker, in its unit: bytes of text (unit=bytes) or tokens (unit=tokens)",
             index_units.clone(),
         );
         let snapshots_written = Counter::default();
@@ -213,11 +215,12 @@ impl Gauges {
                     .set(r.gen_throughput);
             }
         }
-        for (model, worker, units) in &fleet.index {
+        for (model, worker, unit, units) in &fleet.index {
             self.index_units
                 .get_or_create(&IndexLabels {
                     model: model.clone(),
                     worker: worker.clone(),
+                    unit,
                 })
                 .set(*units as i64);
         }
@@ -237,7 +240,8 @@ impl Gauges {
 pub struct Fleet {
     pub workers: Vec<FleetWorker>,
     /// (model, worker URL, units) of the prefix index.
-    pub index: Vec<(String, String, usize)>,
+    /// Per model, worker and unit (`bytes`, `tokens`), what the index holds.
+    pub index: Vec<(String, String, &'static str, usize)>,
     pub snapshots_written: u64,
     pub snapshot_failures: u64,
     pub snapshot_pending: bool,

@@ -31,6 +31,9 @@ pub struct IndexStats {
     pub hash_keys: usize,
     /// Units held per worker (text + tokens).
     pub per_worker: Vec<(WorkerId, usize)>,
+    /// The same apart: per worker, bytes of text and tokens.
+    #[serde(skip)]
+    pub per_worker_split: Vec<(WorkerId, usize, usize)>,
 }
 
 impl Handler<GetIndexStats> for IndexActor {
@@ -45,15 +48,17 @@ impl Handler<GetIndexStats> for IndexActor {
                 workers.extend(m.tokens.tenants());
                 workers.sort();
                 workers.dedup();
+                let split: Vec<(WorkerId, usize, usize)> = workers
+                    .into_iter()
+                    .map(|w| (w, m.text.tenant_units(w), m.tokens.tenant_units(w)))
+                    .collect();
                 IndexStats {
                     model: name.clone(),
                     text_units: m.text.total_units(),
                     token_units: m.tokens.total_units(),
                     hash_keys: m.hash.key_count(),
-                    per_worker: workers
-                        .into_iter()
-                        .map(|w| (w, m.text.tenant_units(w) + m.tokens.tenant_units(w)))
-                        .collect(),
+                    per_worker: split.iter().map(|(w, t, k)| (*w, t + k)).collect(),
+                    per_worker_split: split,
                 }
             })
             .collect();
