@@ -332,3 +332,40 @@ async fn every_metric_the_grafana_dashboard_queries_is_emitted() {
         );
     }
 }
+
+#[actix_rt::test]
+async fn index_units_are_kept_apart_by_their_unit() {
+    let h = Harness::start(1, SimConfig::default(), |_| {});
+    // Text (a chat: the text tree, bytes) and token ids (the token tree, tokens).
+    let chat = json!({"messages": [{"role": "user", "content": "a text prompt ".repeat(20)}], "max_tokens": 1});
+    assert_eq!(
+        post_json(&h.url("/v1/chat/completions"), &chat)
+            .await
+            .status
+            .as_u16(),
+        200
+    );
+    let ids: Vec<u32> = (1000..1096).collect();
+    let token_req = json!({"input_ids": ids, "sampling_params": {"max_new_tokens": 1}});
+    assert_eq!(
+        post_json(&h.url("/generate"), &token_req)
+            .await
+            .status
+            .as_u16(),
+        200
+    );
+    let s = scrape(&h.url("/metrics")).await;
+    let unit = |u: &str| {
+        s.samples
+            .iter()
+            .filter(|x| x.metric == "kvgate_index_units")
+            .filter(|x| x.labels.get("unit").is_some_and(|v| v == u))
+            .filter_map(|x| match x.value {
+                Value::Gauge(v) | Value::Untyped(v) => Some(v),
+                _ => None,
+            })
+            .sum::<f64>()
+    };
+    assert!(unit("bytes") >= 280.0, "{}", unit("bytes"));
+    assert_eq!(unit("tokens"), 96.0);
+}
