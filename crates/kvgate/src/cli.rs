@@ -11,7 +11,7 @@ mod flags;
 
 pub(crate) use example::example_toml;
 
-use flags::{FLAGS, Kind};
+use flags::Kind;
 
 /// The environment variable of a config key: `policy.kind` is `KVGATE_POLICY__KIND`.
 pub(crate) fn env_var(key: &str) -> String {
@@ -34,7 +34,7 @@ fn shown(v: &serde_json::Value) -> String {
 /// The whole command: `--config` and every flag of the table.
 pub(crate) fn command() -> clap::Command {
     let defaults = serde_json::to_value(GatewayConfig::default()).unwrap_or_default();
-    let flags = FLAGS.iter().map(|(flag, key, kind, help)| {
+    let flags = flags::all().map(|(flag, key, kind, help)| {
         let found = key.split('.').try_fold(&defaults, |v, k| v.get(k));
         let default = match (kind, found) {
             (Kind::Millis, Some(v)) => v
@@ -95,7 +95,7 @@ pub(crate) fn command() -> clap::Command {
 /// The config file's path, and the flags given, as config-key overrides.
 pub(crate) fn parse(m: &clap::ArgMatches) -> (Option<PathBuf>, Overrides) {
     let mut o: Overrides = Vec::new();
-    for (flag, key, kind, _) in FLAGS {
+    for (flag, key, kind, _) in flags::all() {
         let v: Option<config::Value> = match kind {
             Kind::Int => m.get_one::<u64>(flag).map(|v| (*v).into()),
             Kind::Float => m.get_one::<f64>(flag).map(|v| (*v).into()),
@@ -133,8 +133,7 @@ pub(crate) fn no_equivalent<S: AsRef<str>>(args: &[S]) -> Option<String> {
 
 /// What the flags given without effect say, for the log at start.
 pub(crate) fn notes(m: &clap::ArgMatches) -> Vec<&'static str> {
-    FLAGS
-        .iter()
+    flags::all()
         .filter_map(|(flag, _, kind, _)| match kind {
             Kind::Accepted(note) if m.get_flag(flag) => Some(*note),
             Kind::AcceptedValue(note) if m.contains_id(flag) => Some(*note),
@@ -149,7 +148,7 @@ mod tests {
 
     #[test]
     fn every_flag_maps_onto_a_key_of_the_config() {
-        for (flag, key, kind, _) in FLAGS {
+        for (flag, key, kind, _) in flags::all() {
             let value: config::Value = match kind {
                 Kind::Int => 1u64.into(),
                 Kind::Float => 1.0.into(),
@@ -178,7 +177,7 @@ mod tests {
             .map(|k| k.name())
             .collect();
         assert_eq!(flags::POLICIES, names.as_slice());
-        for (flag, key, kind, _) in FLAGS {
+        for (flag, key, kind, _) in flags::all() {
             let Kind::OneOf(values) = kind else { continue };
             // Each listed value is one the config takes.
             for v in *values {
@@ -274,7 +273,7 @@ mod tests {
         assert_eq!(no_equivalent(&["kvgate", "--policy", "prefill"]), None);
         // No flag of kvgate's own is listed as missing.
         for (f, _) in flags::NO_EQUIVALENT {
-            assert!(FLAGS.iter().all(|(own, _, _, _)| own != f), "--{f}");
+            assert!(flags::all().all(|(own, _, _, _)| own != f), "--{f}");
         }
     }
 

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use kvgate_gateway::GatewayConfig;
 use serde_json::Value;
 
-use super::flags::{FLAGS, Kind};
+use super::flags::{self, Kind};
 
 /// A default as TOML: `None` when it is unset (the line is then left commented out).
 fn toml_value(v: &Value) -> Option<String> {
@@ -41,7 +41,7 @@ pub(crate) fn example_toml() -> String {
     let defaults = serde_json::to_value(GatewayConfig::default()).unwrap_or_default();
     // Keys by table ("" is the top level), each with its flag and help when it has one.
     let mut tables: BTreeMap<&str, Vec<Key<'_>>> = BTreeMap::new();
-    for (flag, key, kind, help) in FLAGS {
+    for (flag, key, kind, help) in flags::all() {
         let (table, name) = key.split_once('.').unwrap_or(("", key));
         let keys = tables.entry(table).or_default();
         // A flag without a key, or a second spelling of a key (`--retry-*-ms`), adds no line.

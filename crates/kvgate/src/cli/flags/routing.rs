@@ -1,0 +1,251 @@
+//! Flags of routing: the policy's knobs, the prefix index, load polling, snapshots, the
+//! engines' KV events and tokenizers, and the metrics listener.
+
+use super::{Flag, Kind};
+
+pub(in crate::cli) const ROUTING: &[Flag] = &[
+    (
+        "cache-threshold",
+        "policy.cache_threshold",
+        Kind::Float,
+        "Threshold mode: a hit needs matched/input strictly above this",
+    ),
+    (
+        "cache-aware-mode",
+        "policy.cache_mode",
+        Kind::OneOf(&["cost", "threshold"]),
+        "cache_aware mode: cost (threshold-free) or threshold (reference-compatible)",
+    ),
+    (
+        "balance-abs-threshold",
+        "policy.balance_abs_threshold",
+        Kind::Int,
+        "Count gate: a worker is too hot above the mean in-flight plus this...",
+    ),
+    (
+        "balance-rel-threshold",
+        "policy.balance_rel_threshold",
+        Kind::Float,
+        "...and above this multiple of the mean (both must hold)",
+    ),
+    (
+        "balance-token-usage-threshold",
+        "policy.balance_token_usage_threshold",
+        Kind::Float,
+        "KV pressure: a KV-usage spread above this routes by load alone",
+    ),
+    (
+        "overload-token-usage-threshold",
+        "policy.overload_token_usage_threshold",
+        Kind::Float,
+        "KV pressure: a worker's KV usage above this routes by load alone",
+    ),
+    (
+        "eviction-interval-secs",
+        "policy.eviction_interval_secs",
+        Kind::Float,
+        "Prefix-index eviction period, seconds",
+    ),
+    (
+        "eviction-interval",
+        "policy.eviction_interval_secs",
+        Kind::Float,
+        "The reference gateway's spelling of --eviction-interval-secs",
+    ),
+    (
+        "max-tree-size",
+        "policy.max_tree_size",
+        Kind::Int,
+        "Prefix-tree budget per model and tree, in units (bytes or tokens)",
+    ),
+    (
+        "block-size",
+        "policy.block_size",
+        Kind::Int,
+        "Token-tree page size, in tokens",
+    ),
+    (
+        "cache-index",
+        "policy.cache_index",
+        Kind::OneOf(&["tree", "hash"]),
+        "Index cache_aware consults: tree, or hash (token prompts only)",
+    ),
+    (
+        "cache-ttl-secs",
+        "policy.cache_ttl_secs",
+        Kind::Float,
+        "Hash mode: how long a recorded holder stays live, seconds",
+    ),
+    (
+        "cache-boundaries",
+        "policy.cache_boundaries",
+        Kind::Ints,
+        "Hash mode and prefix_hash: token positions to hash the head at",
+    ),
+    (
+        "least-load-default-throughput",
+        "policy.least_load_default_throughput",
+        Kind::Float,
+        "Expected wait: tok/s per rank when no candidate has a live rate",
+    ),
+    (
+        "least-load-kv-pressure-weight",
+        "policy.kv_pressure_weight",
+        Kind::Float,
+        "Expected wait: seconds per unit of the KV-pressure term",
+    ),
+    (
+        "least-load-mean-prefill-tokens",
+        "policy.mean_prefill_tokens",
+        Kind::Int,
+        "Expected wait: tokens assumed per queued request when only counts are known",
+    ),
+    (
+        "least-load-max-waiting-requests",
+        "policy.least_load_max_waiting_requests",
+        Kind::Int,
+        "least_load: skip workers with this many waiting requests",
+    ),
+    (
+        "default-prefill-throughput",
+        "policy.default_prefill_throughput",
+        Kind::Float,
+        "Cost mode: prefill tok/s when no worker reports prefill counters",
+    ),
+    (
+        "bytes-per-token",
+        "policy.bytes_per_token",
+        Kind::Float,
+        "UTF-8 bytes per token, to price text requests in tokens",
+    ),
+    (
+        "min-match-tokens",
+        "policy.min_match_tokens",
+        Kind::Int,
+        "Cost mode: holdings of fewer tokens count as none",
+    ),
+    (
+        "affinity-margin",
+        "policy.affinity_margin",
+        Kind::Float,
+        "Cost mode: a holder within this fraction of the cheapest cost keeps the request",
+    ),
+    (
+        "power-of-two-load-metric",
+        "policy.power_of_two_load_metric",
+        Kind::OneOf(&["expected_wait", "requests", "least_requests"]),
+        "power_of_two: expected_wait, requests or least_requests",
+    ),
+    (
+        "prefix-token-count",
+        "policy.prefix_token_count",
+        Kind::Int,
+        "prefix_hash: tokens of the head to hash",
+    ),
+    (
+        "prefix-hash-load-factor",
+        "policy.prefix_hash_load_factor",
+        Kind::Float,
+        "prefix_hash: a ring target is overloaded above this multiple of the mean...",
+    ),
+    (
+        "prefix-hash-balance-abs-threshold",
+        "policy.prefix_hash_balance_abs_threshold",
+        Kind::Int,
+        "...and above the mean plus this",
+    ),
+    (
+        "load-monitor-interval",
+        "poller.interval_secs",
+        Kind::Float,
+        "Load polling period, seconds",
+    ),
+    (
+        "load-monitor-timeout",
+        "poller.timeout_secs",
+        Kind::Float,
+        "Timeout of one load poll, seconds",
+    ),
+    (
+        "snapshot-interval-secs",
+        "snapshot_interval_secs",
+        Kind::Float,
+        "Prefix-index snapshot period, seconds",
+    ),
+    (
+        "snapshot-backoff",
+        "snapshot_backoff",
+        Kind::Float,
+        "The next timed snapshot waits this many times the last one's duration (0: off)",
+    ),
+    (
+        "prefill-hold-secs",
+        "prefill_hold_secs",
+        Kind::Float,
+        "Longest wait behind a streamed request prefilling the same prefix (0: off)",
+    ),
+    (
+        "http-workers",
+        "http_workers",
+        Kind::Int,
+        "HTTP threads; the routing actors share the first",
+    ),
+    (
+        "kv-events-max-blocks",
+        "kv_events_max_blocks",
+        Kind::Int,
+        "Blocks the KV-event chain index holds before it evicts (about 170 B each)",
+    ),
+    (
+        "kv-events-silence-secs",
+        "kv_events_silence_secs",
+        Kind::Float,
+        "A rank silent this long has its KV-event publisher asked (replay); no answer shows it stalled, seconds",
+    ),
+    (
+        "kv-events-config",
+        "kv_events_config",
+        Kind::Text,
+        "The engines' own --kv-events-config JSON, for workers that do not advertise kv_events (vLLM)",
+    ),
+    (
+        "tokenizer-path",
+        "tokenizer_path",
+        Kind::Text,
+        "The model's tokenizer (directory or tokenizer.json) for matching text requests on KV events",
+    ),
+    (
+        "model-path",
+        "tokenizer_path",
+        Kind::Text,
+        "The reference gateway's spelling of --tokenizer-path (a local path; nothing is downloaded)",
+    ),
+    (
+        "backend",
+        "",
+        Kind::AcceptedValue(
+            "--backend: kvgate detects each worker's runtime (SGLang, vLLM, or OpenAI-compatible) from the worker itself; the flag changes nothing",
+        ),
+        "Accepted for the reference gateway's scripts: each worker's runtime is detected",
+    ),
+    (
+        "runtime",
+        "",
+        Kind::AcceptedValue(
+            "--runtime: kvgate detects each worker's runtime (SGLang, vLLM, or OpenAI-compatible) from the worker itself; the flag changes nothing",
+        ),
+        "Accepted for the reference gateway's scripts (its other spelling of --backend): each worker's runtime is detected",
+    ),
+    (
+        "prometheus-port",
+        "prometheus_port",
+        Kind::Int,
+        "Also serve GET /metrics, without a key, on this port",
+    ),
+    (
+        "prometheus-host",
+        "prometheus_host",
+        Kind::Text,
+        "Where the --prometheus-port listener binds (default 127.0.0.1)",
+    ),
+];
