@@ -44,6 +44,9 @@ struct ChatBody<'a> {
     model: Option<Cow<'a, str>>,
     #[serde(default)]
     stream: Option<bool>,
+    /// OpenAI's `prompt_cache_key`: the session the request belongs to.
+    #[serde(default, borrow)]
+    prompt_cache_key: Option<Cow<'a, str>>,
     #[serde(borrow)]
     messages: Vec<Message<'a>>,
 }
@@ -75,6 +78,9 @@ struct CompletionBody<'a> {
     model: Option<Cow<'a, str>>,
     #[serde(default)]
     stream: Option<bool>,
+    /// OpenAI's `prompt_cache_key`: the session the request belongs to.
+    #[serde(default, borrow)]
+    prompt_cache_key: Option<Cow<'a, str>>,
     #[serde(borrow)]
     prompt: Prompt<'a>,
 }
@@ -85,6 +91,9 @@ struct GenerateBody<'a> {
     model: Option<Cow<'a, str>>,
     #[serde(default)]
     stream: Option<bool>,
+    /// OpenAI's `prompt_cache_key`: the session the request belongs to.
+    #[serde(default, borrow)]
+    prompt_cache_key: Option<Cow<'a, str>>,
     #[serde(default, borrow)]
     text: Option<Prompt<'a>>,
     #[serde(default)]
@@ -235,19 +244,6 @@ pub(crate) fn read_request(
     facts_of(parsed, prompt, bytes)
 }
 
-/// OpenAI's `prompt_cache_key` (1 to 256 bytes), the session a body says it belongs to.
-/// Parsed only from a body that names it, so others are not read twice.
-pub(crate) fn prompt_cache_key(body: &[u8]) -> Option<String> {
-    #[derive(Deserialize)]
-    struct Key {
-        #[serde(default)]
-        prompt_cache_key: Option<String>,
-    }
-    memchr::memmem::find(body, b"\"prompt_cache_key\"")?;
-    let k = serde_json::from_slice::<Key>(body).ok()?.prompt_cache_key?;
-    (!k.is_empty() && k.len() <= 256).then_some(k)
-}
-
 /// Facts of a body routing does not read: no model, no prompt.
 fn nothing() -> ReadRequest {
     ReadRequest {
@@ -323,6 +319,16 @@ fn serde_body(endpoint: Endpoint, body: &str) -> Result<Body<'_>, FactsError> {
 
 fn facts_of(body: Body<'_>, prompt: bool, bytes: &Bytes) -> Result<ReadRequest, FactsError> {
     let mut continues = None;
+    let cache_key = match &body {
+        Body::Chat(b) => b.prompt_cache_key.as_deref(),
+        Body::Completion(b) => b.prompt_cache_key.as_deref(),
+        Body::Generate(b) => b.prompt_cache_key.as_deref(),
+        Body::Responses(b) => b.prompt_cache_key.as_deref(),
+        Body::Messages(b) => b.prompt_cache_key.as_deref(),
+        Body::Plain(b) => b.prompt_cache_key.as_deref(),
+    };
+    // A key that is no usable routing key (empty, too long) names no session.
+    let session = kvgate_policies::valid_routing_key(cache_key).map(str::to_owned);
     let (model, stream, key) = match body {
         Body::Responses(b) => {
             let key = b.routing(prompt, bytes);
@@ -370,7 +376,7 @@ fn facts_of(body: Body<'_>, prompt: bool, bytes: &Bytes) -> Result<ReadRequest, 
             routing_key: None,
             stream: stream.unwrap_or(false),
             pinned: None,
-            session: None,
+            session,
         },
         continues,
     })

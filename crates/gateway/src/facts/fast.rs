@@ -31,6 +31,7 @@ struct Fields<'a> {
     prompt: Option<Prompt<'a>>,
     text: Option<Prompt<'a>>,
     input_ids: Option<Prompt<'a>>,
+    prompt_cache_key: Option<Cow<'a, str>>,
 }
 
 struct Scan<'a> {
@@ -432,8 +433,13 @@ pub(super) fn scan(body: &[u8], endpoint: Endpoint, keep: bool) -> Option<Body<'
     };
     let mut f = Fields::default();
     let (mut seen_model, mut seen_stream) = (false, false);
-    let (mut seen_text, mut seen_ids) = (false, false);
+    let (mut seen_text, mut seen_ids, mut seen_cache_key) = (false, false, false);
     s.object(|s, key| match (key, endpoint) {
+        ("prompt_cache_key", _) if !seen_cache_key => {
+            seen_cache_key = true;
+            f.prompt_cache_key = s.opt_string()?;
+            Ok(())
+        }
         ("model", _) if !seen_model => {
             seen_model = true;
             f.model = s.opt_string()?;
@@ -471,7 +477,7 @@ pub(super) fn scan(body: &[u8], endpoint: Endpoint, keep: bool) -> Option<Body<'
             }
             Ok(())
         }
-        ("model" | "stream", _)
+        ("model" | "stream" | "prompt_cache_key", _)
         | ("messages", Chat)
         | ("prompt", Completions)
         | ("text" | "input_ids", Generate) => Err(Unsure),
@@ -482,22 +488,25 @@ pub(super) fn scan(body: &[u8], endpoint: Endpoint, keep: bool) -> Option<Body<'
     if s.i != s.b.len() {
         return None;
     }
-    let (model, stream) = (f.model, f.stream);
+    let (model, stream, prompt_cache_key) = (f.model, f.stream, f.prompt_cache_key);
     // A required field missing is serde's to report.
     Some(match endpoint {
         Chat => Body::Chat(ChatBody {
             model,
             stream,
+            prompt_cache_key,
             messages: f.messages?,
         }),
         Completions => Body::Completion(CompletionBody {
             model,
             stream,
+            prompt_cache_key,
             prompt: f.prompt?,
         }),
         Generate => Body::Generate(GenerateBody {
             model,
             stream,
+            prompt_cache_key,
             text: f.text,
             input_ids: f.input_ids,
         }),

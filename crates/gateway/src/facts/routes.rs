@@ -18,6 +18,8 @@ pub(super) struct ResponsesBody<'a> {
     #[serde(default)]
     pub(super) stream: Option<bool>,
     #[serde(default, borrow)]
+    pub(super) prompt_cache_key: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
     instructions: Option<Cow<'a, str>>,
     #[serde(default, borrow)]
     input: Option<Input<'a>>,
@@ -84,6 +86,8 @@ pub(super) struct MessagesBody<'a> {
     #[serde(default)]
     pub(super) stream: Option<bool>,
     #[serde(default, borrow)]
+    pub(super) prompt_cache_key: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
     system: Option<Content<'a>>,
     #[serde(borrow)]
     messages: Vec<Message<'a>>,
@@ -133,6 +137,8 @@ pub(super) struct PlainBody<'a> {
     pub(super) model: Option<Cow<'a, str>>,
     #[serde(default)]
     pub(super) stream: Option<bool>,
+    #[serde(default, borrow)]
+    pub(super) prompt_cache_key: Option<Cow<'a, str>>,
 }
 
 /// The `model` and `stream` fields of a `multipart/form-data` body whose content type is

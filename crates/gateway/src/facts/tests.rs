@@ -657,3 +657,30 @@ fn a_prompt_only_checked_is_refused_where_a_prompt_read_is() {
         RoutingText::Empty
     );
 }
+
+#[test]
+fn prompt_cache_key_names_the_session_on_the_fast_path_and_serdes() {
+    let chat =
+        br#"{"model":"m","prompt_cache_key":"agent-7","messages":[{"role":"user","content":"q"}]}"#;
+    let fast = fast::scan(chat, Endpoint::Chat, true).expect("the fast path reads it");
+    let f = facts_of(fast, true, &Bytes::new()).expect("facts").facts;
+    assert_eq!(f.session.as_deref(), Some("agent-7"));
+    let serde = serde_checked(Endpoint::Chat, chat).expect("serde reads it");
+    assert_eq!(
+        facts_of(serde, true, &Bytes::new()).expect("facts").facts,
+        f
+    );
+    let responses = Bytes::from_static(br#"{"input":"hi","prompt_cache_key":"s1"}"#);
+    let r = request_facts(Endpoint::Responses, &responses, true).expect("facts");
+    assert_eq!(r.session.as_deref(), Some("s1"));
+    // An empty key names no session; a key that is not a string is refused.
+    let empty = Bytes::from_static(br#"{"prompt":"p","prompt_cache_key":""}"#);
+    assert_eq!(
+        request_facts(Endpoint::Completions, &empty, true)
+            .expect("facts")
+            .session,
+        None
+    );
+    let bad = Bytes::from_static(br#"{"prompt":"p","prompt_cache_key":7}"#);
+    assert!(request_facts(Endpoint::Completions, &bad, true).is_err());
+}

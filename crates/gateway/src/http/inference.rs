@@ -15,7 +15,7 @@ use kvgate_core::{BodyShape, Endpoint};
 use kvgate_policies::RequestFacts;
 
 use crate::facts::tokens::{self, TokenSource};
-use crate::facts::{multipart_fields, prompt_cache_key, read_request};
+use crate::facts::{multipart_fields, read_request};
 use crate::http::error::ApiError;
 use crate::http::intake;
 use crate::http::proxy::{self, Upstream};
@@ -34,21 +34,17 @@ fn routing_key(req: &HttpRequest) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// The request's session: the body's `prompt_cache_key`, else the first of the session
-/// headers it carries, else its routing key.
-fn session(
+/// The request's session when its body named none (`prompt_cache_key`, read with its
+/// facts): the first of the session headers it carries, else its routing key.
+fn header_session(
     req: &HttpRequest,
-    body: &[u8],
     headers: &[actix_web::http::header::HeaderName],
     routing_key: Option<&String>,
 ) -> Option<String> {
-    prompt_cache_key(body)
-        .or_else(|| {
-            (headers.iter())
-                .filter_map(|h| req.headers().get(h))
-                .find_map(|v| kvgate_policies::valid_routing_key(v.to_str().ok()))
-                .map(str::to_owned)
-        })
+    (headers.iter())
+        .filter_map(|h| req.headers().get(h))
+        .find_map(|v| kvgate_policies::valid_routing_key(v.to_str().ok()))
+        .map(str::to_owned)
         .or_else(|| routing_key.cloned())
 }
 
@@ -73,12 +69,9 @@ pub(crate) async fn facts_of(
         (facts.model, facts.stream) = multipart_fields(body, ct)?;
     }
     facts.routing_key = routing_key(req);
-    facts.session = session(
-        req,
-        body,
-        &state.session_headers,
-        facts.routing_key.as_ref(),
-    );
+    if facts.session.is_none() {
+        facts.session = header_session(req, &state.session_headers, facts.routing_key.as_ref());
+    }
     facts.pinned = read
         .continues
         .and_then(|id| state.answers.worker_of(&id))

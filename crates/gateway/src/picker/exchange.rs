@@ -27,7 +27,7 @@ use tonic::{Status, Streaming};
 use super::Picker;
 use super::choose::{self, Pick};
 use super::envoy::{self, header};
-use crate::facts::{FactsError, prompt_cache_key, request_facts, tokens};
+use crate::facts::{FactsError, request_facts, tokens};
 use crate::metrics::Door;
 use crate::pipeline::{Job, Outcome, Refusal, Ticket};
 
@@ -246,10 +246,11 @@ impl Exchange {
             _ => RequestFacts::default(),
         };
         facts.routing_key.clone_from(&head.routing_key);
-        // As at the HTTP door: the body's key, a session header, the routing key.
-        facts.session = prompt_cache_key(body)
-            .or_else(|| head.session.clone())
-            .or_else(|| head.routing_key.clone());
+        // As at the HTTP door: the body's key (read with the facts), a session header,
+        // the routing key.
+        if facts.session.is_none() {
+            facts.session = head.session.clone().or_else(|| head.routing_key.clone());
+        }
         Ok(facts)
     }
 
