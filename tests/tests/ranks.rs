@@ -2,7 +2,7 @@
 //! per rank, and left to itself spreads requests round robin over them, so a conversation's
 //! next turn lands on a rank that never saw its start. The gateway picks the rank (the
 //! prefix index and the load gate work per rank) and names it in the body
-//! (`routed_dp_rank`). A vLLM server with data-parallel engines behind it (its metrics label
+//! (`routed_dp_rank`, or `data_parallel_rank` for SGLang 0.5.9 and older). A vLLM server with data-parallel engines behind it (its metrics label
 //! each `engine`) is routed the same way, the rank named in `X-data-parallel-rank`.
 
 use kvgate_engine_sim::SimConfig;
@@ -49,6 +49,17 @@ async fn a_vllm_servers_engines_are_routed_one_by_one_through_the_rank_header() 
         ..two_ranks()
     };
     conversations_stay_on_their_rank(vllm).await;
+}
+
+#[actix_rt::test]
+async fn an_sglang_release_before_the_rename_is_sent_data_parallel_rank() {
+    // 0.5.9 reads only `data_parallel_rank`: sent `routed_dp_rank`, it would spread the
+    // turns round robin and miss.
+    let old = SimConfig {
+        version: Some("0.5.9".into()),
+        ..two_ranks()
+    };
+    conversations_stay_on_their_rank(old).await;
 }
 
 async fn conversations_stay_on_their_rank(sim: SimConfig) {

@@ -30,6 +30,9 @@ pub(crate) struct Request {
     /// `routed_dp_rank` as sent (signed, so a negative one is refused with SGLang's words).
     pub(crate) dp_rank: Option<i64>,
     pub(crate) model: Option<String>,
+    /// The LoRA adapter it runs under (its `model`, or `lora_path`), and its cache salt.
+    pub(crate) adapter: Option<String>,
+    pub(crate) cache_salt: Option<String>,
 }
 
 /// Fields every route accepts.
@@ -43,6 +46,10 @@ struct Common {
     /// Deprecated alias of `routed_dp_rank`.
     data_parallel_rank: Option<i64>,
     model: Option<String>,
+    /// SGLang's adapter field.
+    lora_path: Option<String>,
+    /// vLLM's cache salt.
+    cache_salt: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -175,8 +182,15 @@ pub(crate) fn parse(
     for prompt in &prompts {
         check_prompt(prompt, max_new_tokens, cfg)?;
     }
-    let dp_rank = common.routed_dp_rank.or(common.data_parallel_rank);
+    let dp_rank = if cfg.reads_routed_dp_rank() {
+        common.routed_dp_rank.or(common.data_parallel_rank)
+    } else {
+        common.data_parallel_rank
+    };
+    let adapter = adapter_of(cfg, common.model.as_deref(), common.lora_path)?;
     Ok(Request {
+        adapter,
+        cache_salt: common.cache_salt.filter(|s| !s.is_empty()),
         prompts,
         max_new_tokens,
         stream,
@@ -188,6 +202,33 @@ pub(crate) fn parse(
         dp_rank,
         model: common.model,
     })
+}
+
+/// The adapter a request runs under: its `model` where that is one of the engine's
+/// adapters, else its `lora_path`, which must be one. An engine with adapters refuses a
+/// model it does not serve, as vLLM does.
+fn adapter_of(
+    cfg: &SimConfig,
+    model: Option<&str>,
+    lora_path: Option<String>,
+) -> Result<Option<String>, ApiError> {
+    let known = |m: &str| cfg.lora_adapters.iter().any(|a| a == m);
+    if let Some(m) = model
+        && known(m)
+    {
+        return Ok(Some(m.to_owned()));
+    }
+    if !cfg.lora_adapters.is_empty()
+        && let Some(m) = model
+        && m != cfg.model
+    {
+        return Err(ApiError::UnknownModel(m.to_owned()));
+    }
+    match lora_path.filter(|p| !p.is_empty()) {
+        Some(p) if known(&p) => Ok(Some(p)),
+        Some(p) => Err(bad(format!("LoRA adapter {p} is not loaded"))),
+        None => Ok(None),
+    }
 }
 
 fn check_prompt(prompt: &[u32], max_new_tokens: usize, cfg: &SimConfig) -> Result<(), ApiError> {

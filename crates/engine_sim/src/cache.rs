@@ -13,7 +13,11 @@
 
 use std::collections::{BTreeSet, HashMap};
 
+use std::sync::Arc;
+
 use kvgate_kv_events::KvEvent;
+
+use crate::scopes::Scopes;
 
 use self::events::Recorder;
 
@@ -77,10 +81,11 @@ impl PrefixCache {
         }
     }
 
-    /// A cache that records its changes as KV events, in blocks of one page.
-    pub(crate) fn recording(page_size: usize) -> Self {
+    /// A cache that records its changes as KV events, in blocks of one page; `scopes`
+    /// names the adapter and salt of scoped pages.
+    pub(crate) fn recording(page_size: usize, scopes: Arc<Scopes>) -> Self {
         let mut cache = Self::new(page_size);
-        cache.events = Some(Recorder::new(cache.page_size));
+        cache.events = Some(Recorder::new(cache.page_size, scopes));
         cache
     }
 

@@ -99,6 +99,18 @@ pub struct SimConfig {
     pub fixed_response: bool,
     /// Seeds the generated tokens. Default 0.
     pub seed: u64,
+    /// LoRA adapters of `model` this engine serves: listed in `/v1/models` with `parent`
+    /// set to `model`, taken as a request's `model` (vLLM) or `lora_path` (SGLang); each
+    /// has its own KV cache. With any, a request naming another model is refused (404).
+    /// Default none.
+    pub lora_adapters: Vec<String>,
+    /// The release `/server_info` reports (SGLang flavours). Before 0.5.10 SGLang reads
+    /// a pinned rank only as `data_parallel_rank` (`routed_dp_rank` came after 0.5.9), and
+    /// so does the simulator given such a version. Default: 0.5.23.
+    pub version: Option<String>,
+    /// Adapters on the GPU at once (vLLM `--max-loras`), shown in
+    /// `vllm:lora_requests_info`. Default 4.
+    pub max_loras: usize,
     /// When set, every route but `/health` and the simulator's own wants
     /// `Authorization: Bearer <key>` and answers 401 without it, as SGLang's `--api-key`.
     pub api_key: Option<String>,
@@ -156,6 +168,9 @@ impl Default for SimConfig {
             tokenizer_path: None,
             fixed_response: false,
             seed: 0,
+            lora_adapters: Vec::new(),
+            version: None,
+            max_loras: 4,
             api_key: None,
             kv_events_port: None,
             kv_events_topic: String::new(),
@@ -368,4 +383,24 @@ fn pushed_load_defaults_as_sglang_and_reads_durations_with_units() {
         ..cfg
     };
     assert!(zero.validate().is_err());
+}
+
+impl SimConfig {
+    /// Whether the engine reads `routed_dp_rank` (SGLang after 0.5.9; vLLM reads neither
+    /// field but its header).
+    pub(crate) fn reads_routed_dp_rank(&self) -> bool {
+        let Some(v) = &self.version else {
+            return true;
+        };
+        let nums: Vec<u32> = v
+            .trim_start_matches('v')
+            .split('.')
+            .map(|p| {
+                let d: String = p.chars().take_while(char::is_ascii_digit).collect();
+                d.parse().unwrap_or(0)
+            })
+            .collect();
+        let at = |i: usize| nums.get(i).copied().unwrap_or(0);
+        (at(0), at(1), at(2)) >= (0, 5, 10)
+    }
 }

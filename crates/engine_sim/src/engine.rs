@@ -11,6 +11,7 @@ use crate::error::ApiError;
 use crate::events::{self, Ports};
 use crate::pushed_load;
 use crate::scheduler::{Event, Job, Rank, Snapshot};
+use crate::scopes::Scopes;
 use crate::vocab::Vocab;
 use crate::{Fault, LoadBalanceMethod, SimConfig};
 
@@ -73,6 +74,8 @@ pub(crate) struct Engine {
     /// Stored Responses answers (`store`, the API's default): id → the conversation so
     /// far, which a request naming it as `previous_response_id` continues. Lost on restart.
     pub(crate) responses: Mutex<std::collections::HashMap<String, Vec<(String, String)>>>,
+    /// The adapter and salt pairs whose caches are kept apart.
+    pub(crate) scopes: Arc<Scopes>,
 }
 
 impl Engine {
@@ -80,10 +83,15 @@ impl Engine {
     pub(crate) fn new(index: usize, cfg: SimConfig) -> std::io::Result<Self> {
         let cfg = Arc::new(cfg);
         let vocab = Arc::new(Vocab::load(&cfg)?);
+        let scopes = Arc::new(Scopes::default());
         let ranks = (0..cfg.dp_size)
-            .map(|r| Arc::new(Rank::new(r, Arc::clone(&cfg), Arc::clone(&vocab))))
+            .map(|r| {
+                let (cfg, vocab) = (Arc::clone(&cfg), Arc::clone(&vocab));
+                Arc::new(Rank::new(r, cfg, vocab, Arc::clone(&scopes)))
+            })
             .collect();
         Ok(Self {
+            scopes,
             cfg,
             vocab,
             ranks,

@@ -21,6 +21,9 @@ pub(crate) enum ApiError {
     /// restart): vLLM's 404.
     #[error("Response with id '{0}' not found.")]
     UnknownResponse(String),
+    /// A model (or adapter) the engine does not serve: vLLM's 404.
+    #[error("The model `{0}` does not exist.")]
+    UnknownModel(String),
 }
 
 /// A prompt the model's tokenizer refuses is the client's: SGLang answers it as a 400.
@@ -34,7 +37,9 @@ impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
         match self {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
-            ApiError::NotFound | ApiError::UnknownResponse(_) => StatusCode::NOT_FOUND,
+            ApiError::NotFound | ApiError::UnknownResponse(_) | ApiError::UnknownModel(_) => {
+                StatusCode::NOT_FOUND
+            }
             ApiError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
@@ -57,6 +62,7 @@ impl ApiError {
                 "type": match self {
                     ApiError::BadRequest(_) => "BadRequestError",
                     ApiError::UnknownResponse(_) => "invalid_request_error",
+                    ApiError::UnknownModel(_) => "NotFoundError",
                     _ => "ServiceUnavailableError",
                 },
                 "code": self.status_code().as_u16(),

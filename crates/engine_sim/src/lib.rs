@@ -70,6 +70,7 @@ mod load;
 mod pushed_load;
 mod routes;
 mod scheduler;
+mod scopes;
 mod throughput;
 pub mod tokenizer;
 mod vocab;

@@ -11,6 +11,7 @@ use kvgate_kv_events::LoadStat;
 use serde::Serialize;
 
 use crate::scheduler::Snapshot;
+use crate::scopes::Scopes;
 use crate::{Flavor, SimConfig};
 
 /// `GET /v1/loads`, field for field as SGLang 0.5.23 writes it.
@@ -173,7 +174,7 @@ const VLLM_SERIES: &[Series] = &[
 ];
 
 /// `GET /metrics` in the flavour's names, one series per rank.
-pub(crate) fn metrics(cfg: &SimConfig, snapshots: &[Snapshot]) -> String {
+pub(crate) fn metrics(cfg: &SimConfig, snapshots: &[Snapshot], scopes: &Scopes) -> String {
     let (prefix, rank_label, table) = match cfg.flavor {
         Flavor::Sglang => ("sglang_", "dp_rank", SGLANG_SERIES),
         Flavor::SglangLegacy => ("sglang:", "dp_rank", SGLANG_SERIES),
@@ -194,7 +195,35 @@ pub(crate) fn metrics(cfg: &SimConfig, snapshots: &[Snapshot]) -> String {
             let _ = writeln!(out, "{prefix}{name}{{{labels}}} {v}");
         }
     }
+    if cfg.flavor == Flavor::Vllm && !cfg.lora_adapters.is_empty() {
+        lora_info(&mut out, cfg, snapshots, scopes);
+    }
     out
+}
+
+/// vLLM's `vllm:lora_requests_info`: the adapters of running and of waiting requests, and
+/// `max_lora`, valued at the time it was set (one series, the present; vLLM's own gauge
+/// also keeps the label sets it had before, which a reader must skip by their older time).
+fn lora_info(out: &mut String, cfg: &SimConfig, snapshots: &[Snapshot], scopes: &Scopes) {
+    let names = |pick: fn(&Snapshot) -> &[u32]| {
+        let mut v: Vec<String> = snapshots
+            .iter()
+            .flat_map(|s| pick(s).iter().copied())
+            .filter_map(|id| scopes.get(id).and_then(|(a, _)| a))
+            .collect();
+        v.sort();
+        v.dedup();
+        v.join(",")
+    };
+    let running = names(|s| &s.scopes_running);
+    let waiting = names(|s| &s.scopes_waiting);
+    let now = kvgate_core::clock::unix_now();
+    let _ = writeln!(out, "# TYPE vllm:lora_requests_info gauge");
+    let _ = writeln!(
+        out,
+        "vllm:lora_requests_info{{max_lora=\"{}\",running_lora_adapters=\"{running}\",waiting_lora_adapters=\"{waiting}\"}} {now}",
+        cfg.max_loras
+    );
 }
 
 /// `2026-12-02T16:00:00.000000+00:00`, as Python's `datetime.isoformat()` writes UTC.

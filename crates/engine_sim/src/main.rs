@@ -85,6 +85,13 @@ struct Args {
     fixed_response: bool,
     #[arg(long)]
     seed: Option<u64>,
+    /// LoRA adapters of the model, comma-separated: listed in `/v1/models` with their
+    /// parent, each with its own KV cache (default none).
+    #[arg(long, value_delimiter = ',')]
+    lora_adapters: Vec<String>,
+    /// Adapters on the GPU at once, as `vllm:lora_requests_info` shows it (default 4).
+    #[arg(long)]
+    max_loras: Option<usize>,
     /// Publish KV events over ZMQ: rank 0's PUB port, rank r on +r (0 picks free ports,
     /// shown in `/server_info` `kv_events`). Off by default.
     #[arg(long)]
@@ -152,6 +159,13 @@ fn config(args: &Args) -> anyhow::Result<SimConfig> {
         }
     };
     set("model", args.model.clone().map(Value::from));
+    if !args.lora_adapters.is_empty() {
+        set(
+            "lora_adapters",
+            Some(Value::from(args.lora_adapters.clone())),
+        );
+    }
+    set("max_loras", args.max_loras.map(Value::from));
     set("flavor", args.flavor.clone().map(Value::from));
     set(
         "max_running_requests",

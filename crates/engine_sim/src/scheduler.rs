@@ -30,6 +30,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use crate::SimConfig;
 use crate::cache::{NodeId, PrefixCache};
 use crate::events::{Outbox, Publish};
+use crate::scopes::{self, Scopes};
 use crate::throughput::GenThroughput;
 use crate::vocab::Vocab;
 
@@ -94,6 +95,9 @@ pub(crate) struct Snapshot {
     pub(crate) total_prefill_uncached_tokens: u64,
     pub(crate) total_prefill_busy_us: u64,
     pub(crate) counters: Counters,
+    /// The scopes (see `scopes`) of the running and of the waiting requests.
+    pub(crate) scopes_running: Vec<u32>,
+    pub(crate) scopes_waiting: Vec<u32>,
 }
 
 #[derive(Debug)]
@@ -179,13 +183,18 @@ impl Drop for CancelOnDrop {
 }
 
 impl Rank {
-    pub(crate) fn new(index: usize, cfg: Arc<SimConfig>, vocab: Arc<Vocab>) -> Self {
+    pub(crate) fn new(
+        index: usize,
+        cfg: Arc<SimConfig>,
+        vocab: Arc<Vocab>,
+        scopes: Arc<Scopes>,
+    ) -> Self {
         let state = State {
             next_id: 0,
             waiting: VecDeque::new(),
             running: Vec::new(),
             cache: if cfg.kv_events_port.is_some() {
-                PrefixCache::recording(cfg.page_size)
+                PrefixCache::recording(cfg.page_size, scopes)
             } else {
                 PrefixCache::new(cfg.page_size)
             },
@@ -382,6 +391,8 @@ impl State {
             total_prefill_uncached_tokens: self.total_prefill_uncached_tokens,
             total_prefill_busy_us: self.total_prefill_busy_us,
             counters: self.counters,
+            scopes_running: scopes_of(self.running.iter()),
+            scopes_waiting: scopes_of(self.waiting.iter()),
         }
     }
 
@@ -575,4 +586,15 @@ impl State {
         let i = self.running.iter().position(matches)?;
         Some(self.running.remove(i))
     }
+}
+
+/// The distinct scopes of `reqs`' prompts, 0 (no adapter, no salt) left out.
+fn scopes_of<'a>(reqs: impl Iterator<Item = &'a Req>) -> Vec<u32> {
+    let mut out: Vec<u32> = reqs
+        .filter_map(|r| r.job.prompt.first().map(|&t| scopes::of(t)))
+        .filter(|&s| s != 0)
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
 }

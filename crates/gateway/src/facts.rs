@@ -47,6 +47,12 @@ struct ChatBody<'a> {
     /// OpenAI's `prompt_cache_key`: the session the request belongs to.
     #[serde(default, borrow)]
     prompt_cache_key: Option<Cow<'a, str>>,
+    /// SGLang's adapter field (see [`Scope`]).
+    #[serde(default, borrow)]
+    lora_path: Option<Loose<'a>>,
+    /// vLLM's salt (see [`Scope`]).
+    #[serde(default, borrow)]
+    cache_salt: Option<Loose<'a>>,
     #[serde(borrow)]
     messages: Vec<Message<'a>>,
 }
@@ -81,6 +87,12 @@ struct CompletionBody<'a> {
     /// OpenAI's `prompt_cache_key`: the session the request belongs to.
     #[serde(default, borrow)]
     prompt_cache_key: Option<Cow<'a, str>>,
+    /// SGLang's adapter field (see [`Scope`]).
+    #[serde(default, borrow)]
+    lora_path: Option<Loose<'a>>,
+    /// vLLM's salt (see [`Scope`]).
+    #[serde(default, borrow)]
+    cache_salt: Option<Loose<'a>>,
     #[serde(borrow)]
     prompt: Prompt<'a>,
 }
@@ -94,10 +106,49 @@ struct GenerateBody<'a> {
     /// OpenAI's `prompt_cache_key`: the session the request belongs to.
     #[serde(default, borrow)]
     prompt_cache_key: Option<Cow<'a, str>>,
+    /// SGLang's adapter field (see [`Scope`]).
+    #[serde(default, borrow)]
+    lora_path: Option<Loose<'a>>,
+    /// vLLM's salt (see [`Scope`]).
+    #[serde(default, borrow)]
+    cache_salt: Option<Loose<'a>>,
     #[serde(default, borrow)]
     text: Option<Prompt<'a>>,
     #[serde(default)]
     input_ids: Option<Prompt<'a>>,
+}
+
+/// What keeps a request's KV cache apart from its base model's: SGLang's `lora_path`
+/// (an adapter's name) and vLLM's `cache_salt`. A value of another shape (SGLang takes a
+/// list of paths for a batch) is the engine's to judge: routing reads none.
+#[derive(Default)]
+struct Scope<'a> {
+    lora_path: Option<Loose<'a>>,
+    cache_salt: Option<Loose<'a>>,
+}
+
+/// A string, or anything else (read as nothing).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Loose<'a> {
+    Str(#[serde(borrow)] Cow<'a, str>),
+    Other(serde::de::IgnoredAny),
+}
+
+impl<'a> Loose<'a> {
+    fn text(self) -> Option<Cow<'a, str>> {
+        match self {
+            Loose::Str(s) if !s.is_empty() => Some(s),
+            _ => None,
+        }
+    }
+}
+
+impl<'a> Scope<'a> {
+    fn strings(self) -> (Option<String>, Option<String>) {
+        let own = |l: Option<Loose<'a>>| l.and_then(Loose::text).map(Cow::into_owned);
+        (own(self.lora_path), own(self.cache_salt))
+    }
 }
 
 /// A prompt in any of the OpenAI/SGLang shapes.
@@ -329,6 +380,7 @@ fn facts_of(body: Body<'_>, prompt: bool, bytes: &Bytes) -> Result<ReadRequest, 
     };
     // A key that is no usable routing key (empty, too long) names no session.
     let session = kvgate_policies::valid_routing_key(cache_key).map(str::to_owned);
+    let mut scope = Scope::default();
     let (model, stream, key) = match body {
         Body::Responses(b) => {
             let key = b.routing(prompt, bytes);
@@ -341,6 +393,10 @@ fn facts_of(body: Body<'_>, prompt: bool, bytes: &Bytes) -> Result<ReadRequest, 
         }
         Body::Plain(b) => (b.model, b.stream, RoutingText::Empty),
         Body::Chat(b) => {
+            scope = Scope {
+                lora_path: b.lora_path,
+                cache_salt: b.cache_salt,
+            };
             let key = if prompt {
                 RoutingText::Text(render_chat(&b.messages, bytes))
             } else {
@@ -348,8 +404,18 @@ fn facts_of(body: Body<'_>, prompt: bool, bytes: &Bytes) -> Result<ReadRequest, 
             };
             (b.model, b.stream, key)
         }
-        Body::Completion(b) => (b.model, b.stream, b.prompt.into_routing(prompt, bytes)),
+        Body::Completion(b) => {
+            scope = Scope {
+                lora_path: b.lora_path,
+                cache_salt: b.cache_salt,
+            };
+            (b.model, b.stream, b.prompt.into_routing(prompt, bytes))
+        }
         Body::Generate(b) => {
+            scope = Scope {
+                lora_path: b.lora_path,
+                cache_salt: b.cache_salt,
+            };
             let key = match (b.text, b.input_ids) {
                 (Some(t), _) => t.into_routing(prompt, bytes),
                 (None, Some(ids @ (Prompt::Tokens(_) | Prompt::TokenLists(_)))) => {
@@ -369,6 +435,7 @@ fn facts_of(body: Body<'_>, prompt: bool, bytes: &Bytes) -> Result<ReadRequest, 
             (b.model, b.stream, key)
         }
     };
+    let (adapter, cache_salt) = scope.strings();
     Ok(ReadRequest {
         facts: RequestFacts {
             model: model.map(Cow::into_owned),
@@ -377,6 +444,8 @@ fn facts_of(body: Body<'_>, prompt: bool, bytes: &Bytes) -> Result<ReadRequest, 
             stream: stream.unwrap_or(false),
             pinned: None,
             session,
+            adapter,
+            cache_salt,
         },
         continues,
     })

@@ -143,6 +143,8 @@ fn facts(text: String) -> Arc<RequestFacts> {
         stream: false,
         pinned: None,
         session: None,
+        adapter: None,
+        cache_salt: None,
     })
 }
 

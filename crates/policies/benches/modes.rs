@@ -270,6 +270,7 @@ impl Engine {
                 ..RankLoad::default()
             }],
             sampled_at: secs(now),
+            adapters: None,
         }
     }
 }

@@ -37,6 +37,7 @@ fn fleet() -> Vec<WorkerView> {
             w.load = Some(WorkerLoad {
                 ranks: vec![rank(0), rank(1)],
                 sampled_at: Duration::from_secs(1),
+                adapters: None,
             });
             w
         })

@@ -35,6 +35,7 @@
 
 use rand::RngCore;
 
+use crate::adapter;
 use crate::affinity::Ctx;
 use crate::config::{CacheMode, PolicyConfig};
 use crate::cost;
@@ -50,11 +51,12 @@ pub(crate) fn select(
     input: &SelectInput<'_>,
     rng: &mut dyn RngCore,
 ) -> Decision {
-    let fleet = Fleet::new(input.workers, cfg);
+    let mut fleet = Fleet::new(input.workers, cfg);
     if fleet.eligible.is_empty() {
         return Decision::none();
     }
     let gate = Gate::new(&fleet, cfg);
+    let fit = adapter::narrow(&mut fleet, &gate, input.request.adapter.as_deref());
     let mut matched = Few::from_elem(0, input.workers.len());
     if let Some(m) = input.matches {
         for &i in &fleet.eligible {
@@ -82,6 +84,9 @@ pub(crate) fn select(
         .is_some_and(|m| matches!(m.source, MatchSource::Hash { .. }));
     if hash_index && matches!(input.request.key, RoutingText::Text(_)) {
         d.notes.push(DecisionNote::TextNotHashed);
+    }
+    if let Some(fit) = fit {
+        d.notes.push(DecisionNote::Adapter { fit });
     }
     d
 }

@@ -175,6 +175,20 @@ pub enum DecisionNote {
     /// candidate, as if none were open (Envoy's panic threshold), so a fleet-wide burst of
     /// failures does not leave the whole fleet dark until the circuits close.
     Panic,
+    /// The request runs under a LoRA adapter: the candidates were the engines of the best
+    /// `fit` among those the count gate left (see [`AdapterFit`]).
+    Adapter { fit: AdapterFit },
+}
+
+/// How well an engine suits a request's LoRA adapter, best first (llm-d's order): the
+/// adapter is at work there, or there is room to load it beside those at work, or
+/// loading it would evict another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AdapterFit {
+    Active,
+    Room,
+    Full,
 }
 
 impl DecisionNote {
@@ -186,6 +200,7 @@ impl DecisionNote {
             DecisionNote::PrefillRateConfigured => "prefill_rate_configured",
             DecisionNote::Rendezvous { .. } => "rendezvous",
             DecisionNote::Panic => "panic",
+            DecisionNote::Adapter { .. } => "adapter",
         }
     }
 }

@@ -57,6 +57,7 @@
 //! - Treats `worker: None` as no eligible worker (path `no_worker`), or, with path
 //!   `saturated`, as every worker at the least_load waiting cap.
 
+mod adapter;
 mod affinity;
 mod basic;
 mod cache_aware;
@@ -86,7 +87,8 @@ use rand::RngCore;
 pub use config::{CacheIndex, CacheMode, LoadMetric, PolicyConfig, PolicyKind};
 pub use consistent_hashing::{MAX_ROUTING_KEY_BYTES, ROUTING_KEY_HEADERS, valid_routing_key};
 pub use decision::{
-    CandidateScore, CostRule, Decision, DecisionNote, DecisionPath, PrefillRate, RateSource,
+    AdapterFit, CandidateScore, CostRule, Decision, DecisionNote, DecisionPath, PrefillRate,
+    RateSource,
 };
 pub use error::ConfigError;
 pub use input::SelectInput;
@@ -95,8 +97,8 @@ pub use kvgate_core::WorkerId;
 pub use ledger::CreditLedger;
 pub use ring::HashRing;
 pub use snapshot::{
-    Credit, MatchSource, PrefixMatches, PrefixTraffic, RECENT_HALF_LIFE, RankLoad, RequestFacts,
-    RoutingText, WorkerLoad, WorkerView,
+    AdapterLoad, Credit, MatchSource, PrefixMatches, PrefixTraffic, RECENT_HALF_LIFE, RankLoad,
+    RequestFacts, RoutingText, WorkerLoad, WorkerView,
 };
 pub use text::PromptText;
 

@@ -32,6 +32,40 @@ pub struct RequestFacts {
     /// worker wins.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<String>,
+    /// The LoRA adapter the request runs under: its `model` where that names an adapter
+    /// of the fleet, or SGLang's `lora_path`. An adapter's KV cache is not its base
+    /// model's: prefixes are matched and recorded under the adapter alone, and cache_aware
+    /// prefers engines where it is active ([`AdapterLoad`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adapter: Option<String>,
+    /// vLLM's `cache_salt`: requests with different salts (or one salted, one not) never
+    /// share a prefix.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_salt: Option<String>,
+}
+
+impl RequestFacts {
+    /// Whether the request's KV cache is kept apart from its base model's (an adapter or
+    /// a salt): the gateway then keys its prefix index by [`RequestFacts::cache_scope`].
+    pub fn scoped(&self) -> bool {
+        self.adapter.is_some() || self.cache_salt.is_some()
+    }
+
+    /// The suffix that keeps an adapter's or a salt's prefixes apart in an index keyed by
+    /// model name (`+lora:<adapter>`, `+salt:<hash>`); empty for neither. A salt is a
+    /// tenant's secret: only a hash of it is shown (in `/admin/index`, the metrics).
+    pub fn cache_scope(&self) -> String {
+        let mut s = String::new();
+        if let Some(a) = &self.adapter {
+            s.push_str("+lora:");
+            s.push_str(a);
+        }
+        if let Some(c) = &self.cache_salt {
+            let h = xxhash_rust::xxh3::xxh3_64(c.as_bytes());
+            s.push_str(&format!("+salt:{h:016x}"));
+        }
+        s
+    }
 }
 
 /// The prompt as routing sees it: text (chat rendered with roles) or token ids.
@@ -79,6 +113,18 @@ pub struct WorkerLoad {
     pub ranks: Vec<RankLoad>,
     /// When the gateway took the sample, on the selector's monotonic clock.
     pub sampled_at: Duration,
+    /// The engine's LoRA adapters at work, where it reports them (vLLM's
+    /// `vllm:lora_requests_info`); `None` when it does not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adapters: Option<AdapterLoad>,
+}
+
+/// The LoRA adapters an engine is running or has requests waiting for, and how many it
+/// holds on the GPU at once (vLLM `--max-loras`; 0 when unknown).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AdapterLoad {
+    pub active: Vec<String>,
+    pub max_loras: u32,
 }
 
 /// Work the gateway dispatched to a worker after its load sample was taken.

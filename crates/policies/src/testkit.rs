@@ -72,6 +72,7 @@ pub(crate) fn report(ranks: Vec<RankLoad>) -> WorkerLoad {
     WorkerLoad {
         ranks,
         sampled_at: Duration::ZERO,
+        adapters: None,
     }
 }
 

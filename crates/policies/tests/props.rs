@@ -68,6 +68,7 @@ fn worker() -> impl Strategy<Value = WorkerView> {
             w.load = ranks.map(|ranks| WorkerLoad {
                 ranks,
                 sampled_at: Duration::from_secs(at),
+                adapters: None,
             });
             w.credit = Credit { tokens, requests };
             w

@@ -249,11 +249,18 @@ fn to_load(
     sampled_at: Duration,
     counters: &mut CounterState,
 ) -> Result<WorkerLoad, PollError> {
-    let ranks = match source {
-        Source::Loads(ranks) => ranks,
-        Source::Metrics(samples) => metrics_to_ranks(&samples, sampled_at, counters)?,
+    let (ranks, adapters) = match source {
+        Source::Loads(ranks) => (ranks, None),
+        Source::Metrics(samples) => (
+            metrics_to_ranks(&samples, sampled_at, counters)?,
+            crate::ranks::adapters_at_work(&samples),
+        ),
     };
-    Ok(WorkerLoad { ranks, sampled_at })
+    Ok(WorkerLoad {
+        ranks,
+        sampled_at,
+        adapters,
+    })
 }
 
 impl Actor for LoadPoller {

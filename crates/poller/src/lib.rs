@@ -42,4 +42,4 @@ pub use error::{ConfigError, ParseError};
 pub use kvgate_core::{UrlError, WorkerUrl};
 pub use loads::parse_v1_loads;
 pub use prometheus::{Sample, parse_prometheus, parse_prometheus_where};
-pub use ranks::metrics_to_ranks;
+pub use ranks::{adapters_at_work, metrics_to_ranks};

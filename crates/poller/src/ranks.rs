@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use kvgate_policies::RankLoad;
+use kvgate_policies::{AdapterLoad, RankLoad};
 
 use crate::counters::{Counter, CounterState};
 use crate::error::ParseError;
@@ -76,7 +76,49 @@ fn vllm_metric(name: &str) -> Option<Metric> {
 /// [`parse_prometheus_where`](crate::parse_prometheus_where), so the rest of a scrape is
 /// never stored.
 pub(crate) fn is_load_metric(name: &str) -> bool {
-    sglang_gauge(name).is_some() || vllm_metric(name).is_some()
+    sglang_gauge(name).is_some() || vllm_metric(name).is_some() || name == LORA_INFO
+}
+
+/// vLLM's gauge of the LoRA adapters at work: labels `running_lora_adapters` and
+/// `waiting_lora_adapters` (comma-separated names) and `max_lora`, value the time it was
+/// set. A labelled gauge keeps every label set it was ever given, so only the latest
+/// (highest value) is the engine's present state; with data-parallel engines (`engine`
+/// label), the latest of each.
+const LORA_INFO: &str = "vllm:lora_requests_info";
+
+/// The adapters a vLLM scrape says are running or waiting, and its `max_lora`; `None`
+/// when it has no `vllm:lora_requests_info` (LoRA off, or another engine).
+pub fn adapters_at_work(samples: &[Sample]) -> Option<AdapterLoad> {
+    let mut latest: BTreeMap<&str, &Sample> = BTreeMap::new();
+    for s in samples.iter().filter(|s| s.name == LORA_INFO) {
+        let engine = s.label("engine").unwrap_or("");
+        match latest.get(engine) {
+            Some(l) if l.value >= s.value => {}
+            _ => {
+                latest.insert(engine, s);
+            }
+        }
+    }
+    if latest.is_empty() {
+        return None;
+    }
+    let mut out = AdapterLoad::default();
+    for s in latest.values() {
+        for key in ["running_lora_adapters", "waiting_lora_adapters"] {
+            let names = s.label(key).unwrap_or("").split(',').map(str::trim);
+            for name in names.filter(|n| !n.is_empty()) {
+                if !out.active.iter().any(|a| a == name) {
+                    out.active.push(name.to_owned());
+                }
+            }
+        }
+        let max = s
+            .label("max_lora")
+            .and_then(|m| m.parse::<u32>().ok())
+            .unwrap_or(0);
+        out.max_loras = out.max_loras.max(max);
+    }
+    Some(out)
 }
 
 /// Turns one scrape of a worker's `/metrics` into its ranks, sorted by rank.

@@ -90,6 +90,7 @@ fn views(s: &DecideSettings, rng: &mut SmallRng) -> Vec<WorkerView> {
                     ..RankLoad::default()
                 }],
                 sampled_at: Duration::from_secs(1),
+                adapters: None,
             });
             out.push(v);
         }

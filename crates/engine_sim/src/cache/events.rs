@@ -5,6 +5,10 @@
 use kvgate_kv_events::{BlockRemoved, BlockStored, EngineHash, KvEvent, Medium};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
+use std::sync::Arc;
+
+use crate::scopes::{self, Scopes};
+
 /// The seed of a sequence's first block, standing for "no parent".
 const ROOT_SEED: u64 = 0x5347_4c61_6e67_0001;
 
@@ -12,13 +16,15 @@ const ROOT_SEED: u64 = 0x5347_4c61_6e67_0001;
 pub(super) struct Recorder {
     page_size: usize,
     pending: Vec<KvEvent>,
+    scopes: Arc<Scopes>,
 }
 
 impl Recorder {
-    pub(super) fn new(page_size: usize) -> Self {
+    pub(super) fn new(page_size: usize, scopes: Arc<Scopes>) -> Self {
         Self {
             page_size,
             pending: Vec::new(),
+            scopes,
         }
     }
 
@@ -34,12 +40,18 @@ impl Recorder {
                 h
             })
             .collect();
+        // A scoped prompt's pages name their adapter (vLLM's `lora_id` and `lora_name`)
+        // and salt; the ids leave in the vocabulary's own numbering.
+        let scope = tokens.first().map_or(0, |&t| scopes::of(t));
+        let (adapter, salt) = self.scopes.get(scope).unwrap_or_default();
         self.pending.push(KvEvent::BlockStored(BlockStored {
             block_hashes: hashes.iter().copied().map(EngineHash::from_u64).collect(),
             parent_block_hash: parent.map(EngineHash::from_u64),
-            token_ids: tokens.to_vec(),
+            token_ids: tokens.iter().map(|&t| scopes::plain(t)).collect(),
             block_size: u32::try_from(self.page_size).unwrap_or(u32::MAX),
-            lora_id: None,
+            lora_id: adapter.is_some().then_some(i64::from(scope)),
+            lora_name: adapter,
+            cache_salt: salt,
             medium: Some(Medium::Gpu),
             ..BlockStored::default()
         }));

@@ -140,7 +140,7 @@ fn recorded_events_name_each_new_page_once_and_survive_splits() {
         KvEvent::BlockStored(s) => s.clone(),
         other => panic!("not a store: {other:?}"),
     };
-    let mut cache = PrefixCache::recording(2);
+    let mut cache = PrefixCache::recording(2, Default::default());
     cache.insert(&seq(0, 7)); // pages [0,1] [2,3] [4,5]; token 6 is not a whole page
     let first = cache.take_events();
     assert_eq!(first.len(), 1);

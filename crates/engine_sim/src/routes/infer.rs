@@ -87,6 +87,12 @@ async fn infer(e: Data<Engine>, api: Api, body: Bytes, header_rank: Option<i64>)
     let rid = req.rid.unwrap_or_else(|| e.new_rid());
     let model = req.model.unwrap_or_else(|| e.cfg.model.clone());
     let mut prompts = req.prompts;
+    let scope = e
+        .scopes
+        .id(req.adapter.as_deref(), req.cache_salt.as_deref())?;
+    for p in &mut prompts {
+        crate::scopes::enter(p, scope);
+    }
     if prompts.len() > 1 {
         let b = Batch {
             api,

@@ -42,14 +42,29 @@ pub(super) async fn models(e: Data<Engine>) -> HttpResponse {
     } else {
         "sglang"
     };
-    HttpResponse::Ok().json(json!({"object": "list", "data": [{
+    let created = e.startup_time() as u64;
+    let mut data = vec![json!({
         "id": e.cfg.model,
         "object": "model",
-        "created": e.startup_time() as u64,
+        "created": created,
         "owned_by": owned_by,
         "root": e.cfg.model,
+        "parent": null,
         "max_model_len": e.cfg.context_length,
-    }]}))
+    })];
+    // vLLM lists each adapter as a model whose parent is the base.
+    for a in &e.cfg.lora_adapters {
+        data.push(json!({
+            "id": a,
+            "object": "model",
+            "created": created,
+            "owned_by": owned_by,
+            "root": format!("/adapters/{a}"),
+            "parent": e.cfg.model,
+            "max_model_len": e.cfg.context_length,
+        }));
+    }
+    HttpResponse::Ok().json(json!({"object": "list", "data": data}))
 }
 
 pub(super) async fn server_info(e: Data<Engine>) -> HttpResponse {
@@ -73,7 +88,7 @@ pub(super) async fn server_info(e: Data<Engine>) -> HttpResponse {
         "disaggregation_mode": "null",
         "startup_time": e.startup_time(),
         "internal_states": internal_states,
-        "version": SGLANG_VERSION,
+        "version": c.version.as_deref().unwrap_or(SGLANG_VERSION),
         "kv_events": e.kv_events().map(|p| p.descriptor(c)),
     }))
 }
@@ -142,5 +157,5 @@ pub(super) async fn metrics(e: Data<Engine>) -> HttpResponse {
     hang_if_loads_hang(&e).await;
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4")
-        .body(load::metrics(&e.cfg, &e.snapshots()))
+        .body(load::metrics(&e.cfg, &e.snapshots(), &e.scopes))
 }

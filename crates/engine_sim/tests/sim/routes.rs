@@ -665,3 +665,63 @@ async fn response_ids_say_which_engine_answered() {
     }
     assert_eq!(kvgate_engine_sim::engine_of("client-given-rid"), None);
 }
+
+#[actix_rt::test]
+async fn lora_adapters_are_listed_with_their_parent_and_keep_their_own_cache() {
+    let (_fleet, url) = one(SimConfig {
+        flavor: Flavor::Vllm,
+        enable_cache_report: true,
+        lora_adapters: vec!["sql".into()],
+        max_loras: 2,
+        ..fast()
+    });
+    let models = get_json(&format!("{url}/v1/models")).await;
+    assert_eq!(models["data"][0]["parent"], Value::Null, "{models}");
+    assert_eq!(models["data"][1]["id"], "sql", "{models}");
+    assert_eq!(models["data"][1]["parent"], "kvgate-sim-model", "{models}");
+    let ask = |model: &str, salt: Option<&str>| {
+        let mut b = json!({"model": model, "prompt": vec![7; 64], "max_tokens": 1});
+        if let Some(s) = salt {
+            b["cache_salt"] = json!(s);
+        }
+        b
+    };
+    let cached = |v: &Value| {
+        v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    let url_c = format!("{url}/v1/completions");
+    // The same prompt under the base model, the adapter and a salt: three caches.
+    for (model, salt) in [
+        ("kvgate-sim-model", None),
+        ("sql", None),
+        ("kvgate-sim-model", Some("t1")),
+    ] {
+        let first = post_json(&url_c, &ask(model, salt)).await;
+        assert_eq!(cached(&first), 0, "{model} {salt:?}: {first}");
+        let again = post_json(&url_c, &ask(model, salt)).await;
+        assert!(cached(&again) > 0, "{model} {salt:?}: {again}");
+    }
+    // SGLang's field names the same adapter; an unknown one, or a model not served, is refused.
+    let via_path = json!({"model": "kvgate-sim-model", "lora_path": "sql", "prompt": vec![7; 64], "max_tokens": 1});
+    assert!(cached(&post_json(&url_c, &via_path).await) > 0);
+    let (status, _) = post(
+        &url_c,
+        &json!({"model": "nope", "prompt": [1], "max_tokens": 1}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) = post(
+        &url_c,
+        &json!({"lora_path": "nope", "prompt": [1], "max_tokens": 1}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (_, text) = get(&format!("{url}/metrics")).await;
+    let text = std::str::from_utf8(&text).unwrap_or("");
+    assert!(
+        text.contains("vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"\",waiting_lora_adapters=\"\"}"),
+        "{text}"
+    );
+}

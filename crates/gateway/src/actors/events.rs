@@ -211,7 +211,7 @@ impl EventsActor {
                         parent: s.parent_block_hash.map(|h| h.as_u64()),
                         token_ids: &s.token_ids,
                         block_size: s.block_size as usize,
-                        namespace: namespace(s.lora_id, s.cache_salt.as_deref()),
+                        namespace: stored_namespace(s),
                         tier: s.medium.as_ref().map_or(0, tier),
                     };
                     self.index.apply_stored(worker, rank, &store);
@@ -337,16 +337,30 @@ impl EventsActor {
     }
 }
 
-/// The chain namespace of an adapter and salt: requests must use the same.
-fn namespace(lora: Option<i64>, salt: Option<&str>) -> u64 {
-    match (lora, salt) {
+/// The chain namespace of an adapter (by name) and a cache salt: a request is matched in
+/// the namespace of its own adapter and salt, so neither ever shares another's blocks.
+pub(crate) fn namespace(adapter: Option<&str>, salt: Option<&str>) -> u64 {
+    match (adapter, salt) {
         (None, None) => 0,
-        (l, s) => {
-            let mut b = l.unwrap_or(0).to_le_bytes().to_vec();
-            b.extend_from_slice(s.unwrap_or("").as_bytes());
+        (a, s) => {
+            let mut b = Vec::new();
+            for part in [a, s] {
+                let part = part.unwrap_or("").as_bytes();
+                b.extend_from_slice(&(part.len() as u64).to_le_bytes());
+                b.extend_from_slice(part);
+            }
             xxhash_rust::xxh3::xxh3_64(&b) | 1
         }
     }
+}
+
+/// The namespace of stored blocks: their adapter by `lora_name` (vLLM), else by the
+/// decimal `lora_id` (engines that send only the id: requests naming the adapter then
+/// match none of its blocks, and routing falls back to what kvgate sent where).
+fn stored_namespace(s: &kvgate_kv_events::BlockStored) -> u64 {
+    let id = s.lora_id.filter(|&i| i != 0).map(|i| i.to_string());
+    let adapter = s.lora_name.as_deref().or(id.as_deref());
+    namespace(adapter, s.cache_salt.as_deref())
 }
 
 fn tier(m: &Medium) -> u8 {

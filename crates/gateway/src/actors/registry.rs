@@ -69,6 +69,10 @@ pub struct WorkerRecord {
     pub id: WorkerId,
     pub url: WorkerUrl,
     pub models: Vec<String>,
+    /// The LoRA adapters among `models`, each with its base model (the `parent` of its
+    /// `/v1/models` card).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub adapters: BTreeMap<String, String>,
     pub status: WorkerStatus,
     pub runtime: Runtime,
     pub source: WorkerSource,
@@ -84,6 +88,9 @@ pub struct WorkerRecord {
     /// `--kv-events-config`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_events_config: Option<String>,
+    /// The engine's release (`version` of `/server_info`): which field names a rank.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
     /// Where the engine loaded its tokenizer from (`tokenizer_path` of `/server_info` or
     /// `/model_info`): a local path or a hub name.
     #[serde(default)]
@@ -107,6 +114,28 @@ pub struct WorkerRecord {
     pub kubernetes: Option<PodRef>,
 }
 
+/// Where a dispatch to one data-parallel rank names the rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RankVia {
+    /// The `X-data-parallel-rank` header (vLLM).
+    Header,
+    /// This member of the JSON body (SGLang).
+    Body(&'static str),
+}
+
+/// `major.minor.patch` of a version string (`0.5.9`, `0.5.10rc1`, `v0.5.9.post2`).
+fn release(v: &str) -> Option<(u32, u32, u32)> {
+    let mut parts = v.trim_start_matches('v').split('.').map(|p| {
+        let digits: String = p.chars().take_while(char::is_ascii_digit).collect();
+        digits.parse::<u32>().ok()
+    });
+    Some((
+        parts.next()??,
+        parts.next()??,
+        parts.next().flatten().unwrap_or(0),
+    ))
+}
+
 /// Most data-parallel ranks a worker is routed over one by one; past it, by the worker.
 const MAX_ROUTED_RANKS: u64 = 256;
 
@@ -122,6 +151,8 @@ impl WorkerRecord {
             id: WorkerId::from_url(url.as_str()),
             url,
             models: Vec::new(),
+            adapters: BTreeMap::new(),
+            version: None,
             status: WorkerStatus::Pending,
             runtime: Runtime::Unknown,
             source,
@@ -160,9 +191,24 @@ impl WorkerRecord {
         }
     }
 
-    /// Its rank goes in the `X-data-parallel-rank` header (vLLM), not the body.
-    pub fn rank_in_header(&self) -> bool {
-        self.runtime == Runtime::Vllm
+    /// Where a request names its data-parallel rank: vLLM's `X-data-parallel-rank` header,
+    /// SGLang's `routed_dp_rank`, or `data_parallel_rank` for SGLang 0.5.9 and older (by
+    /// `/server_info` `version`): the rename came after 0.5.9 (sgl-project/sglang#19268),
+    /// and those releases do not read the new name.
+    pub fn rank_via(&self) -> RankVia {
+        if self.runtime == Runtime::Vllm {
+            return RankVia::Header;
+        }
+        let old = self
+            .version
+            .as_deref()
+            .and_then(release)
+            .is_some_and(|v| v < (0, 5, 10));
+        RankVia::Body(if old {
+            "data_parallel_rank"
+        } else {
+            "routed_dp_rank"
+        })
     }
 
     /// Its routing targets: each with its id and rank (`None`: the worker as a whole).
@@ -362,11 +408,13 @@ impl RegistryActor {
 
     fn apply_detected(rec: &mut WorkerRecord, d: Detected, cfg: &RegistryConfig) {
         rec.models = d.models;
+        rec.adapters = d.adapters;
         rec.runtime = d.runtime.unwrap_or(Runtime::Unknown);
         // A server_info that failed this once leaves what an earlier one said.
         if !d.server_info && rec.startup_time.is_some() {
             return;
         }
+        rec.version = d.version;
         rec.max_running_requests = d.max_running_requests;
         rec.dp_size = d.dp_size;
         rec.page_size = d.page_size;
@@ -453,6 +501,7 @@ fn settle(
 ) -> bool {
     let before = rec.status;
     let (models, startup) = (rec.models.clone(), rec.startup_time);
+    let adapters = rec.adapters.clone();
     match outcome {
         Ok(detected) => {
             rec.consecutive_failures = 0;
@@ -491,7 +540,10 @@ fn settle(
     if rec.startup_time != startup && startup.is_some() && rec.startup_time.is_some() {
         info!(worker = %rec.url, "engine restarted: new startup_time");
     }
-    rec.status != before || rec.startup_time != startup || rec.models != models
+    rec.status != before
+        || rec.startup_time != startup
+        || rec.models != models
+        || rec.adapters != adapters
 }
 
 /// A ready worker is detected again (models, `/server_info`) every this many health ticks.

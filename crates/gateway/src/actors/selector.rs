@@ -27,7 +27,7 @@ use tokio::sync::watch;
 
 use super::events::EventsActor;
 use super::index::IndexActor;
-use super::registry::{Fleet, WorkerFailed, WorkerStatus};
+use super::registry::{Fleet, RankVia, WorkerFailed, WorkerStatus};
 
 mod circuit;
 mod decide;
@@ -85,6 +85,8 @@ pub struct SelectorActor {
     /// Which views serve each model, rebuilt on every fleet change. The names are handed
     /// out with each dispatch: the decision log and the metrics share them, uncopied.
     by_model: HashMap<Arc<str>, Vec<usize>, foldhash::fast::RandomState>,
+    /// The LoRA adapters the fleet lists, each with its base model.
+    adapters: HashMap<Arc<str>, Arc<str>, foldhash::fast::RandomState>,
     /// Work dispatched since each worker's load sample.
     ledger: CreditLedger,
     /// Rebuilt only when the set of workers changes.
@@ -126,8 +128,8 @@ struct Meta {
     worker: WorkerId,
     /// The rank sent with the request; `None` when the target is the whole worker.
     rank: Option<u32>,
-    /// The rank goes in the `X-data-parallel-rank` header (vLLM), not the body (SGLang).
-    rank_in_header: bool,
+    /// Where the rank goes: vLLM's header, or a member of the body (SGLang).
+    rank_via: RankVia,
     /// The registration; a release for an older one must not touch this one.
     incarnation: u64,
     url: WorkerUrl,
@@ -175,6 +177,7 @@ impl SelectorActor {
             #[cfg(feature = "fault-injection")]
             panic_next: false,
             by_model: HashMap::default(),
+            adapters: HashMap::default(),
             ledger: CreditLedger::new(),
             ring: None,
             rng: seed.map_or_else(SmallRng::from_entropy, SmallRng::seed_from_u64),
@@ -294,6 +297,11 @@ impl SelectorActor {
             ix.clear();
         }
         self.pending = fleet.iter().any(|w| w.status == WorkerStatus::Pending);
+        self.adapters = fleet
+            .iter()
+            .flat_map(|w| &w.adapters)
+            .map(|(a, base)| (Arc::from(a.as_str()), Arc::from(base.as_str())))
+            .collect();
         for rec in fleet.iter() {
             for (target, rank) in rec.targets() {
                 let i = self.views.len();
@@ -305,7 +313,7 @@ impl SelectorActor {
                         let meta = Meta {
                             worker: rec.id,
                             rank,
-                            rank_in_header: rec.rank_in_header(),
+                            rank_via: rec.rank_via(),
                             incarnation: rec.incarnation,
                             url: rec.url.clone(),
                             ready: false,
@@ -412,8 +420,37 @@ impl SelectorActor {
     }
 
     /// The index namespace of a request: its model, or the fleet's only model; the
-    /// fleet's shared name where it has one, so a dispatch copies no name.
+    /// fleet's shared name where it has one, so a dispatch copies no name. An adapter's or
+    /// a salt's prefixes are kept apart under the model's name with its scope added.
     fn model_key(&self, facts: &RequestFacts) -> Arc<str> {
+        // An adapter's prefixes live under its base model's name, however it was named
+        // (vLLM's `model`, SGLang's `lora_path`).
+        let base = (facts.adapter.as_deref()).and_then(|a| self.adapters.get(a));
+        let key = match base {
+            Some(b) => b.clone(),
+            None => self.model_name(facts),
+        };
+        if facts.scoped() {
+            Arc::from(format!("{key}{}", facts.cache_scope()))
+        } else {
+            key
+        }
+    }
+
+    /// `facts` with its adapter said where its `model` names one of the fleet's adapters
+    /// (vLLM's way); the same facts, shared, otherwise.
+    fn with_adapter(&self, facts: Arc<RequestFacts>) -> Arc<RequestFacts> {
+        match &facts.model {
+            Some(m) if facts.adapter.is_none() && self.adapters.contains_key(m.as_str()) => {
+                let mut f = (*facts).clone();
+                f.adapter = Some(m.clone());
+                Arc::new(f)
+            }
+            _ => facts,
+        }
+    }
+
+    fn model_name(&self, facts: &RequestFacts) -> Arc<str> {
         let shared = match &facts.model {
             Some(m) => self.by_model.get_key_value(m.as_str()).map(|(k, _)| k),
             None if self.by_model.len() == 1 => self.by_model.keys().next(),

@@ -14,7 +14,7 @@
 use std::borrow::Cow;
 
 use super::{
-    Body, ChatBody, CompletionBody, Content, Endpoint, GenerateBody, Message, Part, Prompt,
+    Body, ChatBody, CompletionBody, Content, Endpoint, GenerateBody, Loose, Message, Part, Prompt,
 };
 
 /// Not sure: let serde decide.
@@ -32,6 +32,8 @@ struct Fields<'a> {
     text: Option<Prompt<'a>>,
     input_ids: Option<Prompt<'a>>,
     prompt_cache_key: Option<Cow<'a, str>>,
+    lora_path: Option<Cow<'a, str>>,
+    cache_salt: Option<Cow<'a, str>>,
 }
 
 struct Scan<'a> {
@@ -434,7 +436,19 @@ pub(super) fn scan(body: &[u8], endpoint: Endpoint, keep: bool) -> Option<Body<'
     let mut f = Fields::default();
     let (mut seen_model, mut seen_stream) = (false, false);
     let (mut seen_text, mut seen_ids, mut seen_cache_key) = (false, false, false);
+    let (mut seen_lora, mut seen_salt) = (false, false);
     s.object(|s, key| match (key, endpoint) {
+        // Only a string is read; any other shape is serde's (and the engine's) to judge.
+        ("lora_path", _) if !seen_lora && s.peek()? == b'"' => {
+            seen_lora = true;
+            f.lora_path = s.opt_string()?;
+            Ok(())
+        }
+        ("cache_salt", _) if !seen_salt && s.peek()? == b'"' => {
+            seen_salt = true;
+            f.cache_salt = s.opt_string()?;
+            Ok(())
+        }
         ("prompt_cache_key", _) if !seen_cache_key => {
             seen_cache_key = true;
             f.prompt_cache_key = s.opt_string()?;
@@ -477,7 +491,7 @@ pub(super) fn scan(body: &[u8], endpoint: Endpoint, keep: bool) -> Option<Body<'
             }
             Ok(())
         }
-        ("model" | "stream" | "prompt_cache_key", _)
+        ("model" | "stream" | "prompt_cache_key" | "lora_path" | "cache_salt", _)
         | ("messages", Chat)
         | ("prompt", Completions)
         | ("text" | "input_ids", Generate) => Err(Unsure),
@@ -489,24 +503,31 @@ pub(super) fn scan(body: &[u8], endpoint: Endpoint, keep: bool) -> Option<Body<'
         return None;
     }
     let (model, stream, prompt_cache_key) = (f.model, f.stream, f.prompt_cache_key);
+    let (lora_path, cache_salt) = (f.lora_path.map(Loose::Str), f.cache_salt.map(Loose::Str));
     // A required field missing is serde's to report.
     Some(match endpoint {
         Chat => Body::Chat(ChatBody {
             model,
             stream,
             prompt_cache_key,
+            lora_path,
+            cache_salt,
             messages: f.messages?,
         }),
         Completions => Body::Completion(CompletionBody {
             model,
             stream,
             prompt_cache_key,
+            lora_path,
+            cache_salt,
             prompt: f.prompt?,
         }),
         Generate => Body::Generate(GenerateBody {
             model,
             stream,
             prompt_cache_key,
+            lora_path,
+            cache_salt,
             text: f.text,
             input_ids: f.input_ids,
         }),

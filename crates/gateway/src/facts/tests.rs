@@ -684,3 +684,40 @@ fn prompt_cache_key_names_the_session_on_the_fast_path_and_serdes() {
     let bad = Bytes::from_static(br#"{"prompt":"p","prompt_cache_key":7}"#);
     assert!(request_facts(Endpoint::Completions, &bad, true).is_err());
 }
+
+#[test]
+fn lora_path_and_cache_salt_scope_the_request_on_the_fast_path_and_serdes() {
+    let bodies: [(Endpoint, &[u8]); 3] = [
+        (
+            Endpoint::Chat,
+            br#"{"model":"m","lora_path":"sql","cache_salt":"t1","messages":[{"role":"user","content":"q"}]}"#,
+        ),
+        (
+            Endpoint::Completions,
+            br#"{"prompt":[1,2],"cache_salt":"t1","lora_path":"sql"}"#,
+        ),
+        (
+            Endpoint::Generate,
+            br#"{"input_ids":[1,2],"lora_path":"sql","cache_salt":"t1"}"#,
+        ),
+    ];
+    for (endpoint, body) in bodies {
+        let fast = fast::scan(body, endpoint, true).expect("the fast path reads it");
+        let f = facts_of(fast, true, &Bytes::new()).expect("facts").facts;
+        assert_eq!(f.adapter.as_deref(), Some("sql"), "{endpoint:?}");
+        assert_eq!(f.cache_salt.as_deref(), Some("t1"), "{endpoint:?}");
+        let serde = serde_checked(endpoint, body).expect("serde reads it");
+        let s = facts_of(serde, true, &Bytes::new()).expect("facts").facts;
+        assert_eq!(s, f, "{endpoint:?}");
+    }
+    // SGLang's list of paths for a batch, a null or an empty string: no scope, no error.
+    for body in [
+        br#"{"text":["a","b"],"lora_path":["sql","sql"]}"#.as_slice(),
+        br#"{"text":"a","lora_path":null,"cache_salt":null}"#,
+        br#"{"text":"a","lora_path":"","cache_salt":""}"#,
+    ] {
+        let f =
+            request_facts(Endpoint::Generate, &Bytes::copy_from_slice(body), true).expect("facts");
+        assert_eq!((f.adapter, f.cache_salt), (None, None));
+    }
+}

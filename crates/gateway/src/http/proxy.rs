@@ -16,6 +16,7 @@ use bytes::{Bytes, BytesMut};
 use kvgate_core::{Secret, WorkerUrl};
 use tokio::sync::watch;
 
+use crate::actors::registry::RankVia;
 use crate::actors::selector::{Booking, Outcome};
 use crate::http::answers::{IdCatcher, ResponseIds};
 use crate::http::error::ApiError;
@@ -224,7 +225,7 @@ pub(crate) async fn forward(
         note,
         number,
     };
-    let rank = dispatch.rank.map(|r| (r, dispatch.rank_in_header));
+    let rank = dispatch.rank.map(|r| (r, dispatch.rank_via));
     let resp = send(&mut call, req, body, dispatch.worker_key.as_ref(), rank).await?;
     let status = resp.status;
     call.note.status(status.as_u16());
@@ -263,7 +264,7 @@ async fn send(
     req: &HttpRequest,
     body: Bytes,
     worker_key: Option<&Secret>,
-    rank: Option<(u32, bool)>,
+    rank: Option<(u32, RankVia)>,
 ) -> Result<Response, Failure> {
     let up = call.up;
     let auth = worker_key.map(|k| format!("Bearer {}", k.expose()));
@@ -282,14 +283,17 @@ async fn send(
         }
     }
     // The rank: vLLM reads it in a header, SGLang in the body.
-    let header_rank = rank.filter(|(_, h)| *h).map(|(r, _)| r.to_string());
+    let header_rank = rank
+        .filter(|(_, via)| *via == RankVia::Header)
+        .map(|(r, _)| r.to_string());
     if let Some(r) = &header_rank {
         headers.retain(|(n, _)| *n != "x-data-parallel-rank");
         headers.push(("x-data-parallel-rank", r.as_bytes()));
     }
-    let member = rank
-        .filter(|(_, h)| !*h)
-        .and_then(|(r, _)| rank_member(&body, r));
+    let member = rank.and_then(|(r, via)| match via {
+        RankVia::Body(field) => rank_member(&body, r, field),
+        RankVia::Header => None,
+    });
     let insert = member.as_ref().map(|(at, m)| (*at, m.as_slice()));
     // The head of a plain answer comes when generation ends; of a stream, at once. An
     // engine that hangs while its health passes is left after the first-byte limit.

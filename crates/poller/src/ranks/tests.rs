@@ -192,3 +192,20 @@ fn unknown_bodies_and_bad_ranks() {
         })
     ));
 }
+
+#[test]
+fn the_latest_lora_info_of_each_engine_is_the_adapters_at_work() {
+    // A labelled gauge keeps every label set it had: only the latest is the present.
+    let text = r#"# TYPE vllm:lora_requests_info gauge
+vllm:lora_requests_info{max_lora="2",running_lora_adapters="old",waiting_lora_adapters=""} 1.7e9
+vllm:lora_requests_info{max_lora="2",running_lora_adapters="sql,chat",waiting_lora_adapters="math"} 1.8e9
+vllm:lora_requests_info{engine="1",max_lora="2",running_lora_adapters="",waiting_lora_adapters="sql"} 1.75e9
+vllm:num_requests_running{engine="0"} 3
+"#;
+    let samples = crate::parse_prometheus_where(text, super::is_load_metric).expect("parse");
+    let a = super::adapters_at_work(&samples).expect("lora info");
+    assert_eq!(a.active, ["sql", "chat", "math"]);
+    assert_eq!(a.max_loras, 2);
+    let none = crate::parse_prometheus("vllm:num_requests_running 1\n").expect("parse");
+    assert_eq!(super::adapters_at_work(&none), None);
+}

@@ -125,7 +125,11 @@ impl Handler<MatchChain> for EventsActor {
             let at = match walks.iter().position(|(b, _)| *b == bs) {
                 Some(i) => i,
                 None => {
-                    walks.push((bs, self.index.match_tokens(tokens, bs as usize, 0)));
+                    let ns = super::namespace(
+                        msg.facts.adapter.as_deref(),
+                        msg.facts.cache_salt.as_deref(),
+                    );
+                    walks.push((bs, self.index.match_tokens(tokens, bs as usize, ns)));
                     walks.len() - 1
                 }
             };

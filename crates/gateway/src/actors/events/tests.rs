@@ -46,6 +46,8 @@ fn record(id: u64, port: u16, replay: Option<u16>) -> WorkerRecord {
         id: WorkerId(id),
         url: WorkerUrl::parse("http://127.0.0.1:1").expect("url"),
         models: vec!["m".into()],
+        adapters: Default::default(),
+        version: None,
         status: WorkerStatus::Ready,
         runtime: Runtime::Sglang,
         source: WorkerSource::Config,

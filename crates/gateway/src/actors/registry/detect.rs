@@ -97,6 +97,8 @@ impl ProbeError {
 #[derive(Debug, Clone, Default)]
 pub(super) struct Detected {
     pub models: Vec<String>,
+    /// Adapter → base model, for the cards with a `parent` other than themselves.
+    pub adapters: std::collections::BTreeMap<String, String>,
     pub runtime: Option<Runtime>,
     pub max_running_requests: Option<u64>,
     pub dp_size: Option<u64>,
@@ -104,6 +106,8 @@ pub(super) struct Detected {
     pub startup_time: Option<f64>,
     pub kv_events: Option<serde_json::Value>,
     pub tokenizer_path: Option<String>,
+    /// `version` of `/server_info`.
+    pub version: Option<String>,
     /// Whether `/server_info` (or `/get_server_info`) answered; when it did not, the
     /// fields above from it are unknown, not absent.
     pub server_info: bool,
@@ -119,6 +123,9 @@ struct ModelCard {
     id: String,
     #[serde(default)]
     owned_by: Option<String>,
+    /// vLLM (and SGLang) list a LoRA adapter as a model whose `parent` is its base.
+    #[serde(default)]
+    parent: Option<String>,
 }
 
 /// Takes the fields kept from a `/server_info` answer into `d`. Read one by one, so a
@@ -141,6 +148,7 @@ pub(super) fn read_server_info(d: &mut Detected, url: &WorkerUrl, v: &serde_json
     d.startup_time = field("startup_time", |x| x.is_number()).and_then(|x| x.as_f64());
     d.kv_events = field("kv_events", |_| true);
     d.tokenizer_path = tokenizer_path(v);
+    d.version = field("version", |x| x.is_string()).and_then(|x| x.as_str().map(str::to_owned));
 }
 
 fn tokenizer_path(v: &serde_json::Value) -> Option<String> {
@@ -177,7 +185,16 @@ pub(super) async fn detect(probe: Probe<'_>, url: &WorkerUrl) -> Result<Detected
             Some("vllm") => Some(Runtime::Vllm),
             _ => None,
         });
+    let adapters = models
+        .data
+        .iter()
+        .filter_map(|m| {
+            let parent = m.parent.as_ref().filter(|p| **p != m.id)?;
+            Some((m.id.clone(), parent.clone()))
+        })
+        .collect();
     let mut d = Detected {
+        adapters,
         models: models.data.into_iter().map(|m| m.id).collect(),
         runtime,
         ..Detected::default()

@@ -191,3 +191,28 @@ fn only_a_refused_probe_marks_the_worker_gone() {
     assert!(!settle(&mut r, Ok(None), &cfg));
     assert!(!r.refused, "a pass clears it");
 }
+
+#[test]
+fn sglang_before_the_rename_is_sent_data_parallel_rank() {
+    use super::RankVia;
+    let with = |runtime: Runtime, version: Option<&str>| WorkerRecord {
+        runtime,
+        version: version.map(str::to_owned),
+        ..rec()
+    };
+    for (v, field) in [
+        (Some("0.5.9"), "data_parallel_rank"),
+        (Some("v0.5.9.post2"), "data_parallel_rank"),
+        (Some("0.4.10"), "data_parallel_rank"),
+        (Some("0.5.10"), "routed_dp_rank"),
+        (Some("0.5.10rc1"), "routed_dp_rank"),
+        (Some("0.5.23"), "routed_dp_rank"),
+        (Some("1.0"), "routed_dp_rank"),
+        // Unknown: the current name.
+        (Some("main"), "routed_dp_rank"),
+        (None, "routed_dp_rank"),
+    ] {
+        assert_eq!(with(Runtime::Sglang, v).rank_via(), RankVia::Body(field), "{v:?}");
+    }
+    assert_eq!(with(Runtime::Vllm, Some("0.5.9")).rank_via(), RankVia::Header);
+}

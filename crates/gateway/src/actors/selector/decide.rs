@@ -53,13 +53,21 @@ impl SelectorActor {
             // An open circuit's time may be up (half-open), a probe may have ended.
             self.refresh_eligibility(now);
         }
-        let (model, indices) = match &facts.model {
+        let (model, mut indices) = match &facts.model {
             Some(model) => match self.by_model.get_key_value(model.as_str()) {
                 Some((name, ix)) => (Some(name.clone()), Some(ix)),
                 None => return Err(self.unknown_model(model)),
             },
             None => (None, None),
         };
+        // An adapter named apart from the model (SGLang's `lora_path`) goes to the engines
+        // that list it, where any does; otherwise every engine of the model may load it.
+        if let Some(a) = facts.adapter.as_deref()
+            && facts.model.as_deref() != Some(a)
+            && let Some(ix) = self.by_model.get(a)
+        {
+            indices = Some(ix);
+        }
         // The common case (every worker serves the model, nothing excluded) reads the
         // views in place; otherwise a filtered copy is built.
         let all = indices.is_none_or(|ix| ix.len() == self.views.len());
@@ -211,7 +219,7 @@ impl SelectorActor {
             recorded,
             target: v.id,
             rank: meta.rank,
-            rank_in_header: meta.rank_in_header,
+            rank_via: meta.rank_via,
             model: served,
         }))
     }

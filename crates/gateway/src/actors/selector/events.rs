@@ -132,6 +132,7 @@ impl Handler<LoadsPolled> for SelectorActor {
                 (Some(r), Some(l)) => Some(WorkerLoad {
                     ranks: l.ranks.iter().filter(|x| x.dp_rank == r).cloned().collect(),
                     sampled_at: l.sampled_at,
+                    adapters: l.adapters.clone(),
                 })
                 .filter(|l| !l.ranks.is_empty()),
                 (_, l) => l.clone(),

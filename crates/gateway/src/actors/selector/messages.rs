@@ -11,7 +11,8 @@ use thiserror::Error;
 use tokio::sync::watch;
 use tracing::Span;
 
-use super::{CircuitState, Hold, Outcome, SelectorActor};
+use super::{CircuitState, Hold, Outcome, RankVia, SelectorActor};
+
 use kvgate_core::Secret;
 
 /// Why no worker could be chosen.
@@ -37,10 +38,10 @@ pub struct Dispatch {
     /// The routing target chosen: the worker, or one of its ranks (the index's tenant).
     pub target: WorkerId,
     /// The data-parallel rank to send (`routed_dp_rank` in the body, or vLLM's
-    /// `X-data-parallel-rank` header with `rank_in_header`), when the target is one rank
+    /// `X-data-parallel-rank` header, as `rank_via` says), when the target is one rank
     /// of the worker.
     pub rank: Option<u32>,
-    pub rank_in_header: bool,
+    pub rank_via: RankVia,
     pub url: WorkerUrl,
     pub decision: Decision,
     /// The slot on the worker: dropping it (the response ended, or this reply was never

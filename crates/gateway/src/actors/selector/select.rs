@@ -148,7 +148,8 @@ impl actix::dev::MessageResponse<SelectorActor, Select> for SelectAnswer {
 impl Handler<Select> for SelectorActor {
     type Result = SelectAnswer;
 
-    fn handle(&mut self, msg: Select, ctx: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, mut msg: Select, ctx: &mut Context<Self>) -> Self::Result {
+        msg.facts = self.with_adapter(msg.facts);
         let me = ctx.address();
         let span = msg.span;
         let queued = msg.enqueued_at.elapsed();
@@ -266,7 +267,8 @@ impl SelectorActor {
 impl Handler<Explain> for SelectorActor {
     type Result = AtomicResponse<Self, Result<Explained, SelectError>>;
 
-    fn handle(&mut self, msg: Explain, _: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, mut msg: Explain, _: &mut Context<Self>) -> Self::Result {
+        msg.facts = self.with_adapter(msg.facts);
         let Some(index) = self.index_for(&msg.facts) else {
             let r = self.dry_run(&msg.facts, None, Vec::new());
             return AtomicResponse::new(Box::pin(fut::ready(r)));

@@ -100,11 +100,11 @@ pub(super) fn copy_response_headers(
 }
 
 /// Where and what to add to a JSON object body so the engine serves it on data-parallel
-/// rank `rank` (SGLang's `routed_dp_rank`): right after the opening brace. `None` when the
-/// body names a rank already (`routed_dp_rank`, or the older `data_parallel_rank`): the
-/// client's own choice stands. A quote inside a JSON string is escaped, so only a member
-/// name matches.
-pub(crate) fn rank_member(body: &[u8], rank: u32) -> Option<(usize, Vec<u8>)> {
+/// rank `rank` (`field`: SGLang's `routed_dp_rank`, or `data_parallel_rank` for releases
+/// that read only that): right after the opening brace. `None` when the body names a rank
+/// already (either name): the client's own choice stands. A quote inside a JSON string is
+/// escaped, so only a member name matches.
+pub(crate) fn rank_member(body: &[u8], rank: u32, field: &str) -> Option<(usize, Vec<u8>)> {
     let named = |key: &[u8]| memchr::memmem::find(body, key).is_some();
     if named(b"\"routed_dp_rank\"") || named(b"\"data_parallel_rank\"") {
         return None;
@@ -117,6 +117,6 @@ pub(crate) fn rank_member(body: &[u8], rank: u32) -> Option<(usize, Vec<u8>)> {
         .iter()
         .find(|b| !b.is_ascii_whitespace())
         .is_some_and(|b| *b == b'}');
-    let member = format!("\"routed_dp_rank\":{rank}{}", if empty { "" } else { "," });
+    let member = format!("\"{field}\":{rank}{}", if empty { "" } else { "," });
     Some((open + 1, member.into_bytes()))
 }

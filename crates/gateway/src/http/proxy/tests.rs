@@ -51,7 +51,7 @@ fn event_ends_are_found_for_every_line_ending() {
 #[test]
 fn the_rank_goes_first_in_the_object_unless_the_client_named_one() {
     let with = |body: &str, rank| {
-        rank_member(body.as_bytes(), rank).map(|(at, m)| {
+        rank_member(body.as_bytes(), rank, "routed_dp_rank").map(|(at, m)| {
             let mut out = body.as_bytes()[..at].to_vec();
             out.extend(m);
             out.extend(&body.as_bytes()[at..]);
