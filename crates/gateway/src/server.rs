@@ -132,7 +132,20 @@ impl Threads {
             let _ = a.join();
         }
         if let Some(w) = self.writer {
-            let _ = w.join();
+            // A writer stuck in the file system (its directory deleted, a hung disk) is
+            // left behind: the process exits without it.
+            let deadline = std::time::Instant::now() + kvgate_store::SHUTDOWN_WAIT;
+            while !w.is_finished() && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            if w.is_finished() {
+                let _ = w.join();
+            } else {
+                tracing::error!(
+                    waited_secs = kvgate_store::SHUTDOWN_WAIT.as_secs(),
+                    "the store writer did not finish; stopping without it"
+                );
+            }
         }
         self.telemetry.shutdown();
     }

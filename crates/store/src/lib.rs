@@ -48,4 +48,4 @@ pub use image::{
 };
 pub use inspect::{EventsSummary, ModelSummary, RankSummary, StoreSummary, WorkerSummary, inspect};
 pub use open::{Opened, open_or_reset, open_or_reset_with};
-pub use writer::{Loaded, Persist, PersistStats, Persister, spawn};
+pub use writer::{Loaded, Persist, PersistStats, Persister, SHUTDOWN_WAIT, spawn};

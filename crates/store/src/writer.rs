@@ -4,10 +4,11 @@
 //! disk.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
-use crossbeam_channel::{Receiver, Sender, TrySendError};
+use crossbeam_channel::{Receiver, RecvTimeoutError, SendTimeoutError, Sender, TrySendError};
 use tracing::{debug, error, info};
 
 use crate::db::Store;
@@ -61,6 +62,11 @@ pub struct PersistStats {
     pub events_snapshots_written: AtomicU64,
 }
 
+/// The longest a shutdown waits on the writer, for room in its queue or for a flush: a
+/// writer stuck in the file system (its data directory deleted under it, a hung disk)
+/// must not keep the gateway from exiting.
+pub const SHUTDOWN_WAIT: Duration = Duration::from_secs(5);
+
 /// The sending side, held by the actors.
 #[derive(Debug, Clone)]
 pub struct Persister {
@@ -69,6 +75,8 @@ pub struct Persister {
     /// behind a large snapshot.
     reg_tx: Sender<RegistryImage>,
     pub stats: Arc<PersistStats>,
+    /// A shutdown wait ran out: the writer is taken as stuck, and later waits return at once.
+    stuck: Arc<AtomicBool>,
 }
 
 impl Persister {
@@ -91,9 +99,35 @@ impl Persister {
         let _ = self.reg_tx.send(r);
     }
 
-    /// Queues, waiting for room (shutdown only).
+    /// Queues, waiting for room at most [`SHUTDOWN_WAIT`] (shutdown only). False when the
+    /// writer is gone or stuck: the rest of the shutdown does not wait on it either.
     pub fn send_blocking(&self, p: Persist) -> bool {
-        self.tx.send(p).is_ok()
+        if self.stuck.load(Ordering::Relaxed) {
+            return false;
+        }
+        match self.tx.send_timeout(p, SHUTDOWN_WAIT) {
+            Ok(()) => true,
+            Err(SendTimeoutError::Timeout(_)) => {
+                self.gave_up("room in its queue");
+                false
+            }
+            Err(SendTimeoutError::Disconnected(_)) => false,
+        }
+    }
+
+    /// Whether a shutdown wait on the writer ran out.
+    pub fn stuck(&self) -> bool {
+        self.stuck.load(Ordering::Relaxed)
+    }
+
+    fn gave_up(&self, what: &str) {
+        if !self.stuck.swap(true, Ordering::Relaxed) {
+            error!(
+                waited_secs = SHUTDOWN_WAIT.as_secs(),
+                "the store writer gave no {what}: the data directory may be gone or its disk hung; the last snapshot is not written"
+            );
+            self.stats.write_failures.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// The last committed snapshot, read back from disk; waits for the writer (a rebuild
@@ -114,11 +148,20 @@ impl Persister {
         self.tx.send(Persist::Load(Loaded(Box::new(done)))).is_ok()
     }
 
-    /// Waits until everything queued so far is written (shutdown only).
-    pub fn flush(&self) {
+    /// Waits until everything queued so far is written, at most [`SHUTDOWN_WAIT`]
+    /// (shutdown only); false when it is not.
+    pub fn flush(&self) -> bool {
         let (tx, rx) = crossbeam_channel::bounded(1);
-        if self.tx.send(Persist::Flush(tx)).is_ok() {
-            let _ = rx.recv();
+        if !self.send_blocking(Persist::Flush(tx)) {
+            return false;
+        }
+        match rx.recv_timeout(SHUTDOWN_WAIT) {
+            Ok(()) => true,
+            Err(RecvTimeoutError::Timeout) => {
+                self.gave_up("answer to a flush");
+                false
+            }
+            Err(RecvTimeoutError::Disconnected) => false,
         }
     }
 }
@@ -140,7 +183,16 @@ pub fn spawn(store: Store) -> std::io::Result<(Persister, JoinHandle<()>)> {
     let handle = std::thread::Builder::new()
         .name("kvgate-writer".into())
         .spawn(move || run(store, rx, reg_rx, &s))?;
-    Ok((Persister { tx, reg_tx, stats }, handle))
+    let stuck = Arc::default();
+    Ok((
+        Persister {
+            tx,
+            reg_tx,
+            stats,
+            stuck,
+        },
+        handle,
+    ))
 }
 
 /// The newest registry image not yet on disk. A failed write is retried after each

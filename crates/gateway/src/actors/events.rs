@@ -337,32 +337,6 @@ impl EventsActor {
     }
 }
 
-/// The chain namespace of an adapter (by name) and a cache salt: a request is matched in
-/// the namespace of its own adapter and salt, so neither ever shares another's blocks.
-pub(crate) fn namespace(adapter: Option<&str>, salt: Option<&str>) -> u64 {
-    match (adapter, salt) {
-        (None, None) => 0,
-        (a, s) => {
-            let mut b = Vec::new();
-            for part in [a, s] {
-                let part = part.unwrap_or("").as_bytes();
-                b.extend_from_slice(&(part.len() as u64).to_le_bytes());
-                b.extend_from_slice(part);
-            }
-            xxhash_rust::xxh3::xxh3_64(&b) | 1
-        }
-    }
-}
-
-/// The namespace of stored blocks: their adapter by `lora_name` (vLLM), else by the
-/// decimal `lora_id` (engines that send only the id: requests naming the adapter then
-/// match none of its blocks, and routing falls back to what kvgate sent where).
-fn stored_namespace(s: &kvgate_kv_events::BlockStored) -> u64 {
-    let id = s.lora_id.filter(|&i| i != 0).map(|i| i.to_string());
-    let adapter = s.lora_name.as_deref().or(id.as_deref());
-    namespace(adapter, s.cache_salt.as_deref())
-}
-
 fn tier(m: &Medium) -> u8 {
     match m {
         Medium::Gpu => 0,
@@ -603,6 +577,7 @@ mod answers;
 pub(crate) use answers::{ChainAnswer, EventsLive, GetEventStates, LoadPushed, MatchChain};
 pub(crate) use silence::EngineBusy;
 mod persist;
+mod scope;
 mod silence;
 mod subscribe;
 #[cfg(test)]
@@ -611,4 +586,6 @@ mod vet;
 
 use persist::Persistence;
 pub(crate) use persist::SnapshotSettings;
+pub(crate) use scope::namespace;
+use scope::stored_namespace;
 use subscribe::{RankFeed, pushed_load, subscribe};

@@ -212,7 +212,14 @@ fn sglang_before_the_rename_is_sent_data_parallel_rank() {
         (Some("main"), "routed_dp_rank"),
         (None, "routed_dp_rank"),
     ] {
-        assert_eq!(with(Runtime::Sglang, v).rank_via(), RankVia::Body(field), "{v:?}");
+        assert_eq!(
+            with(Runtime::Sglang, v).rank_via(),
+            RankVia::Body(field),
+            "{v:?}"
+        );
     }
-    assert_eq!(with(Runtime::Vllm, Some("0.5.9")).rank_via(), RankVia::Header);
+    assert_eq!(
+        with(Runtime::Vllm, Some("0.5.9")).rank_via(),
+        RankVia::Header
+    );
 }
