@@ -169,7 +169,8 @@ async fn without_a_tokenizer_text_uses_the_approximate_index_and_explain_says_wh
     let dir = tempfile::tempdir().expect("dir");
     let mut cfg = test_config(&dir);
     cfg.worker_urls = fleet.urls();
-    cfg.events.tokenizer_path = Some(fixture(false).join("no-such-tokenizer.json"));
+    cfg.events.tokenizer_path =
+        kvgate_gateway::TokenizerPaths::all(fixture(false).join("no-such-tokenizer.json"));
     let gw = Gateway::start(cfg).expect("gateway");
     let ws = until_workers(&gw, "the failed load", |ws| {
         ws.first()
@@ -207,5 +208,70 @@ async fn without_a_tokenizer_text_uses_the_approximate_index_and_explain_says_wh
     )
     .await;
     assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    gw.stop();
+}
+
+#[actix_rt::test]
+async fn each_model_is_tokenized_with_its_own_configured_tokenizer() {
+    // Two models with different tokenizers, the gateway told both: a path for every model
+    // and one for `m-words`. With one path for both, `m-words`' chats would be encoded
+    // with the wrong vocabulary and match none of its engine's blocks.
+    let model = |name: &str, words: bool| SimConfig {
+        model: name.into(),
+        ..engine(fixture(words))
+    };
+    let fleet = SimFleet::start_each(
+        "127.0.0.1",
+        0,
+        vec![model("m-bpe", false), model("m-words", true)],
+    )
+    .expect("fleet");
+    let urls = fleet.urls();
+    for (u, m) in urls.iter().zip(["m-bpe", "m-words"]) {
+        let body = json!({"model": m, "messages": conversation(3), "max_tokens": 2});
+        let r = post_json(&format!("{u}/v1/chat/completions"), &body).await;
+        assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    }
+    let dir = tempfile::tempdir().expect("dir");
+    let mut cfg = test_config(&dir);
+    cfg.worker_urls = urls.clone();
+    let mut paths = kvgate_gateway::TokenizerPaths::all(fixture(false));
+    paths.per_model.insert("m-words".into(), fixture(true));
+    cfg.events.tokenizer_path = paths;
+    let gw = Gateway::start(cfg).expect("gateway");
+    let ws = until_workers(&gw, "live events and both tokenizers", |ws| {
+        ws.len() == 2
+            && ws.iter().all(|w| {
+                w["events"]["state"] == "live"
+                    && w["events"]["blocks"].as_u64() > Some(0)
+                    && w["tokenizer"]["state"] == "ready"
+            })
+    })
+    .await;
+    for (k, w) in ws.iter().enumerate() {
+        let want = fixture(w["models"][0] == "m-words");
+        assert_eq!(
+            w["tokenizer"]["path"],
+            *want.to_string_lossy(),
+            "{k}: {ws:?}"
+        );
+    }
+    for (holder, m) in ["m-bpe", "m-words"].iter().enumerate() {
+        let e = post_json(
+            &format!("{}/admin/explain/v1/chat/completions", gw.url()),
+            &json!({"model": m, "messages": conversation(3)}),
+        )
+        .await
+        .json();
+        assert_eq!(
+            e["prompt"]["tokens_from"]["source"], "tokenizer",
+            "{m}: {e}"
+        );
+        assert_eq!(e["worker"], *urls[holder].as_str(), "{m}: {e}");
+        assert_eq!(e["path"], "hit", "{m}: {e}");
+        let c = &e["candidates"][0];
+        assert_eq!(c["matched_by"], "kv_events", "{m}: {e}");
+        assert!(c["matched"].as_u64() >= Some(100), "{m}: {e}");
+    }
     gw.stop();
 }

@@ -30,7 +30,7 @@ pub use admission::AdmissionConfig;
 pub use circuit::CircuitConfig;
 pub use discovery::DiscoverySection;
 pub(crate) use events::EventsConfig;
-pub use events::{EventsConfigError, EventsSection};
+pub use events::{EventsConfigError, EventsSection, TokenizerPaths};
 pub use health::HealthConfig;
 pub use picker::PickerConfig;
 pub use retry::RetryConfig;

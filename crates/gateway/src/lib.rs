@@ -43,7 +43,7 @@ pub use alloc::keep_freed_memory;
 pub use config::{
     AccessConfig, AdmissionConfig, CircuitConfig, ConfigError, DiscoverySection, EventsConfigError,
     EventsSection, GatewayConfig, HealthConfig, Overrides, PickerConfig, RetryConfig, Section,
-    SnapshotConfig, TlsConfig,
+    SnapshotConfig, TlsConfig, TokenizerPaths,
 };
 pub use http::error::ApiError;
 pub use kvgate_core::Secret;

@@ -203,6 +203,47 @@ mod tests {
     }
 
     #[test]
+    fn tokenizer_paths_are_given_for_every_model_or_per_model() {
+        use std::path::Path;
+        let c = load(
+            &[
+                "--tokenizer-path",
+                "/models/base",
+                "qwen=/models/qwen",
+                "meta-llama/Llama-3=/models/llama",
+            ],
+            &[],
+        )
+        .unwrap();
+        let t = &c.events.tokenizer_path;
+        assert_eq!(t.for_model("qwen"), Some(Path::new("/models/qwen")));
+        assert_eq!(t.for_model("other"), Some(Path::new("/models/base")));
+        // Hugging Face ids hold a slash; a path starts like one.
+        assert_eq!(
+            t.for_model("meta-llama/Llama-3"),
+            Some(Path::new("/models/llama"))
+        );
+        let env = load(&[], &[("KVGATE_TOKENIZER_PATH", "qwen=/q")]).unwrap();
+        assert_eq!(
+            env.events.tokenizer_path.for_model("qwen"),
+            Some(Path::new("/q"))
+        );
+        assert_eq!(env.events.tokenizer_path.for_model("other"), None);
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(
+            file.path(),
+            "[tokenizer_path]\n\"*\" = \"/d\"\n\"meta-llama/Llama-3\" = \"/l\"\n",
+        )
+        .unwrap();
+        let from_file =
+            GatewayConfig::load(Some(file.path()), &std::collections::HashMap::new(), vec![]);
+        let from_file = from_file.unwrap();
+        let t = &from_file.events.tokenizer_path;
+        assert_eq!(t.for_model("meta-llama/Llama-3"), Some(Path::new("/l")));
+        assert_eq!(t.for_model("x"), Some(Path::new("/d")));
+    }
+
+    #[test]
     fn the_reference_gateways_flags_are_taken_or_named() {
         let c = load(
             &[
@@ -247,7 +288,7 @@ mod tests {
         assert_eq!(
             (
                 c.policy.eviction_interval,
-                c.events.tokenizer_path.as_deref()
+                c.events.tokenizer_path.for_model("any")
             ),
             (
                 Some(std::time::Duration::from_secs(90)),

@@ -276,8 +276,10 @@ pub(crate) fn run(s: &SoakSettings) -> anyhow::Result<SoakReport> {
             // Releases travel by message: give them a moment before reading the counts.
             actix_rt::time::sleep(Duration::from_millis(500)).await;
             let mut in_flight = 0;
+            // awc reads at most 64 KiB of JSON by default; a long run's answers are larger.
+            const ANSWER_LIMIT: usize = 64 << 20;
             if let Ok(mut resp) = client.get(&workers_url).send().await
-                && let Ok(v) = resp.json::<serde_json::Value>().await
+                && let Ok(v) = resp.json::<serde_json::Value>().limit(ANSWER_LIMIT).await
             {
                 in_flight = v["workers"]
                     .as_array()
@@ -286,11 +288,15 @@ pub(crate) fn run(s: &SoakSettings) -> anyhow::Result<SoakReport> {
             }
             let mut units = 0;
             if let Ok(mut resp) = client.get(&index_url).send().await
-                && let Ok(v) = resp.json::<serde_json::Value>().await
+                && let Ok(v) = resp.json::<serde_json::Value>().limit(ANSWER_LIMIT).await
             {
+                // Text and token trees alike (a tokenizer turns chats into token prompts).
+                let of = |m: &serde_json::Value| {
+                    m["text_units"].as_u64().unwrap_or(0) + m["token_units"].as_u64().unwrap_or(0)
+                };
                 units = v["models"]
                     .as_array()
-                    .map(|ms| ms.iter().filter_map(|m| m["text_units"].as_u64()).sum())
+                    .map(|ms| ms.iter().map(of).sum())
                     .unwrap_or(0);
             }
             let mut r = report.borrow_mut();

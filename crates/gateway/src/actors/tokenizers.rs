@@ -1,8 +1,9 @@
 //! The models' tokenizers, for text requests to workers that publish KV events: their
 //! blocks are keyed by token ids, so a text request matches them only once it is the
 //! engine's own tokens. A tokenizer is loaded (off the actor threads) for each model one of
-//! whose workers advertises `kv_events`: from `--tokenizer-path` when given, else from the
-//! worker's `tokenizer_path` when that is a local path. The HTTP side reads the map.
+//! whose workers advertises `kv_events`: from `--tokenizer-path` when it names one for the
+//! model (`MODEL=PATH`) or for every model, else from the worker's `tokenizer_path` when
+//! that is a local path. The HTTP side reads the map.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -14,6 +15,7 @@ use kvgate_tokenize::ModelTokenizer;
 use tracing::{info, warn};
 
 use crate::actors::registry::{Fleet, FleetChanged};
+use crate::config::TokenizerPaths;
 
 /// One model's tokenizer, as far as it got.
 #[derive(Debug, Clone)]
@@ -37,14 +39,14 @@ pub(crate) enum NoTokenizer {
 /// What the HTTP side reads: per model, its slot.
 #[derive(Debug)]
 pub(crate) struct Tokenizers {
-    configured: Option<PathBuf>,
+    configured: TokenizerPaths,
     models: RwLock<HashMap<String, Slot>>,
     /// Whether any model has a slot: until one does, requests skip the lock.
     any: AtomicBool,
 }
 
 impl Tokenizers {
-    pub(crate) fn new(configured: Option<PathBuf>) -> Tokenizers {
+    pub(crate) fn new(configured: TokenizerPaths) -> Tokenizers {
         Tokenizers {
             configured,
             models: RwLock::new(HashMap::new()),
@@ -87,7 +89,7 @@ impl Tokenizers {
                 if known {
                     continue;
                 }
-                let slot = match self.path_for(w.tokenizer_path.as_deref()) {
+                let slot = match self.path_for(model, w.tokenizer_path.as_deref()) {
                     Ok(path) => {
                         self.load(model.clone(), path.clone());
                         Slot::Loading(path)
@@ -104,9 +106,9 @@ impl Tokenizers {
         }
     }
 
-    fn path_for(&self, advertised: Option<&str>) -> Result<PathBuf, NoTokenizer> {
-        if let Some(p) = &self.configured {
-            return Ok(p.clone());
+    fn path_for(&self, model: &str, advertised: Option<&str>) -> Result<PathBuf, NoTokenizer> {
+        if let Some(p) = self.configured.for_model(model) {
+            return Ok(p.to_path_buf());
         }
         match advertised {
             Some(p) if Path::new(p).exists() => Ok(PathBuf::from(p)),

@@ -5,7 +5,8 @@
 //! `block_size` and `dp_size` when the worker does not report them. It becomes the worker's
 //! `kv_events` descriptor, so the subscription is the same as for an advertised one.
 
-use std::path::PathBuf;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -32,15 +33,108 @@ pub struct EventsSection {
     /// `[kv_events_configs]`, `"http://10.0.0.1:8000" = '{"endpoint": "tcp://*:5557"}'`),
     /// for engines on one host with different event ports; before the shared one.
     pub kv_events_configs: std::collections::BTreeMap<String, String>,
-    /// The model's Hugging Face tokenizer (a directory with `tokenizer.json`, or the file),
-    /// for text requests to workers that publish KV events; without it, each worker's
-    /// `tokenizer_path` from `/server_info` or `/model_info` is used when it is a local path.
-    pub tokenizer_path: Option<PathBuf>,
+    /// The models' Hugging Face tokenizers (a directory with `tokenizer.json`, or the file),
+    /// for text requests to workers that publish KV events: one path for every model, and
+    /// `MODEL=PATH` for a model of its own (see [`TokenizerPaths`]); a model without one
+    /// uses each worker's `tokenizer_path` from `/server_info` or `/model_info` when that is
+    /// a local path.
+    pub tokenizer_path: TokenizerPaths,
     /// A rank that sends no KV event for this long has its publisher asked (a replay
     /// request; without replay, the engine's reported load is looked at): no answer, or
     /// silence while the engine works, shows its events as stalled.
     #[serde(rename = "kv_events_silence_secs", with = "kvgate_core::secs")]
     pub kv_events_silence: Duration,
+}
+
+/// Tokenizers by model: `default` for any model not named in `per_model`. Read from a
+/// path (`"/models/llama"`), a list of entries each a path or `MODEL=PATH` (the flag's
+/// form: `--tokenizer-path /models/llama Qwen/Qwen3-8B=/models/qwen`), or a table
+/// (`[tokenizer_path]`, `"*"` for the default).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TokenizerPaths {
+    pub default: Option<PathBuf>,
+    pub per_model: BTreeMap<String, PathBuf>,
+}
+
+impl TokenizerPaths {
+    /// One path for every model.
+    pub fn all(path: impl Into<PathBuf>) -> TokenizerPaths {
+        TokenizerPaths {
+            default: Some(path.into()),
+            per_model: BTreeMap::new(),
+        }
+    }
+
+    /// The configured tokenizer of `model`: its own, else the default.
+    pub fn for_model(&self, model: &str) -> Option<&Path> {
+        (self.per_model.get(model))
+            .or(self.default.as_ref())
+            .map(PathBuf::as_path)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.default.is_none() && self.per_model.is_empty()
+    }
+
+    /// `MODEL=PATH` (model names may hold `/`, as Hugging Face ids do; `*=PATH` is the
+    /// default), else a path for every model: an entry that starts like a path (`/`, `.`,
+    /// `~`) or has no `=`.
+    fn take(&mut self, entry: &str) {
+        let pathlike = entry.starts_with(['/', '.', '~']);
+        match entry.split_once('=') {
+            Some(("*", path)) => self.default = Some(PathBuf::from(path)),
+            Some((model, path)) if !model.is_empty() && !pathlike => {
+                self.per_model.insert(model.to_owned(), PathBuf::from(path));
+            }
+            _ => self.default = Some(PathBuf::from(entry)),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum GivenPaths {
+    One(String),
+    Many(Vec<String>),
+    Table(BTreeMap<String, PathBuf>),
+}
+
+impl<'de> Deserialize<'de> for TokenizerPaths {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let mut out = TokenizerPaths::default();
+        match Option::<GivenPaths>::deserialize(d)? {
+            None => {}
+            Some(GivenPaths::One(s)) => s.split_whitespace().for_each(|e| out.take(e)),
+            Some(GivenPaths::Many(v)) => v.iter().for_each(|e| out.take(e)),
+            Some(GivenPaths::Table(t)) => {
+                for (model, path) in t {
+                    if model == "*" {
+                        out.default = Some(path);
+                    } else {
+                        out.per_model.insert(model, path);
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Serialize for TokenizerPaths {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if self.per_model.is_empty() {
+            return self.default.serialize(s);
+        }
+        let mut t: BTreeMap<&str, &Path> = self
+            .per_model
+            .iter()
+            .map(|(m, p)| (m.as_str(), p.as_path()))
+            .collect();
+        if let Some(d) = &self.default {
+            t.insert("*", d);
+        }
+        t.serialize(s)
+    }
 }
 
 impl Default for EventsSection {
@@ -49,7 +143,7 @@ impl Default for EventsSection {
             kv_events_max_blocks: 1_000_000,
             kv_events_config: None,
             kv_events_configs: std::collections::BTreeMap::new(),
-            tokenizer_path: None,
+            tokenizer_path: TokenizerPaths::default(),
             kv_events_silence: Duration::from_secs(30),
         }
     }

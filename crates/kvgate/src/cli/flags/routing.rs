@@ -211,8 +211,8 @@ pub(in crate::cli) const ROUTING: &[Flag] = &[
     (
         "tokenizer-path",
         "tokenizer_path",
-        Kind::Text,
-        "The model's tokenizer (directory or tokenizer.json) for matching text requests on KV events",
+        Kind::Texts,
+        "The models' tokenizers (directory or tokenizer.json), space-separated: PATH for every model, MODEL=PATH for one; for matching text requests on KV events",
     ),
     (
         "model-path",
