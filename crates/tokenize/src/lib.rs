@@ -3,9 +3,11 @@
 //! `tokenizer_config.json` (or `chat_template.jinja` beside it). kvgate uses them to match
 //! text requests against the blocks engines report in their KV events.
 //!
-//! Chats are rendered as transformers' `apply_chat_template(…, add_generation_prompt=True,
-//! tokenize=True)` renders them (no special tokens added beyond the template's); plain text
-//! is encoded as `tokenizer.encode(text)` (with them), as SGLang and vLLM do.
+//! Chats are rendered as transformers' `apply_chat_template(…, tokenize=True)` renders them
+//! (no special tokens added beyond the template's), with the request's
+//! `add_generation_prompt` (default true) and `continue_final_message`, as vLLM passes
+//! them; plain text is encoded as `tokenizer.encode(text)` (with them), as SGLang and vLLM
+//! do.
 //!
 //! Encoding is cached by segment: text is cut where the added tokens (`<|eot_id|>`, …)
 //! stand, as the tokenizer itself cuts it, so each message of a conversation is encoded
@@ -115,6 +117,12 @@ struct ChatParts {
     tools: Option<minijinja::Value>,
     #[serde(default)]
     chat_template_kwargs: Option<minijinja::Value>,
+    /// vLLM's request fields: the template ends with the assistant's opening (the default),
+    /// or leaves the final message open for the model to continue.
+    #[serde(default)]
+    add_generation_prompt: Option<bool>,
+    #[serde(default)]
+    continue_final_message: Option<bool>,
 }
 
 fn read(path: &Path) -> Result<Option<String>, TokenizeError> {
@@ -208,12 +216,29 @@ impl ModelTokenizer {
     }
 
     /// The template's text for a chat completion body (`messages`, `tools`,
-    /// `chat_template_kwargs`).
+    /// `chat_template_kwargs`), as vLLM renders it: `add_generation_prompt` (default true)
+    /// ends it with the assistant's opening; `continue_final_message` leaves the final
+    /// message open, the text cut right after its content (transformers' rule).
     pub fn render_chat(&self, body: &[u8]) -> Result<String, TokenizeError> {
         let t = self.template.as_ref().ok_or(TokenizeError::NoTemplate)?;
         let parts: ChatParts =
             serde_json::from_slice(body).map_err(|e| TokenizeError::Body(e.to_string()))?;
-        t.render(parts.messages, parts.tools, parts.chat_template_kwargs)
+        let open = parts.continue_final_message.unwrap_or(false);
+        let generation = parts.add_generation_prompt.unwrap_or(!open);
+        let last = open.then(|| final_text(&parts.messages)).flatten();
+        let text = t.render(
+            parts.messages,
+            parts.tools,
+            parts.chat_template_kwargs,
+            generation,
+        )?;
+        Ok(match last {
+            Some(content) => match text.rfind(content.trim()) {
+                Some(at) => text[..at + content.trim().len()].to_owned(),
+                None => text,
+            },
+            None => text,
+        })
     }
 
     /// The token ids of a chat completion body, as the engine computes them.
@@ -338,4 +363,12 @@ fn splitter(t: &Tokenizer) -> Option<(AhoCorasick, Vec<u32>)> {
         .build(added.iter().map(|(_, c)| c.as_str()))
         .ok()?;
     Some((ac, added.into_iter().map(|(id, _)| id).collect()))
+}
+
+/// The text of the final message, when it is a string.
+fn final_text(messages: &minijinja::Value) -> Option<String> {
+    let n = messages.len()?;
+    let last = messages.get_item(&minijinja::Value::from(n.checked_sub(1)?)).ok()?;
+    let content = last.get_attr("content").ok()?;
+    content.as_str().map(str::to_owned)
 }

@@ -49,12 +49,14 @@ impl ChatTemplate {
     }
 
     /// Renders `messages` (with `tools` and the request's `chat_template_kwargs`, when
-    /// given) with `add_generation_prompt` set, as an engine does for a chat completion.
+    /// given) with `add_generation_prompt` as the request says (an engine's default for a
+    /// chat completion is true).
     pub(crate) fn render(
         &self,
         messages: Value,
         tools: Option<Value>,
         kwargs: Option<Value>,
+        add_generation_prompt: bool,
     ) -> Result<String, TokenizeError> {
         let tmpl = self
             .env
@@ -76,7 +78,10 @@ impl ChatTemplate {
             }
         }
         ctx.insert("messages".into(), messages);
-        ctx.insert("add_generation_prompt".into(), Value::from(true));
+        ctx.insert(
+            "add_generation_prompt".into(),
+            Value::from(add_generation_prompt),
+        );
         if let Some(t) = tools.filter(|t| !t.is_none() && !t.is_undefined()) {
             ctx.insert("tools".into(), t);
         }
@@ -372,7 +377,7 @@ mod tests {
         let t = ChatTemplate::new(src.to_owned(), vec![("bos_token".into(), "<s>".into())])?;
         let m: Value =
             serde_json::from_str(messages).map_err(|e| TokenizeError::Body(e.to_string()))?;
-        t.render(m, None, None)
+        t.render(m, None, None, true)
     }
 
     #[test]

@@ -156,3 +156,30 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn the_generation_prompt_follows_the_request() {
+    let tok = tokenizer();
+    let messages = json!([
+        {"role": "user", "content": "Where is the harbour?"},
+        {"role": "assistant", "content": "It lies to the"}
+    ]);
+    let render = |extra: serde_json::Value| {
+        let mut body = json!({"model": "m", "messages": messages});
+        for (k, v) in extra.as_object().cloned().unwrap_or_default() {
+            body[k] = v;
+        }
+        tok.render_chat(&serde_json::to_vec(&body).expect("body"))
+            .expect("renders")
+    };
+    let opening = "<|start_header_id|>assistant<|end_header_id|>\n\n";
+    let default = render(json!({}));
+    assert!(default.ends_with(opening), "{default}");
+    let without = render(json!({"add_generation_prompt": false}));
+    assert!(without.ends_with("<|eot_id|>"), "{without}");
+    assert_eq!(format!("{without}{opening}"), default);
+    // The final message left open: no end of turn after it, no new opening.
+    let open = render(json!({"continue_final_message": true}));
+    assert!(open.ends_with("It lies to the"), "{open}");
+    assert!(without.starts_with(&open));
+}
