@@ -40,6 +40,8 @@ pub struct EngineStats {
     /// Tokens resident in the prefix caches of all ranks (locked by running requests or not).
     pub cache_tokens: u64,
     pub restarts: u64,
+    /// Calls of vLLM's render routes (`/v1/chat/completions/render`, `/v1/completions/render`).
+    pub renders: u64,
 }
 
 /// The fleet index of the engine that generated a response id (`id` in an OpenAI answer or
@@ -67,6 +69,8 @@ pub(crate) struct Engine {
     next_rank: AtomicUsize,
     /// Inference requests received, whatever became of them.
     pub(crate) received: AtomicU64,
+    /// Render calls answered.
+    pub(crate) renders: AtomicU64,
     /// The KV-event ports bound, once publishing runs.
     kv_events: OnceLock<Ports>,
     /// Faults of the KV-event publisher alone.
@@ -103,6 +107,7 @@ impl Engine {
             next_rid: AtomicU64::new(0),
             next_rank: AtomicUsize::new(0),
             received: AtomicU64::new(0),
+            renders: AtomicU64::new(0),
             kv_events: OnceLock::new(),
             publisher_faults: Arc::default(),
             responses: Mutex::default(),
@@ -278,6 +283,7 @@ impl Engine {
             flushes: self.flushes.load(Ordering::Relaxed),
             restarts: self.restarts.load(Ordering::Relaxed),
             http_requests: self.received.load(Ordering::Relaxed),
+            renders: self.renders.load(Ordering::Relaxed),
             ..EngineStats::default()
         };
         for s in self.snapshots() {

@@ -24,7 +24,7 @@ mod stream;
 
 use agents::{messages, responses};
 use control::{abort_request, flush_cache, sim_fault, sim_restart, sim_stats};
-use infer::{chat, completions, generate};
+use infer::{chat, completions, generate, render_chat, render_completion};
 use info::{health, health_generate, loads, metrics, model_info, models, ready, server_info};
 
 type Answer = Result<HttpResponse, ApiError>;
@@ -125,7 +125,9 @@ fn routes(cfg: &mut ServiceConfig, flavor: Flavor, metrics_on: bool) {
         Flavor::Vllm => {
             let version = || async { HttpResponse::Ok().json(json!({"version": "0.11.0"})) };
             cfg.service(resource("/version").get(version))
-                .service(resource("/reset_prefix_cache").post(flush_cache));
+                .service(resource("/reset_prefix_cache").post(flush_cache))
+                .service(resource("/v1/chat/completions/render").post(render_chat))
+                .service(resource("/v1/completions/render").post(render_completion));
         }
     }
 }

@@ -368,7 +368,9 @@ fn splitter(t: &Tokenizer) -> Option<(AhoCorasick, Vec<u32>)> {
 /// The text of the final message, when it is a string.
 fn final_text(messages: &minijinja::Value) -> Option<String> {
     let n = messages.len()?;
-    let last = messages.get_item(&minijinja::Value::from(n.checked_sub(1)?)).ok()?;
+    let last = messages
+        .get_item(&minijinja::Value::from(n.checked_sub(1)?))
+        .ok()?;
     let content = last.get_attr("content").ok()?;
     content.as_str().map(str::to_owned)
 }

@@ -30,6 +30,31 @@ pub(super) async fn chat(e: Data<Engine>, req: HttpRequest, body: Bytes) -> Answ
     infer(e, Api::Chat, body, rank).await
 }
 
+/// vLLM's `POST /v1/chat/completions/render`: the prompt's token ids as the engine
+/// computes them for this chat (`{"token_ids": [...]}`), nothing scheduled.
+pub(super) async fn render_chat(e: Data<Engine>, body: Bytes) -> Answer {
+    render(e, Api::Chat, body)
+}
+
+/// vLLM's `POST /v1/completions/render`: one `{"prompt_token_ids": [...]}` per prompt.
+pub(super) async fn render_completion(e: Data<Engine>, body: Bytes) -> Answer {
+    render(e, Api::Completion, body)
+}
+
+fn render(e: Data<Engine>, api: Api, body: Bytes) -> Answer {
+    e.renders.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let req = api::parse(api, &body, &e.cfg, &e.vocab)?;
+    let answer = match api {
+        Api::Chat => json!({"token_ids": req.prompts.first().cloned().unwrap_or_default()}),
+        _ => Value::Array(
+            (req.prompts.iter())
+                .map(|p| json!({"prompt_token_ids": p}))
+                .collect(),
+        ),
+    };
+    Ok(HttpResponse::Ok().json(answer))
+}
+
 /// vLLM's `X-data-parallel-rank` request header (a vLLM engine's only way to be told the
 /// rank; SGLang reads `routed_dp_rank` in the body).
 fn header_rank(e: &Engine, req: &HttpRequest) -> Result<Option<i64>, ApiError> {

@@ -8,13 +8,13 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use actix::{Actor, Context, Handler, Supervised};
 use kvgate_tokenize::ModelTokenizer;
 use tracing::{info, warn};
 
-use crate::actors::registry::{Fleet, FleetChanged};
+use crate::actors::registry::{Fleet, FleetChanged, Runtime};
 use crate::config::TokenizerPaths;
 
 /// One model's tokenizer, as far as it got.
@@ -25,6 +25,16 @@ pub(crate) enum Slot {
     Failed(String),
     /// No usable path: the reason.
     Missing(NoTokenizer),
+    /// No tokenizer here, but the model's engines render prompts themselves (vLLM's
+    /// `/v1/chat/completions/render` and `/v1/completions/render`): these ones.
+    Render(Arc<[RenderTarget]>),
+}
+
+/// An engine asked to render prompts, with the key it expects.
+#[derive(Debug, Clone)]
+pub(crate) struct RenderTarget {
+    pub url: kvgate_core::WorkerUrl,
+    pub key: Option<kvgate_core::Secret>,
 }
 
 /// Why a model has no tokenizer to load.
@@ -43,6 +53,27 @@ pub(crate) struct Tokenizers {
     models: RwLock<HashMap<String, Slot>>,
     /// Whether any model has a slot: until one does, requests skip the lock.
     any: AtomicBool,
+    /// Engines' render answers by a hash of route and body: a body asked again (explain
+    /// then send, a retry, a held request) is rendered once.
+    renders: Mutex<HashMap<u64, Arc<[u32]>>>,
+}
+
+/// Render answers kept; past it the cache starts over.
+const RENDER_CACHE: usize = 4096;
+
+/// The model's ready vLLM engines, which serve the render routes; `None` for none.
+fn renderers(fleet: &Fleet, model: &str) -> Option<Arc<[RenderTarget]>> {
+    let targets: Vec<RenderTarget> = fleet
+        .iter()
+        .filter(|w| {
+            w.runtime == Runtime::Vllm && w.healthy() && w.models.iter().any(|m| m == model)
+        })
+        .map(|w| RenderTarget {
+            url: w.url.clone(),
+            key: w.api_key.clone(),
+        })
+        .collect();
+    (!targets.is_empty()).then(|| targets.into())
 }
 
 impl Tokenizers {
@@ -51,6 +82,7 @@ impl Tokenizers {
             configured,
             models: RwLock::new(HashMap::new()),
             any: AtomicBool::new(false),
+            renders: Mutex::new(HashMap::new()),
         }
     }
 
@@ -85,7 +117,7 @@ impl Tokenizers {
                     .read()
                     .unwrap_or_else(PoisonError::into_inner)
                     .get(model)
-                    .is_some_and(|s| !matches!(s, Slot::Missing(_)));
+                    .is_some_and(|s| !matches!(s, Slot::Missing(_) | Slot::Render(_)));
                 if known {
                     continue;
                 }
@@ -94,7 +126,10 @@ impl Tokenizers {
                         self.load(model.clone(), path.clone());
                         Slot::Loading(path)
                     }
-                    Err(reason) => Slot::Missing(reason),
+                    Err(reason) => match renderers(fleet, model) {
+                        Some(targets) => Slot::Render(targets),
+                        None => Slot::Missing(reason),
+                    },
                 };
                 let mut models = self.models.write().unwrap_or_else(PoisonError::into_inner);
                 // A load may have finished already; it wins over Loading.
@@ -104,6 +139,21 @@ impl Tokenizers {
                 self.any.store(true, Ordering::Relaxed);
             }
         }
+    }
+
+    /// A render answer kept for `key` (a hash of the route and body), if any.
+    pub(crate) fn rendered(&self, key: u64) -> Option<Arc<[u32]>> {
+        let r = self.renders.lock().unwrap_or_else(PoisonError::into_inner);
+        r.get(&key).cloned()
+    }
+
+    /// Keeps a render answer; the oldest half goes when the cache is full.
+    pub(crate) fn keep_rendered(&self, key: u64, ids: Arc<[u32]>) {
+        let mut r = self.renders.lock().unwrap_or_else(PoisonError::into_inner);
+        if r.len() >= RENDER_CACHE {
+            r.clear();
+        }
+        r.insert(key, ids);
     }
 
     fn path_for(&self, model: &str, advertised: Option<&str>) -> Result<PathBuf, NoTokenizer> {

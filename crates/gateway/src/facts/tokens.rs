@@ -12,6 +12,8 @@ use kvgate_policies::{PromptText, RequestFacts, RoutingText};
 use serde::Serialize;
 
 use crate::actors::tokenizers::{Slot, Tokenizers};
+
+mod render;
 use kvgate_core::Endpoint;
 
 /// Bodies up to this size are tokenized where they were read.
@@ -25,6 +27,9 @@ pub(crate) enum TokenSource {
     Request,
     /// Encoded with the model's tokenizer, loaded from `tokenizer`.
     Tokenizer { tokenizer: String },
+    /// Rendered by the engine at `engine` (vLLM's render routes), or by an earlier call
+    /// for the same body (`cached`).
+    Render { engine: String, cached: bool },
     /// Matched as text on the approximate index, for this reason.
     Text { reason: Cow<'static, str> },
     /// The policy does not read the prompt.
@@ -39,9 +44,27 @@ impl TokenSource {
     }
 }
 
-/// Replaces a text key with the engine's tokens when the model has a tokenizer; a failure
-/// leaves the text key (the engine gives the request its own answer).
+/// Replaces a text key with the engine's tokens when the model has a tokenizer, or, with
+/// none here, when its engines render prompts (vLLM); a failure leaves the text key (the
+/// engine gives the request its own answer). On the HTTP threads: the render client is
+/// theirs.
 pub(crate) async fn tokenize(
+    tokenizers: &Tokenizers,
+    endpoint: Endpoint,
+    body: &Bytes,
+    facts: &mut RequestFacts,
+) -> TokenSource {
+    if matches!(facts.key, RoutingText::Text(_))
+        && let Some(Slot::Render(targets)) = tokenizers.lookup(facts.model.as_deref())
+    {
+        return render::tokens(tokenizers, &targets, endpoint, body, facts).await;
+    }
+    tokenize_here(tokenizers, endpoint, body, facts).await
+}
+
+/// [`tokenize`] with the gateway's own tokenizers only (the endpoint picker, whose tasks
+/// may move between threads).
+pub(crate) async fn tokenize_here(
     tokenizers: &Tokenizers,
     endpoint: Endpoint,
     body: &Bytes,
@@ -53,6 +76,11 @@ pub(crate) async fn tokenize(
         RoutingText::Text(_) => {}
     }
     let tok = match tokenizers.lookup(facts.model.as_deref()) {
+        Some(Slot::Render(_)) => {
+            return TokenSource::text(
+                "no tokenizer here (give --tokenizer-path): the engine renders prompts, which the picker does not ask",
+            );
+        }
         None => return TokenSource::text("no worker serving this model publishes KV events"),
         Some(Slot::Loading(_)) => return TokenSource::text("the model's tokenizer is loading"),
         Some(Slot::Failed(e)) => return TokenSource::text(format!("tokenizer not loaded: {e}")),

@@ -156,6 +156,8 @@ fn worker_json(
             "chat_template": t.has_chat_template()}),
         Some(Slot::Failed(e)) => json!({"state": "failed", "reason": e}),
         Some(Slot::Missing(r)) => json!({"state": "missing", "reason": r.to_string()}),
+        Some(Slot::Render(_)) => json!({"state": "render",
+            "reason": "no tokenizer here: the engine renders text prompts (vLLM's render routes)"}),
     };
     // What the poller last saw, summed over ranks; null without a fresh report.
     v["load"] = state

@@ -240,7 +240,7 @@ impl Exchange {
         let mut facts = match head.endpoint {
             Some(e) if !body.is_empty() => {
                 let mut f = request_facts(e, body, self.picker.reads_prompt)?;
-                tokens::tokenize(&self.picker.tokenizers, e, body, &mut f).await;
+                tokens::tokenize_here(&self.picker.tokenizers, e, body, &mut f).await;
                 f
             }
             _ => RequestFacts::default(),
