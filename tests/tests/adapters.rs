@@ -74,6 +74,16 @@ async fn each_adapter_lands_where_it_is_loaded_and_its_hits_stay_inside_it() {
             runs.push((landed(&r), cached(&r)));
         }
     }
+    // kvgate's model list keeps each adapter's base, as vLLM's does.
+    let models = kvgate_tests::get(&h.url("/v1/models")).await.json();
+    let card = |id: &str| {
+        (models["data"].as_array().into_iter().flatten())
+            .find(|m| m["id"] == id)
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert_eq!(card("sql")["parent"], "kvgate-sim-model", "{models}");
+    assert_eq!(card("kvgate-sim-model")["parent"], Value::Null, "{models}");
     kept_inside("sql", &sql, &[0, 1]);
     kept_inside("chat", &chat_runs, &[2, 3]);
     // The index keeps the two apart under the base model's name.

@@ -100,13 +100,18 @@ pub(crate) async fn models(
             seen.entry(m.as_str()).or_insert(w);
         }
     }
-    let data: Vec<Value> = seen
-        .iter()
-        .map(|(id, w)| {
-            json!({"id": id, "object": "model", "created": w.added_at as u64, "owned_by": w.runtime})
-        })
-        .collect();
+    let data: Vec<Value> = seen.iter().map(|(id, w)| model_card(id, w)).collect();
     Ok(HttpResponse::Ok().json(json!({"object": "list", "data": data})))
+}
+
+/// One model as OpenAI lists it; an adapter with its base model (`parent`), as vLLM does.
+fn model_card(id: &str, w: &WorkerRecord) -> Value {
+    let mut card =
+        json!({"id": id, "object": "model", "created": w.added_at as u64, "owned_by": w.runtime});
+    if let Some(base) = w.adapters.get(id) {
+        card["parent"] = json!(base);
+    }
+    card
 }
 
 /// Why a worker gets no traffic, if it gets none.
@@ -540,9 +545,7 @@ pub(crate) async fn model(
     let w = (fleet.iter())
         .find(|w| w.models.contains(&id))
         .ok_or_else(|| ApiError::ModelNotFound(id.clone()))?;
-    Ok(HttpResponse::Ok().json(
-        json!({"id": id, "object": "model", "created": w.added_at as u64, "owned_by": w.runtime}),
-    ))
+    Ok(HttpResponse::Ok().json(model_card(&id, w)))
 }
 
 pub(crate) async fn method_not_allowed(req: HttpRequest) -> Result<HttpResponse, ApiError> {
