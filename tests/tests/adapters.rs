@@ -209,6 +209,19 @@ async fn with_vllm_events_an_adapters_blocks_are_matched_under_the_adapter() {
         let r = post_json(&format!("{u}/v1/completions"), &completion(model, 1)).await;
         assert_eq!(r.status.as_u16(), 200, "{}", r.text());
     }
+    // Other tokens under a tenant's salt on engine 1 (vLLM sends the salt only in the
+    // first block's extra_keys).
+    let salted = |salt: &str, tail: u32| {
+        let mut p: Vec<u32> = (0..256).map(|i| 3000 + i).collect();
+        p.push(tail);
+        json!({"prompt": p, "max_tokens": 1, "cache_salt": salt})
+    };
+    let r = post_json(
+        &format!("{}/v1/completions", urls[1]),
+        &salted("tenant-a", 1),
+    )
+    .await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
     let dir = tempfile::tempdir().expect("dir");
     let gw = Gateway::start(test_config(&dir)).expect("gateway");
     for (k, u) in urls.iter().enumerate() {
@@ -226,6 +239,9 @@ async fn with_vllm_events_an_adapters_blocks_are_matched_under_the_adapter() {
             && ws.iter().all(|w| {
                 w["events"]["state"] == "live" && w["events"]["blocks"].as_u64() >= Some(16)
             })
+            && ws
+                .iter()
+                .any(|w| w["events"]["blocks"].as_u64() >= Some(32))
     })
     .await;
     let explain = |body: Value| {
@@ -247,5 +263,11 @@ async fn with_vllm_events_an_adapters_blocks_are_matched_under_the_adapter() {
         let notes = e["notes"].to_string();
         assert_eq!(notes.contains("adapter"), model == "sql", "{e}");
     }
+    // The tenant's prefix is matched for the tenant alone.
+    let a = explain(salted("tenant-a", 2)).await;
+    assert_eq!(a["path"], "hit", "{a}");
+    assert_eq!(a["worker"], *urls[1].as_str(), "{a}");
+    let b = explain(salted("tenant-b", 2)).await;
+    assert_eq!(b["path"], "miss", "{b}");
     gw.stop();
 }

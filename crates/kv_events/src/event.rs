@@ -38,6 +38,8 @@ pub struct BlockStored {
     pub block_size: u32,
     pub lora_id: Option<i64>,
     pub medium: Option<Medium>,
+    /// The salt the blocks were cached under: SGLang's `cache_salt` field, or what vLLM
+    /// puts in the first block's `extra_keys` (see [`BlockStored`]'s decoding).
     pub cache_salt: Option<String>,
     pub session_id: Option<String>,
     pub lora_name: Option<String>,
@@ -154,6 +156,7 @@ struct Fields<'a> {
     cache_salt: Option<&'a Value>,
     session_id: Option<&'a Value>,
     lora_name: Option<&'a Value>,
+    extra_keys: Option<&'a Value>,
 }
 
 /// `None`: an event type this crate does not know.
@@ -177,6 +180,7 @@ fn decode_event(v: &Value) -> Result<Option<KvEvent>, DecodeError> {
                     Some("cache_salt") => &mut f.cache_salt,
                     Some("session_id") => &mut f.session_id,
                     Some("lora_name") => &mut f.lora_name,
+                    Some("extra_keys") => &mut f.extra_keys,
                     _ => continue,
                 };
                 *slot = Some(val);
@@ -242,17 +246,45 @@ fn stored(f: &Fields<'_>) -> Result<BlockStored, DecodeError> {
         })
         .transpose()?;
     let text = |v: Option<&Value>, what| opt(v).map(|s| string(s, what)).transpose();
+    let parent_block_hash = opt(f.parent_block_hash).map(hash).transpose()?;
+    let lora_name = text(f.lora_name, "lora_name")?;
+    let cache_salt = match text(f.cache_salt, "cache_salt")? {
+        Some(s) => Some(s),
+        // vLLM salts a sequence's first block only (its hash chains the rest).
+        None if parent_block_hash.is_none() => salt_of(f.extra_keys, lora_name.as_deref()),
+        None => None,
+    };
     Ok(BlockStored {
         block_hashes: hashes(f.block_hashes)?,
-        parent_block_hash: opt(f.parent_block_hash).map(hash).transpose()?,
+        parent_block_hash,
         token_ids,
         block_size,
         lora_id,
         medium: medium(f.medium)?,
-        cache_salt: text(f.cache_salt, "cache_salt")?,
+        cache_salt,
         session_id: text(f.session_id, "session_id")?,
-        lora_name: text(f.lora_name, "lora_name")?,
+        lora_name,
     })
+}
+
+/// The cache salt in vLLM's `extra_keys` of a sequence's first block: vLLM assembles each
+/// block's keys as the adapter's name, then multimodal keys (each an `[identifier, offset]`
+/// pair), then, on the first block only, the salt, then a prompt-embeddings hash (bytes).
+/// So the salt is the first string after the adapter's name. `None` when there is none, or
+/// the keys are of another shape (then the blocks stay in the unsalted scope).
+fn salt_of(extra_keys: Option<&Value>, lora_name: Option<&str>) -> Option<String> {
+    let first = opt(extra_keys)?.as_array()?.first()?.as_array()?;
+    let mut keys = first.iter();
+    if let Some(name) = lora_name {
+        // The adapter's name leads every block's keys.
+        match keys.clone().next().and_then(Value::as_str) {
+            Some(s) if s == name => {
+                keys.next();
+            }
+            _ => return None,
+        }
+    }
+    keys.find_map(Value::as_str).map(str::to_owned)
 }
 
 fn hash(v: &Value) -> Result<EngineHash, DecodeError> {

@@ -509,3 +509,62 @@ proptest! {
         prop_assert!(decode_payload(&p[..cut]).is_err());
     }
 }
+
+#[test]
+fn vllm_carries_the_salt_in_the_first_blocks_extra_keys() {
+    use crate::{VllmHashes, encode_payload_vllm};
+    let salted = |lora: Option<&str>, parent: Option<i64>| BlockStored {
+        lora_name: lora.map(str::to_owned),
+        lora_id: lora.map(|_| 1),
+        cache_salt: Some("tenant-a".into()),
+        ..stored(&[1, 2], parent, vec![1, 2, 3, 4])
+    };
+    for lora in [None, Some("sql")] {
+        let b = EventBatch {
+            ts: 1.0,
+            events: vec![KvEvent::BlockStored(salted(lora, None))],
+            attn_dp_rank: None,
+            unknown_events: 0,
+        };
+        // vLLM sends no cache_salt field: the salt comes back from extra_keys.
+        let got = decode_payload(&encode_payload_vllm(&b, VllmHashes::Ints)).unwrap();
+        let KvEvent::BlockStored(s) = &got.events[0] else {
+            panic!("{got:?}")
+        };
+        assert_eq!(s.cache_salt.as_deref(), Some("tenant-a"), "{lora:?}");
+        assert_eq!(s.lora_name.as_deref(), lora);
+    }
+    // Past the first block vLLM adds no salt: a continuation is salted by its chain.
+    let later = EventBatch {
+        ts: 1.0,
+        events: vec![KvEvent::BlockStored(salted(Some("sql"), Some(9)))],
+        attn_dp_rank: None,
+        unknown_events: 0,
+    };
+    let got = decode_payload(&encode_payload_vllm(&later, VllmHashes::Ints)).unwrap();
+    let KvEvent::BlockStored(s) = &got.events[0] else {
+        panic!("{got:?}")
+    };
+    assert_eq!(s.cache_salt, None);
+    // Keys of another shape (a multimodal pair first, no string) name no salt.
+    let e = Value::Map(vec![
+        (k("type"), k("BlockStored")),
+        (k("block_hashes"), Value::Array(vec![Value::from(5)])),
+        (k("parent_block_hash"), Value::Nil),
+        (k("token_ids"), Value::Array(vec![Value::from(1)])),
+        (k("block_size"), Value::from(1)),
+        (k("lora_id"), Value::Nil),
+        (
+            k("extra_keys"),
+            Value::Array(vec![Value::Array(vec![Value::Array(vec![
+                k("img"),
+                Value::from(0),
+            ])])]),
+        ),
+    ]);
+    let b = decode_payload(&payload(vec![e], Value::Nil)).unwrap();
+    let KvEvent::BlockStored(s) = &b.events[0] else {
+        panic!("{b:?}")
+    };
+    assert_eq!(s.cache_salt, None);
+}

@@ -54,6 +54,9 @@ fn event(e: &KvEvent, form: VllmHashes) -> Value {
             m.push((key("lora_id"), opt_value(s.lora_id, Value::from)));
             m.push((key("medium"), medium(s.medium.as_ref())));
             m.push((key("lora_name"), text(s.lora_name.as_deref())));
+            if let Some(keys) = extra_keys(s) {
+                m.push((key("extra_keys"), keys));
+            }
         }
         KvEvent::BlockRemoved(r) => {
             m.push((key("type"), key("BlockRemoved")));
@@ -63,6 +66,32 @@ fn event(e: &KvEvent, form: VllmHashes) -> Value {
         KvEvent::AllBlocksCleared => m.push((key("type"), key("AllBlocksCleared"))),
     }
     Value::Map(m)
+}
+
+/// The blocks' `extra_keys` as vLLM computes them: the adapter's name on every block, the
+/// salt on a sequence's first block only; `None` (left out) when neither applies.
+fn extra_keys(s: &crate::event::BlockStored) -> Option<Value> {
+    if s.lora_name.is_none() && s.cache_salt.is_none() {
+        return None;
+    }
+    let keys = (0..s.block_hashes.len())
+        .map(|i| {
+            let mut k: Vec<Value> = s
+                .lora_name
+                .iter()
+                .map(|n| Value::from(n.as_str()))
+                .collect();
+            if i == 0 && s.parent_block_hash.is_none() {
+                k.extend(s.cache_salt.iter().map(|c| Value::from(c.as_str())));
+            }
+            if k.is_empty() {
+                Value::Nil
+            } else {
+                Value::Array(k)
+            }
+        })
+        .collect();
+    Some(Value::Array(keys))
 }
 
 /// One payload frame as vLLM writes it.
