@@ -89,6 +89,30 @@ async fn without_a_tokenizer_here_the_engines_render_text_prompts_for_matching()
         );
         assert_eq!(renders(0) + renders(1), before + 1, "{k}");
     }
+    // A conversation's next turn is routed at once on its first turn's render (a prefix of
+    // its own), and its whole render is asked off the request path for the turn after.
+    let mut next = chat(1);
+    if let Some(m) = next["messages"].as_array_mut() {
+        m.push(json!({"role": "assistant", "content": "The logbook notes a storm."}));
+        m.push(json!({"role": "user", "content": "And after the storm?"}));
+    }
+    let before = renders(0) + renders(1);
+    let url = format!("{}/admin/explain/v1/chat/completions", gw.url());
+    let e = post_json(&url, &next).await.json();
+    assert_eq!(e["prompt"]["tokens_from"]["source"], "render", "{e}");
+    assert_eq!(e["prompt"]["tokens_from"]["prefix_messages"], 2, "{e}");
+    assert_eq!(e["path"], "hit", "{e}");
+    assert_eq!(e["worker"], *urls[1].as_str(), "{e}");
+    kvgate_tests::wait_for_async(10, "the whole turn rendered in the background", || {
+        let (url, next) = (url.clone(), next.clone());
+        async move {
+            let e = post_json(&url, &next).await.json();
+            e["prompt"]["tokens_from"]["cached"] == true
+                && e["prompt"]["tokens_from"]["prefix_messages"].is_null()
+        }
+    })
+    .await;
+    assert_eq!(renders(0) + renders(1), before + 1);
     // A completion's string prompt goes through the completions render.
     let prompt = "A string prompt about the lighthouse keeper's diary. ".repeat(10);
     let body = json!({"prompt": prompt, "max_tokens": 1});

@@ -5,6 +5,7 @@
 //! segment, so a conversation's later turns encode only what is new.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use actix_web::web;
 use bytes::Bytes;
@@ -28,8 +29,14 @@ pub(crate) enum TokenSource {
     /// Encoded with the model's tokenizer, loaded from `tokenizer`.
     Tokenizer { tokenizer: String },
     /// Rendered by the engine at `engine` (vLLM's render routes), or by an earlier call
-    /// for the same body (`cached`).
-    Render { engine: String, cached: bool },
+    /// (`cached`): for the same prompt, or, for a chat, for its first `prefix_messages`
+    /// messages, on which it is routed while its whole render runs off the request path.
+    Render {
+        engine: String,
+        cached: bool,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        prefix_messages: Option<usize>,
+    },
     /// Matched as text on the approximate index, for this reason.
     Text { reason: Cow<'static, str> },
     /// The policy does not read the prompt.
@@ -49,7 +56,7 @@ impl TokenSource {
 /// engine gives the request its own answer). On the HTTP threads: the render client is
 /// theirs.
 pub(crate) async fn tokenize(
-    tokenizers: &Tokenizers,
+    tokenizers: &Arc<Tokenizers>,
     endpoint: Endpoint,
     body: &Bytes,
     facts: &mut RequestFacts,
