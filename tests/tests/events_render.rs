@@ -125,3 +125,41 @@ async fn without_a_tokenizer_here_the_engines_render_text_prompts_for_matching()
     assert_eq!(e["prompt"]["tokens_from"]["cached"], true, "{e}");
     gw.stop();
 }
+
+#[actix_rt::test]
+async fn engines_without_the_render_routes_are_asked_once() {
+    let host = ["127.0.0.1"];
+    let ports: Vec<u16> = (0..2).map(|_| port_free_on(&host)).collect();
+    let no_render = SimConfig {
+        render_routes: false,
+        ..vllm(ports[0], ports[1])
+    };
+    let fleet = SimFleet::start_each(host[0], 0, vec![no_render]).expect("engine");
+    let url = fleet.urls()[0].clone();
+    let dir = tempfile::tempdir().expect("dir");
+    let gw = Gateway::start(test_config(&dir)).expect("gateway");
+    let events = json!({"publisher": "zmq", "endpoint": format!("tcp://*:{}", ports[0]),
+        "replay_endpoint": format!("tcp://*:{}", ports[1])});
+    let r = post_json(
+        &format!("{}/workers", gw.url()),
+        &json!({"url": url, "kv_events_config": events}),
+    )
+    .await;
+    assert_eq!(r.status.as_u16(), 201, "{}", r.text());
+    until_workers(&gw, "events live, render offered", |ws| {
+        ws.first()
+            .is_some_and(|w| w["events"]["state"] == "live" && w["tokenizer"]["state"] == "render")
+    })
+    .await;
+    let explain = format!("{}/admin/explain/v1/chat/completions", gw.url());
+    let first = post_json(&explain, &chat(0)).await.json();
+    let why = first["prompt"]["tokens_from"]["reason"].to_string();
+    assert!(why.contains("404"), "{first}");
+    // Not asked again: the model is now without a way to tokenize, and says so.
+    let again = post_json(&explain, &chat(1)).await.json();
+    let why = again["prompt"]["tokens_from"]["reason"].to_string();
+    assert!(why.contains("no render route"), "{again}");
+    let ws = kvgate_tests::workers(&gw).await;
+    assert_eq!(ws[0]["tokenizer"]["state"], "missing", "{ws:?}");
+    gw.stop();
+}

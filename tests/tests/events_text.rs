@@ -220,12 +220,13 @@ async fn each_model_is_tokenized_with_its_own_configured_tokenizer() {
         model: name.into(),
         ..engine(fixture(words))
     };
-    let fleet = SimFleet::start_each(
-        "127.0.0.1",
-        0,
-        vec![model("m-bpe", false), model("m-words", true)],
-    )
-    .expect("fleet");
+    // `w-lora`, an adapter of `m-words`, has no tokenizer of its own: it takes its base's.
+    let words = SimConfig {
+        lora_adapters: vec!["w-lora".into()],
+        ..model("m-words", true)
+    };
+    let fleet =
+        SimFleet::start_each("127.0.0.1", 0, vec![model("m-bpe", false), words]).expect("fleet");
     let urls = fleet.urls();
     for (u, m) in urls.iter().zip(["m-bpe", "m-words"]) {
         let body = json!({"model": m, "messages": conversation(3), "max_tokens": 2});
@@ -273,5 +274,16 @@ async fn each_model_is_tokenized_with_its_own_configured_tokenizer() {
         assert_eq!(c["matched_by"], "kv_events", "{m}: {e}");
         assert!(c["matched"].as_u64() >= Some(100), "{m}: {e}");
     }
+    let e = post_json(
+        &format!("{}/admin/explain/v1/chat/completions", gw.url()),
+        &json!({"model": "w-lora", "messages": conversation(3)}),
+    )
+    .await
+    .json();
+    assert_eq!(
+        e["prompt"]["tokens_from"]["tokenizer"],
+        *fixture(true).to_string_lossy(),
+        "{e}"
+    );
     gw.stop();
 }

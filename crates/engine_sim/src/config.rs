@@ -111,6 +111,9 @@ pub struct SimConfig {
     /// Adapters on the GPU at once (vLLM `--max-loras`), shown in
     /// `vllm:lora_requests_info`. Default 4.
     pub max_loras: usize,
+    /// vLLM flavour: serve the render routes (`/v1/chat/completions/render`,
+    /// `/v1/completions/render`), as vLLM does. Default true.
+    pub render_routes: bool,
     /// When set, every route but `/health` and the simulator's own wants
     /// `Authorization: Bearer <key>` and answers 401 without it, as SGLang's `--api-key`.
     pub api_key: Option<String>,
@@ -171,6 +174,7 @@ impl Default for SimConfig {
             lora_adapters: Vec::new(),
             version: None,
             max_loras: 4,
+            render_routes: true,
             api_key: None,
             kv_events_port: None,
             kv_events_topic: String::new(),

@@ -39,6 +39,7 @@ pub(crate) fn bind(
     port: u16,
 ) -> std::io::Result<(Server, SocketAddr)> {
     let (flavor, metrics_on) = (engine.cfg.flavor, engine.cfg.enable_metrics);
+    let render = engine.cfg.render_routes;
     let data = Data::from(engine);
     let server = HttpServer::new(move || {
         let frozen = Data::clone(&data);
@@ -63,7 +64,7 @@ pub(crate) fn bind(
                     }
                 }
             })
-            .configure(|cfg| routes(cfg, flavor, metrics_on))
+            .configure(|cfg| routes(cfg, flavor, metrics_on, render))
             .default_service(web::to(|| async { ApiError::NotFound.error_response() }))
     })
     .workers(1)
@@ -85,7 +86,7 @@ pub(crate) fn bind(
     Ok((server.run(), addr))
 }
 
-fn routes(cfg: &mut ServiceConfig, flavor: Flavor, metrics_on: bool) {
+fn routes(cfg: &mut ServiceConfig, flavor: Flavor, metrics_on: bool, render: bool) {
     // Resources (not bare routes) so a known path with the wrong method answers 405.
     cfg.service(resource("/health").get(health))
         .service(resource("/v1/models").get(models))
@@ -125,9 +126,11 @@ fn routes(cfg: &mut ServiceConfig, flavor: Flavor, metrics_on: bool) {
         Flavor::Vllm => {
             let version = || async { HttpResponse::Ok().json(json!({"version": "0.11.0"})) };
             cfg.service(resource("/version").get(version))
-                .service(resource("/reset_prefix_cache").post(flush_cache))
-                .service(resource("/v1/chat/completions/render").post(render_chat))
-                .service(resource("/v1/completions/render").post(render_completion));
+                .service(resource("/reset_prefix_cache").post(flush_cache));
+            if render {
+                cfg.service(resource("/v1/chat/completions/render").post(render_chat))
+                    .service(resource("/v1/completions/render").post(render_completion));
+            }
         }
     }
 }

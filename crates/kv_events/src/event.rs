@@ -197,6 +197,9 @@ fn decode_event(v: &Value) -> Result<Option<KvEvent>, DecodeError> {
             ))?;
             let at = |i: usize| rest.get(i);
             match tag {
+                // vLLM's array layout (`array_like` structs, declaration order, nil when
+                // unset): older releases stop at `lora_id` or `medium`; later ones add
+                // `lora_name` and `extra_keys`.
                 "BlockStored" => {
                     f.block_hashes = at(0);
                     f.parent_block_hash = at(1);
@@ -204,6 +207,8 @@ fn decode_event(v: &Value) -> Result<Option<KvEvent>, DecodeError> {
                     f.block_size = at(3);
                     f.lora_id = at(4);
                     f.medium = at(5);
+                    f.lora_name = at(6);
+                    f.extra_keys = at(7);
                 }
                 "BlockRemoved" => {
                     f.block_hashes = at(0);

@@ -161,6 +161,9 @@ fn positional_events() {
             Value::from(4),
             Value::Nil,
             k("GPU"),
+            Value::Nil,
+            Value::Nil,
+            Value::Nil,
             k("future field"),
         ]),
         Value::Array(vec![k("BlockRemoved"), Value::Array(vec![Value::from(2)])]),
@@ -567,4 +570,27 @@ fn vllm_carries_the_salt_in_the_first_blocks_extra_keys() {
         panic!("{b:?}")
     };
     assert_eq!(s.cache_salt, None);
+}
+
+#[test]
+fn vllms_array_layout_carries_the_adapter_and_the_salt() {
+    // [tag, hashes, parent, tokens, block_size, lora_id, medium, lora_name, extra_keys]
+    let e = Value::Array(vec![
+        k("BlockStored"),
+        Value::Array(vec![Value::from(7)]),
+        Value::Nil,
+        Value::Array(vec![Value::from(1), Value::from(2)]),
+        Value::from(2),
+        Value::from(3),
+        k("GPU"),
+        k("sql"),
+        Value::Array(vec![Value::Array(vec![k("sql"), k("tenant-a")])]),
+    ]);
+    let b = decode_payload(&payload(vec![e], Value::Nil)).unwrap();
+    let KvEvent::BlockStored(s) = &b.events[0] else {
+        panic!("{b:?}")
+    };
+    assert_eq!(s.lora_name.as_deref(), Some("sql"));
+    assert_eq!(s.lora_id, Some(3));
+    assert_eq!(s.cache_salt.as_deref(), Some("tenant-a"));
 }

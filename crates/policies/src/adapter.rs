@@ -2,23 +2,30 @@
 //! adapter suits best, among those the count gate leaves.
 //!
 //! ```text
-//! fit(w) = active   the adapter is running or waiting on w (its weights are on the GPU)
+//! fit(w) = active   the adapter is running or waiting on w (its weights are on the GPU),
+//!                   or w holds the prompt's prefix under the adapter (its blocks are there)
 //!        = room     w runs fewer adapters than it holds at once, or does not say
 //!        = full     loading it would evict an adapter at work
 //! ```
 //!
-//! Only the best fit among the ungated candidates stays a candidate, so a busy engine with
-//! the adapter active loses to an idle one where it would load, as it would lose any
-//! request (the gate, not the fit, bounds the load). Which engines may serve the adapter
-//! at all is the gateway's (the engines that list it in `/v1/models`).
+//! llm-d's order (active, then loaded, then loadable), with what engines report: vLLM's
+//! `vllm:lora_requests_info` names the adapters running and waiting and `max_lora`, not
+//! which idle ones still sit on the GPU, so "loaded" is read as "room to load without
+//! evicting". Only the best fit among the ungated candidates stays a candidate, so a busy
+//! engine with the adapter active loses to an idle one where it would load, as it would
+//! lose any request (the gate, not the fit, bounds the load). Which engines may serve the
+//! adapter at all is the gateway's (the engines that list it in `/v1/models`).
 
 use crate::decision::AdapterFit;
 use crate::gate::Gate;
 use crate::snapshot::WorkerView;
 use crate::wait::{Few, Fleet};
 
-/// How `w` suits `adapter`.
-pub(crate) fn fit(w: &WorkerView, adapter: &str) -> AdapterFit {
+/// How `w` suits `adapter` (`holds`: it holds the prompt's prefix under the adapter).
+pub(crate) fn fit(w: &WorkerView, adapter: &str, holds: bool) -> AdapterFit {
+    if holds {
+        return AdapterFit::Active;
+    }
     let Some(a) = w.load.as_ref().and_then(|l| l.adapters.as_ref()) else {
         return AdapterFit::Room;
     };
@@ -37,18 +44,13 @@ pub(crate) fn narrow(
     fleet: &mut Fleet<'_>,
     gate: &Gate,
     adapter: Option<&str>,
+    holds: &dyn Fn(usize) -> bool,
 ) -> Option<AdapterFit> {
     let adapter = adapter?;
     let open = gate.ungated(fleet, &fleet.eligible);
-    let best = open
-        .iter()
-        .map(|&i| fit(&fleet.workers[i], adapter))
-        .min()?;
-    let kept: Few<usize> = open
-        .iter()
-        .copied()
-        .filter(|&i| fit(&fleet.workers[i], adapter) == best)
-        .collect();
+    let of = |i: usize| fit(&fleet.workers[i], adapter, holds(i));
+    let best = open.iter().map(|&i| of(i)).min()?;
+    let kept: Few<usize> = open.iter().copied().filter(|&i| of(i) == best).collect();
     fleet.eligible = kept;
     Some(best)
 }

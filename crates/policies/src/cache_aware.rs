@@ -40,6 +40,7 @@ use crate::affinity::Ctx;
 use crate::config::{CacheMode, PolicyConfig};
 use crate::cost;
 use crate::decision::{Decision, DecisionNote, DecisionPath};
+use crate::estimate;
 use crate::gate::{Gate, kv_pressure};
 use crate::input::SelectInput;
 use crate::snapshot::{MatchSource, RoutingText};
@@ -56,13 +57,17 @@ pub(crate) fn select(
         return Decision::none();
     }
     let gate = Gate::new(&fleet, cfg);
-    let fit = adapter::narrow(&mut fleet, &gate, input.request.adapter.as_deref());
     let mut matched = Few::from_elem(0, input.workers.len());
     if let Some(m) = input.matches {
         for &i in &fleet.eligible {
             matched[i] = m.matched(input.workers[i].id);
         }
     }
+    // A holder of the prompt under the adapter has the adapter's blocks: it fits as well
+    // as an engine where the adapter is at work (a matched unit of a scoped request is one
+    // of its own scope).
+    let holds = |i: usize| estimate::useful(input.request, matched[i], cfg);
+    let fit = adapter::narrow(&mut fleet, &gate, input.request.adapter.as_deref(), &holds);
     let ctx = Ctx {
         cfg,
         input,

@@ -416,15 +416,10 @@ fn ttft(ctx: &Ctx<'_>, set: &[usize], rates: &[PrefillRate]) -> Few<(f64, f64)> 
 
 /// `matched` index units, or 0 when they are fewer than `min_match_tokens` tokens.
 fn useful_match(ctx: &Ctx<'_>, matched: usize) -> usize {
-    let tokens = if estimate::units_are_bytes(ctx.input.request) {
-        matched as f64 / estimate::bytes_per_token(ctx.cfg)
-    } else {
-        matched as f64
-    };
-    if tokens < ctx.cfg.min_match_tokens as f64 {
-        0
-    } else {
+    if estimate::useful(ctx.input.request, matched, ctx.cfg) {
         matched
+    } else {
+        0
     }
 }
 

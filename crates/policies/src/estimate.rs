@@ -82,3 +82,14 @@ pub(crate) fn bytes_per_token(cfg: &PolicyConfig) -> f64 {
     let c = cfg.bytes_per_token;
     if c.is_finite() && c > 0.0 { c } else { 4.0 }
 }
+
+/// Whether `matched` index units of `req` are a useful match: at least `min_match_tokens`
+/// tokens (bytes converted at the configured rate).
+pub(crate) fn useful(req: &RequestFacts, matched: usize, cfg: &PolicyConfig) -> bool {
+    let tokens = if units_are_bytes(req) {
+        matched as f64 / bytes_per_token(cfg)
+    } else {
+        matched as f64
+    };
+    matched > 0 && tokens >= cfg.min_match_tokens as f64
+}

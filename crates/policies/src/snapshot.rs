@@ -46,25 +46,41 @@ pub struct RequestFacts {
 
 impl RequestFacts {
     /// Whether the request's KV cache is kept apart from its base model's (an adapter or
-    /// a salt): the gateway then keys its prefix index by [`RequestFacts::cache_scope`].
+    /// a salt): the gateway then keys its prefix index by [`RequestFacts::index_key`].
     pub fn scoped(&self) -> bool {
         self.adapter.is_some() || self.cache_salt.is_some()
     }
 
-    /// The suffix that keeps an adapter's or a salt's prefixes apart in an index keyed by
-    /// model name (`+lora:<adapter>`, `+salt:<hash>`); empty for neither. A salt is a
-    /// tenant's secret: only a hash of it is shown (in `/admin/index`, the metrics).
-    pub fn cache_scope(&self) -> String {
-        let mut s = String::new();
-        if let Some(a) = &self.adapter {
-            s.push_str("+lora:");
-            s.push_str(a);
+    /// The key a prefix index matches and records this request under: its routing text,
+    /// led by a marker of its adapter and salt when it has either, so prefixes of two
+    /// scopes never share a unit while they share one index (and its memory budget) per
+    /// model. The marker is a hash: a salt is a tenant's secret.
+    pub fn index_key(&self) -> std::borrow::Cow<'_, RoutingText> {
+        use std::borrow::Cow;
+        if !self.scoped() {
+            return Cow::Borrowed(&self.key);
         }
-        if let Some(c) = &self.cache_salt {
-            let h = xxhash_rust::xxh3::xxh3_64(c.as_bytes());
-            s.push_str(&format!("+salt:{h:016x}"));
+        let mut b = Vec::new();
+        for part in [self.adapter.as_deref(), self.cache_salt.as_deref()] {
+            let part = part.unwrap_or("").as_bytes();
+            b.extend_from_slice(&(part.len() as u64).to_le_bytes());
+            b.extend_from_slice(part);
         }
-        s
+        let h = xxhash_rust::xxh3::xxh3_64(&b);
+        Cow::Owned(match &self.key {
+            RoutingText::Empty => RoutingText::Empty,
+            RoutingText::Text(t) => {
+                let mut s = format!("\u{1}scope:{h:016x}\u{1}");
+                s.push_str(&t.to_cow());
+                RoutingText::Text(s.into())
+            }
+            RoutingText::Tokens(t) => {
+                // Ids no vocabulary reaches.
+                let mut v = vec![u32::MAX, (h >> 32) as u32 | 1 << 31, h as u32 | 1 << 31];
+                v.extend_from_slice(t);
+                RoutingText::Tokens(v)
+            }
+        })
     }
 }
 

@@ -281,7 +281,8 @@ impl IndexActor {
         let Some(m) = self.models.get_mut(&*msg.model) else {
             return;
         };
-        let dropped = match (&msg.facts.key, hash_mode) {
+        let key = msg.facts.index_key();
+        let dropped = match (&*key, hash_mode) {
             (RoutingText::Tokens(t), true) => m.hash.forget(t, 0, msg.worker, msg.keep),
             (RoutingText::Tokens(t), false) => m.tokens.forget(t, msg.worker, msg.keep),
             (RoutingText::Text(s), false) => m.text.forget(&Runs(s), msg.worker, msg.keep),

@@ -419,21 +419,16 @@ impl SelectorActor {
         }
     }
 
-    /// The index namespace of a request: its model, or the fleet's only model; the
-    /// fleet's shared name where it has one, so a dispatch copies no name. An adapter's or
-    /// a salt's prefixes are kept apart under the model's name with its scope added.
+    /// The index namespace of a request: its model (an adapter's base), or the fleet's only
+    /// model; the fleet's shared name where it has one, so a dispatch copies no name.
     fn model_key(&self, facts: &RequestFacts) -> Arc<str> {
-        // An adapter's prefixes live under its base model's name, however it was named
-        // (vLLM's `model`, SGLang's `lora_path`).
+        // An adapter's prefixes live in its base model's index, however it was named
+        // (vLLM's `model`, SGLang's `lora_path`), kept apart by the key's scope marker
+        // (`RequestFacts::index_key`): salts and adapters add no index of their own.
         let base = (facts.adapter.as_deref()).and_then(|a| self.adapters.get(a));
-        let key = match base {
+        match base {
             Some(b) => b.clone(),
             None => self.model_name(facts),
-        };
-        if facts.scoped() {
-            Arc::from(format!("{key}{}", facts.cache_scope()))
-        } else {
-            key
         }
     }
 

@@ -8,14 +8,17 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 
-use actix::{Actor, Context, Handler, Supervised};
+use actix::prelude::*;
 use kvgate_tokenize::ModelTokenizer;
 use tracing::{info, warn};
 
 use crate::actors::registry::{Fleet, FleetChanged, Runtime};
 use crate::config::TokenizerPaths;
+
+mod render;
+pub(crate) use render::{RenderError, ask};
 
 /// One model's tokenizer, as far as it got.
 #[derive(Debug, Clone)]
@@ -44,6 +47,8 @@ pub(crate) enum NoTokenizer {
     NotLocal(String),
     #[error("the engine names no tokenizer_path; give --tokenizer-path")]
     NotNamed,
+    #[error("the engines serve no render route and name no local tokenizer; give --tokenizer-path")]
+    NoRender,
 }
 
 /// What the HTTP side reads: per model, its slot.
@@ -53,9 +58,26 @@ pub(crate) struct Tokenizers {
     models: RwLock<HashMap<String, Slot>>,
     /// Whether any model has a slot: until one does, requests skip the lock.
     any: AtomicBool,
-    /// Engines' render answers by a hash of route and body: a body asked again (explain
-    /// then send, a retry, a held request) is rendered once.
+    /// Engines' render answers by a hash of the prompt (see `facts::tokens`): a prompt
+    /// asked again is rendered once.
     renders: Mutex<HashMap<u64, Arc<[u32]>>>,
+    /// The actor that renders off the request path.
+    later: OnceLock<Recipient<RenderLater>>,
+    /// Adapter → base model, from the fleet's model cards.
+    bases: RwLock<HashMap<String, String>>,
+    /// Renders asked off the request path and not answered yet: a prompt is asked once.
+    pending: Mutex<std::collections::HashSet<u64>>,
+}
+
+/// Render `body` at `route` on `target` and keep the answer under `key`: the whole of a
+/// turn routed on an earlier turn's render.
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub(crate) struct RenderLater {
+    pub target: RenderTarget,
+    pub route: &'static str,
+    pub body: bytes::Bytes,
+    pub key: u64,
 }
 
 /// Render answers kept; past it the cache starts over.
@@ -83,6 +105,9 @@ impl Tokenizers {
             models: RwLock::new(HashMap::new()),
             any: AtomicBool::new(false),
             renders: Mutex::new(HashMap::new()),
+            later: OnceLock::new(),
+            bases: RwLock::new(HashMap::new()),
+            pending: Mutex::new(std::collections::HashSet::new()),
         }
     }
 
@@ -94,9 +119,33 @@ impl Tokenizers {
         }
         let models = self.models.read().unwrap_or_else(PoisonError::into_inner);
         match model {
-            Some(m) => models.get(m).cloned(),
+            // An adapter's prompts are its base model's tokens.
+            Some(m) => models.get(self.base_of(m).as_deref().unwrap_or(m)).cloned(),
             None if models.len() == 1 => models.values().next().cloned(),
             None => None,
+        }
+    }
+
+    /// The base model of adapter `m`, as the fleet lists it.
+    fn base_of(&self, m: &str) -> Option<String> {
+        let bases = self.bases.read().unwrap_or_else(PoisonError::into_inner);
+        bases.get(m).cloned()
+    }
+
+    /// A model whose engines answered a render with 404 or 405: no render until the fleet
+    /// changes.
+    pub(crate) fn render_refused(&self, model: Option<&str>) {
+        let base = model.and_then(|m| self.base_of(m));
+        let mut models = self.models.write().unwrap_or_else(PoisonError::into_inner);
+        // As `lookup` resolves it: the model's base, or the only model.
+        let key = match (base, model) {
+            (Some(b), _) => b,
+            (None, Some(m)) => m.to_owned(),
+            (None, None) if models.len() == 1 => models.keys().next().cloned().unwrap_or_default(),
+            (None, None) => return,
+        };
+        if matches!(models.get(&key), Some(Slot::Render(_))) {
+            models.insert(key, Slot::Missing(NoTokenizer::NoRender));
         }
     }
 
@@ -110,8 +159,14 @@ impl Tokenizers {
 
     /// Starts loading a tokenizer for each model newly served by a worker with events.
     fn sync(self: &Arc<Self>, fleet: &Fleet) {
+        let bases: HashMap<String, String> = fleet
+            .iter()
+            .flat_map(|w| w.adapters.iter().map(|(a, b)| (a.clone(), b.clone())))
+            .collect();
+        *self.bases.write().unwrap_or_else(PoisonError::into_inner) = bases;
         for w in fleet.iter().filter(|w| w.kv_events.is_some()) {
-            for model in &w.models {
+            // An adapter has no tokenizer of its own: it shares its base model's slot.
+            for model in w.models.iter().filter(|m| !w.adapters.contains_key(*m)) {
                 let known = self
                     .models
                     .read()
@@ -147,7 +202,37 @@ impl Tokenizers {
         r.get(&key).cloned()
     }
 
-    /// Keeps a render answer; the oldest half goes when the cache is full.
+    /// Where renders off the request path are asked (the tokenizer actor).
+    pub(crate) fn set_renderer(&self, r: Recipient<RenderLater>) {
+        let _ = self.later.set(r);
+    }
+
+    /// Asks for a render off the request path; dropped when the actor's mailbox is full.
+    pub(crate) fn render_later(&self, job: RenderLater) {
+        let Some(r) = self.later.get() else {
+            return;
+        };
+        let key = job.key;
+        if !self
+            .pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key)
+        {
+            return;
+        }
+        if r.try_send(job).is_err() {
+            self.rendered_later(key);
+        }
+    }
+
+    /// A render asked off the request path has ended, answered or not.
+    fn rendered_later(&self, key: u64) {
+        let mut p = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        p.remove(&key);
+    }
+
+    /// Keeps a render answer; the cache starts over when full.
     pub(crate) fn keep_rendered(&self, key: u64, ids: Arc<[u32]>) {
         let mut r = self.renders.lock().unwrap_or_else(PoisonError::into_inner);
         if r.len() >= RENDER_CACHE {
@@ -200,14 +285,37 @@ pub(crate) struct TokenizerActor {
     pub tokenizers: Arc<Tokenizers>,
 }
 
-/// Its mailbox keeps actix's default depth: it is only told `FleetChanged` (`do_send`, which
-/// never waits for room), and each load runs on a thread of its own.
+/// Its mailbox keeps the supervised default depth: it is told `FleetChanged` (`do_send`,
+/// which never waits for room) and `RenderLater` (`try_send`: a render a full mailbox
+/// drops costs the next turn a render on its request path); each load runs on a thread of
+/// its own, each render as a task of its context.
 impl Actor for TokenizerActor {
     type Context = Context<Self>;
 }
 
 /// Its state is the shared [`Tokenizers`], whose loads run on threads of their own.
-impl Supervised for TokenizerActor {}
+impl Supervised for TokenizerActor {
+    /// Renders in flight went with the old context: their prompts may be asked again.
+    fn restarting(&mut self, _: &mut Context<Self>) {
+        let mut p = (self.tokenizers.pending.lock()).unwrap_or_else(PoisonError::into_inner);
+        p.clear();
+    }
+}
+
+impl Handler<RenderLater> for TokenizerActor {
+    type Result = ();
+
+    fn handle(&mut self, job: RenderLater, ctx: &mut Context<Self>) {
+        let key = job.key;
+        let fut = async move { render::ask(&job.target, job.route, &job.body).await };
+        ctx.spawn(fut.into_actor(self).map(move |done, act, _| {
+            if let Ok(ids) = done {
+                act.tokenizers.keep_rendered(key, ids.into());
+            }
+            act.tokenizers.rendered_later(key);
+        }));
+    }
+}
 
 impl Handler<FleetChanged> for TokenizerActor {
     type Result = ();

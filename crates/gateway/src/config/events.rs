@@ -46,10 +46,10 @@ pub struct EventsSection {
     pub kv_events_silence: Duration,
 }
 
-/// Tokenizers by model: `default` for any model not named in `per_model`. Read from a
-/// path (`"/models/llama"`), a list of entries each a path or `MODEL=PATH` (the flag's
-/// form: `--tokenizer-path /models/llama Qwen/Qwen3-8B=/models/qwen`), or a table
-/// (`[tokenizer_path]`, `"*"` for the default).
+/// Tokenizers by model: `default` for any model not named in `per_model`. Read from one
+/// entry (a string: a path, or `MODEL=PATH`; `KVGATE_TOKENIZER_PATH` is one), a list of
+/// entries (the flag's form: `--tokenizer-path /models/llama Qwen/Qwen3-8B=/models/qwen`),
+/// or a table (`[tokenizer_path]`, `"*"` for the default).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct TokenizerPaths {
     pub default: Option<PathBuf>,
@@ -104,7 +104,8 @@ impl<'de> Deserialize<'de> for TokenizerPaths {
         let mut out = TokenizerPaths::default();
         match Option::<GivenPaths>::deserialize(d)? {
             None => {}
-            Some(GivenPaths::One(s)) => s.split_whitespace().for_each(|e| out.take(e)),
+            // One entry: a path may hold spaces. Several come as a list.
+            Some(GivenPaths::One(s)) => out.take(&s),
             Some(GivenPaths::Many(v)) => v.iter().for_each(|e| out.take(e)),
             Some(GivenPaths::Table(t)) => {
                 for (model, path) in t {

@@ -205,6 +205,7 @@ pub(super) fn control_actors(
         tokenizers: tokenizers.clone(),
     };
     let loader = start_supervised(&arbiter, "tokenizer", sup.clone(), move || loader);
+    tokenizers.set_renderer(loader.clone().recipient());
     let subscribers = vec![
         selector.clone().recipient(),
         index.clone().recipient(),

@@ -96,10 +96,11 @@ fn engines_that_report_no_adapters_all_have_room() {
 }
 
 #[test]
-fn the_scope_keeps_adapters_and_salts_apart() {
+fn the_index_key_keeps_adapters_and_salts_apart() {
+    use crate::snapshot::RoutingText;
     let base = text("p");
     assert!(!base.scoped());
-    assert_eq!(base.cache_scope(), "");
+    assert_eq!(*base.index_key(), base.key);
     let a = under("sql");
     let salted = RequestFacts {
         cache_salt: Some("tenant-1".into()),
@@ -109,11 +110,55 @@ fn the_scope_keeps_adapters_and_salts_apart() {
         cache_salt: Some("tenant-1".into()),
         ..under("sql")
     };
-    let scopes = [a.cache_scope(), salted.cache_scope(), both.cache_scope()];
-    assert!(a.scoped() && salted.scoped() && both.scoped());
-    for (i, x) in scopes.iter().enumerate() {
-        for y in &scopes[i + 1..] {
-            assert_ne!(x, y);
+    let keys = [
+        base.index_key().into_owned(),
+        a.index_key().into_owned(),
+        salted.index_key().into_owned(),
+        both.index_key().into_owned(),
+    ];
+    let texts: Vec<String> = keys
+        .iter()
+        .map(|k| match k {
+            RoutingText::Text(t) => t.to_cow().into_owned(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    // Each scope leads with its own marker; the prompt follows whole; the salt is not shown.
+    for (i, x) in texts.iter().enumerate() {
+        assert!(
+            x.ends_with("a prompt nobody holds") || x.ends_with('p'),
+            "{x}"
+        );
+        assert!(!x.contains("tenant-1"), "{x}");
+        for y in &texts[i + 1..] {
+            assert_ne!(x.get(..24), y.get(..24), "{x} / {y}");
         }
+    }
+    let tokens = RequestFacts {
+        key: RoutingText::Tokens(vec![5, 6]),
+        cache_salt: Some("t".into()),
+        ..RequestFacts::default()
+    };
+    match &*tokens.index_key() {
+        RoutingText::Tokens(t) => {
+            assert_eq!(t.len(), 5);
+            assert_eq!(&t[3..], [5, 6]);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_holder_of_the_prompt_under_the_adapter_fits_as_well_as_an_engine_running_it() {
+    let cfg = PolicyConfig::with_kind(PolicyKind::CacheAware);
+    // Worker 1 holds the prompt under the adapter, which is idle there; worker 2 runs it.
+    let ws = vec![
+        w(1).load(running(&[], 4, 0)),
+        w(2).load(running(&["sql"], 4, 1)),
+    ];
+    let m = text_matches(2000, &[(1, 1800)]);
+    for seed in 0..10 {
+        let d = pick(&cfg, &ws, &under("sql"), Some(&m), seed);
+        assert_eq!(d.worker, Some(id(1)), "{d:?}");
     }
 }

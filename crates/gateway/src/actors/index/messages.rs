@@ -30,7 +30,7 @@ impl Handler<MatchPrefix> for IndexActor {
 
     fn handle(&mut self, msg: MatchPrefix, _: &mut Context<Self>) -> Self::Result {
         let (m, recent, ticket) = self
-            .guarded(|s| s.lookup(&msg.model, &msg.facts.key, msg.count, msg.recent))
+            .guarded(|s| s.lookup(&msg.model, &msg.facts.index_key(), msg.count, msg.recent))
             .unwrap_or_default();
         MessageResult((m, recent, ticket))
     }
@@ -51,7 +51,8 @@ impl Handler<RecordPrefix> for IndexActor {
     type Result = ();
 
     fn handle(&mut self, msg: RecordPrefix, _: &mut Context<Self>) {
-        let _ = self.guarded(|s| s.record(&msg.model, &msg.facts.key, msg.worker, msg.ticket));
+        let _ =
+            self.guarded(|s| s.record(&msg.model, &msg.facts.index_key(), msg.worker, msg.ticket));
     }
 }
 

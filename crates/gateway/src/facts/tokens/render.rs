@@ -6,9 +6,7 @@
 //! `{"token_ids": [...]}`, `{"prompt_token_ids": [...]}`, or a list of those (a batch,
 //! matched as one sequence, as the local path joins a batch's prompts).
 
-use std::cell::RefCell;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use kvgate_core::Endpoint;
@@ -16,30 +14,7 @@ use kvgate_policies::{RequestFacts, RoutingText};
 use serde_json::Value;
 
 use super::TokenSource;
-use crate::actors::tokenizers::{RenderTarget, Tokenizers};
-
-/// A render is a tokenization on the engine's CPU: past this the request goes as text.
-const RENDER_TIMEOUT: Duration = Duration::from_secs(2);
-/// Largest render answer read (a token id is at most 11 bytes of JSON).
-const ANSWER_LIMIT: usize = 64 << 20;
-
-thread_local! {
-    /// One client per HTTP thread: awc's client is not `Send`.
-    static CLIENT: RefCell<Option<awc::Client>> = const { RefCell::new(None) };
-}
-
-fn client() -> awc::Client {
-    CLIENT.with(|c| {
-        c.borrow_mut()
-            .get_or_insert_with(|| {
-                awc::Client::builder()
-                    .timeout(RENDER_TIMEOUT)
-                    .disable_redirects()
-                    .finish()
-            })
-            .clone()
-    })
-}
+use crate::actors::tokenizers::{RenderError, RenderLater, RenderTarget, Tokenizers, ask};
 
 /// Replaces `facts.key` with the tokens an engine of `targets` renders for `body`; on any
 /// failure the text key stays and the reason is said.
@@ -89,11 +64,11 @@ pub(super) async fn tokens(
         .find_map(|(i, k)| tokenizers.rendered(*k).map(|ids| (i + 1, ids)));
     if let Some((messages, ids)) = earlier {
         facts.key = RoutingText::Tokens(ids.to_vec());
-        let (t, target, body) = (Arc::clone(tokenizers), target.clone(), body.clone());
-        actix_rt::spawn(async move {
-            if let Ok(ids) = ask(&target, route, &body).await {
-                t.keep_rendered(whole, ids.into());
-            }
+        tokenizers.render_later(RenderLater {
+            target: target.clone(),
+            route,
+            body: body.clone(),
+            key: whole,
         });
         return TokenSource::Render {
             engine,
@@ -112,7 +87,12 @@ pub(super) async fn tokens(
                 prefix_messages: None,
             }
         }
-        Err(e) => TokenSource::text(format!("the engine's render failed: {e}")),
+        Err(e) => {
+            if matches!(e, RenderError::NoRoute(_)) {
+                tokenizers.render_refused(facts.model.as_deref());
+            }
+            TokenSource::text(format!("the engine's render failed: {e}"))
+        }
     }
 }
 
@@ -155,61 +135,4 @@ fn conversation_keys(body: &[u8]) -> Vec<u64> {
             h
         })
         .collect()
-}
-
-async fn ask(target: &RenderTarget, route: &str, body: &Bytes) -> Result<Vec<u32>, String> {
-    let mut req = client()
-        .post(target.url.join(route))
-        .insert_header(("content-type", "application/json"));
-    if let Some(k) = &target.key {
-        req = req.bearer_auth(k.expose());
-    }
-    let mut resp = req
-        .send_body(body.clone())
-        .await
-        .map_err(|e| e.to_string())?;
-    if !resp.status().is_success() {
-        return Err(format!("{route} answered {}", resp.status().as_u16()));
-    }
-    let v: Value = resp
-        .json()
-        .limit(ANSWER_LIMIT)
-        .await
-        .map_err(|e| e.to_string())?;
-    read_ids(&v).ok_or_else(|| format!("{route} answered no token ids"))
-}
-
-/// The token ids of a render answer (see the module's shapes).
-pub(super) fn read_ids(v: &Value) -> Option<Vec<u32>> {
-    let one = |o: &Value| -> Option<Vec<u32>> {
-        let ids = o.get("token_ids").or_else(|| o.get("prompt_token_ids"))?;
-        ids.as_array()?
-            .iter()
-            .map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok()))
-            .collect()
-    };
-    match v {
-        Value::Array(items) => {
-            let mut out = Vec::new();
-            for item in items {
-                out.extend(one(item)?);
-            }
-            (!out.is_empty()).then_some(out)
-        }
-        other => one(other),
-    }
-}
-
-#[cfg(test)]
-#[test]
-fn render_answers_are_read_in_vllms_shapes() {
-    use serde_json::json;
-    assert_eq!(read_ids(&json!({"token_ids": [1, 2]})), Some(vec![1, 2]));
-    assert_eq!(
-        read_ids(&json!([{"prompt_token_ids": [1]}, {"prompt_token_ids": [2, 3]}])),
-        Some(vec![1, 2, 3])
-    );
-    assert_eq!(read_ids(&json!({"token_ids": [1, -2]})), None);
-    assert_eq!(read_ids(&json!({"text": "x"})), None);
-    assert_eq!(read_ids(&json!([])), None);
 }
