@@ -275,3 +275,34 @@ async fn with_vllm_events_an_adapters_blocks_are_matched_under_the_adapter() {
     assert_eq!(b["path"], "miss", "{b}");
     gw.stop();
 }
+
+#[actix_rt::test]
+async fn a_lora_path_sent_to_vllm_engines_is_routed_as_the_base_model() {
+    // vLLM reads no `lora_path`: it runs the base model, so the base model's prefix is the
+    // request's own, and no adapter narrows the engines.
+    let vllm = SimConfig {
+        flavor: Flavor::Vllm,
+        ..engine(&["sql"])
+    };
+    let h = Harness::start_each(vec![vllm.clone(), vllm], |c| c.seed = Some(6));
+    h.wait_for_load_reports().await;
+    let model = "kvgate-sim-model";
+    let system = "Instructions every request shares, base model only. ".repeat(40);
+    let base = post_json(&h.url("/v1/chat/completions"), &chat(model, &system, "q1")).await;
+    let holder = landed(&base);
+    let body = json!({"model": model, "lora_path": "sql", "max_tokens": 2,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": "q2"}]});
+    let e = post_json(&h.url("/admin/explain/v1/chat/completions"), &body)
+        .await
+        .json();
+    assert_eq!(e["path"], "hit", "{e}");
+    assert_eq!(e["worker"], *h.fleet.urls()[holder].as_str(), "{e}");
+    assert!(!e["notes"].to_string().contains("adapter"), "{e}");
+    let r = post_json(&h.url("/v1/chat/completions"), &body).await;
+    assert_eq!(landed(&r), holder);
+    assert!(
+        cached(&r) > 0,
+        "the engine ran the base model: {}",
+        r.text()
+    );
+}

@@ -187,7 +187,11 @@ pub(crate) fn parse(
     } else {
         common.data_parallel_rank
     };
-    let adapter = adapter_of(cfg, common.model.as_deref(), common.lora_path)?;
+    // vLLM names an adapter by `model` alone; `lora_path` is SGLang's.
+    let lora_path = common
+        .lora_path
+        .filter(|_| cfg.flavor != crate::Flavor::Vllm);
+    let adapter = adapter_of(cfg, common.model.as_deref(), lora_path)?;
     Ok(Request {
         adapter,
         cache_salt: common.cache_salt.filter(|s| !s.is_empty()),

@@ -396,6 +396,13 @@ impl SimConfig {
         let Some(v) = &self.version else {
             return true;
         };
+        // An unparsable version (a source build's "main") is taken as current.
+        if !v
+            .trim_start_matches('v')
+            .starts_with(|c: char| c.is_ascii_digit())
+        {
+            return true;
+        }
         let nums: Vec<u32> = v
             .trim_start_matches('v')
             .split('.')

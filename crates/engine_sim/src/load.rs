@@ -18,7 +18,7 @@ use crate::{Flavor, SimConfig};
 #[derive(Serialize, Debug)]
 pub(crate) struct LoadsBody {
     timestamp: String,
-    version: &'static str,
+    version: String,
     accelerator: Option<String>,
     num_accelerators: u32,
     loads: Vec<RankLoad>,
@@ -59,7 +59,10 @@ pub(crate) fn loads(cfg: &SimConfig, snapshots: &[Snapshot], dp_rank: Option<usi
         .collect();
     LoadsBody {
         timestamp: iso8601(SystemTime::UNIX_EPOCH + Duration::from_secs_f64(now)),
-        version: SGLANG_VERSION,
+        version: cfg
+            .version
+            .clone()
+            .unwrap_or_else(|| SGLANG_VERSION.to_owned()),
         accelerator: None,
         num_accelerators: 0,
         loads,

@@ -223,8 +223,17 @@ impl ModelTokenizer {
         let t = self.template.as_ref().ok_or(TokenizeError::NoTemplate)?;
         let parts: ChatParts =
             serde_json::from_slice(body).map_err(|e| TokenizeError::Body(e.to_string()))?;
-        let open = parts.continue_final_message.unwrap_or(false);
-        let generation = parts.add_generation_prompt.unwrap_or(!open);
+        // vLLM lays the request's `chat_template_kwargs` over its own fields.
+        let kw = |name: &str| -> Option<bool> {
+            let v = parts.chat_template_kwargs.as_ref()?.get_attr(name).ok()?;
+            (v.kind() == minijinja::value::ValueKind::Bool).then(|| v.is_true())
+        };
+        let open = kw("continue_final_message")
+            .or(parts.continue_final_message)
+            .unwrap_or(false);
+        let generation = kw("add_generation_prompt")
+            .or(parts.add_generation_prompt)
+            .unwrap_or(true);
         let last = open.then(|| final_text(&parts.messages)).flatten();
         let text = t.render(
             parts.messages,

@@ -178,8 +178,12 @@ fn the_generation_prompt_follows_the_request() {
     let without = render(json!({"add_generation_prompt": false}));
     assert!(without.ends_with("<|eot_id|>"), "{without}");
     assert_eq!(format!("{without}{opening}"), default);
+    // vLLM's own kwargs win over the request's fields.
+    let kwargs = render(json!({"add_generation_prompt": true,
+        "chat_template_kwargs": {"add_generation_prompt": false}}));
+    assert_eq!(kwargs, without);
     // The final message left open: no end of turn after it, no new opening.
-    let open = render(json!({"continue_final_message": true}));
+    let open = render(json!({"continue_final_message": true, "add_generation_prompt": false}));
     assert!(open.ends_with("It lies to the"), "{open}");
     assert!(without.starts_with(&open));
 }

@@ -87,6 +87,8 @@ pub struct SelectorActor {
     by_model: HashMap<Arc<str>, Vec<usize>, foldhash::fast::RandomState>,
     /// The LoRA adapters the fleet lists, each with its base model.
     adapters: HashMap<Arc<str>, Arc<str>, foldhash::fast::RandomState>,
+    /// Models an SGLang engine serves: only SGLang reads `lora_path`.
+    lora_path_models: std::collections::HashSet<Arc<str>>,
     /// Work dispatched since each worker's load sample.
     ledger: CreditLedger,
     /// Rebuilt only when the set of workers changes.
@@ -178,6 +180,7 @@ impl SelectorActor {
             panic_next: false,
             by_model: HashMap::default(),
             adapters: HashMap::default(),
+            lora_path_models: Default::default(),
             ledger: CreditLedger::new(),
             ring: None,
             rng: seed.map_or_else(SmallRng::from_entropy, SmallRng::seed_from_u64),
@@ -301,6 +304,11 @@ impl SelectorActor {
             .iter()
             .flat_map(|w| &w.adapters)
             .map(|(a, base)| (Arc::from(a.as_str()), Arc::from(base.as_str())))
+            .collect();
+        self.lora_path_models = fleet
+            .iter()
+            .filter(|w| w.runtime == super::registry::Runtime::Sglang)
+            .flat_map(|w| w.models.iter().map(|m| Arc::from(m.as_str())))
             .collect();
         for rec in fleet.iter() {
             for (target, rank) in rec.targets() {
@@ -439,6 +447,22 @@ impl SelectorActor {
             Some(m) if facts.adapter.is_none() && self.adapters.contains_key(m.as_str()) => {
                 let mut f = (*facts).clone();
                 f.adapter = Some(m.clone());
+                Arc::new(f)
+            }
+            // A `lora_path` no SGLang engine of the model reads: vLLM ignores it and runs
+            // the base model, so the request is routed as the base model's.
+            _ if facts.adapter.is_some()
+                && !(facts.model.as_deref())
+                    .or(self
+                        .by_model
+                        .keys()
+                        .next()
+                        .map(|k| &**k)
+                        .filter(|_| self.by_model.len() == 1))
+                    .is_some_and(|m| self.lora_path_models.contains(m)) =>
+            {
+                let mut f = (*facts).clone();
+                f.adapter = None;
                 Arc::new(f)
             }
             _ => facts,

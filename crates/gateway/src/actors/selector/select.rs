@@ -69,12 +69,19 @@ impl SelectorActor {
         m: &mut PrefixMatches,
         lately: &[(WorkerId, usize)],
         c: Option<&ChainAnswer>,
+        scoped: bool,
     ) -> Vec<WorkerId> {
         let mut from_events = Vec::new();
         let Some(c) = c else {
             return from_events;
         };
         if m.source != MatchSource::TokenTree {
+            return from_events;
+        }
+        // An adapter's or a salt's blocks no engine's events hold: the events may not name
+        // the scope (an engine that sends only `lora_id`, say), so what kvgate routed
+        // stays the answer rather than nothing.
+        if scoped && c.per_rank.iter().all(|&(_, _, blocks, _)| blocks == 0) {
             return from_events;
         }
         for (v, meta) in self.views.iter().zip(&self.meta) {
@@ -201,7 +208,7 @@ impl Handler<Select> for SelectorActor {
                 let _enter = span.enter();
                 let (matches, ticket) = match answer {
                     Ok((mut m, lately, chain, ticket)) => {
-                        act.overlay(&mut m, &lately, chain.as_ref());
+                        act.overlay(&mut m, &lately, chain.as_ref(), facts.scoped());
                         act.session_of(&facts, &mut m);
                         (Some(m), ticket)
                     }
@@ -286,7 +293,8 @@ impl Handler<Explain> for SelectorActor {
         let msg_facts = msg.facts;
         AtomicResponse::new(Box::pin(ask.into_actor(self).map(move |answer, act, _| {
             let (mut matches, lately, chain, _) = answer.map_err(|_| SelectError::NoHealthy)?;
-            let from_events = act.overlay(&mut matches, &lately, chain.as_ref());
+            let from_events =
+                act.overlay(&mut matches, &lately, chain.as_ref(), msg_facts.scoped());
             act.session_of(&msg_facts, &mut matches);
             act.dry_run(&msg_facts, Some(&matches), from_events)
         })))
