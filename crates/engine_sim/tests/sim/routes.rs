@@ -703,8 +703,8 @@ async fn lora_adapters_are_listed_with_their_parent_and_keep_their_own_cache() {
         let again = post_json(&url_c, &ask(model, salt)).await;
         assert!(cached(&again) > 0, "{model} {salt:?}: {again}");
     }
-    // SGLang's field names the same adapter; an unknown one, or a model not served, is refused.
-    let via_path = json!({"model": "kvgate-sim-model", "lora_path": "sql", "prompt": vec![7; 64], "max_tokens": 1});
+    // vLLM reads no `lora_path`: the base model runs; a model it does not serve is a 404.
+    let via_path = json!({"lora_path": "nope", "prompt": vec![7; 64], "max_tokens": 1});
     assert!(cached(&post_json(&url_c, &via_path).await) > 0);
     let (status, _) = post(
         &url_c,
@@ -712,16 +712,39 @@ async fn lora_adapters_are_listed_with_their_parent_and_keep_their_own_cache() {
     )
     .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
-    let (status, _) = post(
-        &url_c,
-        &json!({"lora_path": "nope", "prompt": [1], "max_tokens": 1}),
-    )
-    .await;
-    assert_eq!(status, StatusCode::BAD_REQUEST);
     let (_, text) = get(&format!("{url}/metrics")).await;
     let text = std::str::from_utf8(&text).unwrap_or("");
     assert!(
         text.contains("vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"\",waiting_lora_adapters=\"\"}"),
         "{text}"
     );
+}
+
+#[actix_rt::test]
+async fn sglang_names_an_adapter_by_lora_path() {
+    let (_fleet, url) = one(SimConfig {
+        enable_cache_report: true,
+        lora_adapters: vec!["sql".into()],
+        ..fast()
+    });
+    let url_c = format!("{url}/v1/completions");
+    let cached = |v: &Value| {
+        v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    let by_model = json!({"model": "sql", "prompt": vec![9; 64], "max_tokens": 1});
+    assert_eq!(cached(&post_json(&url_c, &by_model).await), 0);
+    // `lora_path` names the same adapter: its cache.
+    let by_path = json!({"lora_path": "sql", "prompt": vec![9; 64], "max_tokens": 1});
+    assert!(cached(&post_json(&url_c, &by_path).await) > 0);
+    // Not under the base model.
+    let base = json!({"prompt": vec![9; 64], "max_tokens": 1});
+    assert_eq!(cached(&post_json(&url_c, &base).await), 0);
+    let (status, _) = post(
+        &url_c,
+        &json!({"lora_path": "nope", "prompt": [1], "max_tokens": 1}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
 }
