@@ -314,3 +314,17 @@ pub fn port_free_on(hosts: &[&str]) -> u16 {
 pub fn engine_at(host: &str, port: u16) -> SimFleet {
     SimFleet::start_each(host, port, vec![SimConfig::default()]).expect("simulated engine starts")
 }
+
+/// Registers `url` with `gw` through `POST /workers`, its engine publishing KV events on
+/// `port` and answering replays on `replay` (on the worker's host): how a vLLM engine,
+/// which advertises none, is followed.
+pub async fn add_with_events(gw: &Gateway, url: &str, port: u16, replay: u16) {
+    let events = serde_json::json!({"publisher": "zmq", "endpoint": format!("tcp://*:{port}"),
+        "replay_endpoint": format!("tcp://*:{replay}")});
+    let r = post_json(
+        &format!("{}/workers", gw.url()),
+        &serde_json::json!({"url": url, "kv_events_config": events}),
+    )
+    .await;
+    assert_eq!(r.status.as_u16(), 201, "{}", r.text());
+}

@@ -5,7 +5,8 @@
 use kvgate_engine_sim::{Flavor, SimConfig, SimFleet, engine_of};
 use kvgate_gateway::Gateway;
 use kvgate_tests::{
-    Harness, Reply, port_free_on, post_json, publishing_engine, test_config, until_workers,
+    Harness, Reply, add_with_events, port_free_on, post_json, publishing_engine, test_config,
+    until_workers,
 };
 use serde_json::{Value, json};
 
@@ -229,14 +230,7 @@ async fn with_vllm_events_an_adapters_blocks_are_matched_under_the_adapter() {
     let dir = tempfile::tempdir().expect("dir");
     let gw = Gateway::start(test_config(&dir)).expect("gateway");
     for (k, u) in urls.iter().enumerate() {
-        let events = json!({"publisher": "zmq", "endpoint": format!("tcp://*:{}", ports[2 * k]),
-            "replay_endpoint": format!("tcp://*:{}", ports[2 * k + 1])});
-        let r = post_json(
-            &format!("{}/workers", gw.url()),
-            &json!({"url": u, "kv_events_config": events}),
-        )
-        .await;
-        assert_eq!(r.status.as_u16(), 201, "{}", r.text());
+        add_with_events(&gw, u, ports[2 * k], ports[2 * k + 1]).await;
     }
     until_workers(&gw, "both engines' events live, with their blocks", |ws| {
         ws.len() == 2

@@ -7,7 +7,9 @@ use std::path::PathBuf;
 
 use kvgate_engine_sim::{Flavor, SimConfig, SimFleet};
 use kvgate_gateway::Gateway;
-use kvgate_tests::{port_free_on, post_json, publishing_engine, test_config, until_workers};
+use kvgate_tests::{
+    add_with_events, port_free_on, post_json, publishing_engine, test_config, until_workers,
+};
 use serde_json::{Value, json};
 
 fn vllm(port: u16, replay: u16) -> SimConfig {
@@ -46,14 +48,7 @@ async fn without_a_tokenizer_here_the_engines_render_text_prompts_for_matching()
     let dir = tempfile::tempdir().expect("dir");
     let gw = Gateway::start(test_config(&dir)).expect("gateway");
     for (k, u) in urls.iter().enumerate() {
-        let events = json!({"publisher": "zmq", "endpoint": format!("tcp://*:{}", ports[2 * k]),
-            "replay_endpoint": format!("tcp://*:{}", ports[2 * k + 1])});
-        let r = post_json(
-            &format!("{}/workers", gw.url()),
-            &json!({"url": u, "kv_events_config": events}),
-        )
-        .await;
-        assert_eq!(r.status.as_u16(), 201, "{}", r.text());
+        add_with_events(&gw, u, ports[2 * k], ports[2 * k + 1]).await;
     }
     let ws = until_workers(&gw, "live events, prompts rendered by the engines", |ws| {
         ws.len() == 2
@@ -138,14 +133,7 @@ async fn engines_without_the_render_routes_are_asked_once() {
     let url = fleet.urls()[0].clone();
     let dir = tempfile::tempdir().expect("dir");
     let gw = Gateway::start(test_config(&dir)).expect("gateway");
-    let events = json!({"publisher": "zmq", "endpoint": format!("tcp://*:{}", ports[0]),
-        "replay_endpoint": format!("tcp://*:{}", ports[1])});
-    let r = post_json(
-        &format!("{}/workers", gw.url()),
-        &json!({"url": url, "kv_events_config": events}),
-    )
-    .await;
-    assert_eq!(r.status.as_u16(), 201, "{}", r.text());
+    add_with_events(&gw, &url, ports[0], ports[1]).await;
     until_workers(&gw, "events live, render offered", |ws| {
         ws.first()
             .is_some_and(|w| w["events"]["state"] == "live" && w["tokenizer"]["state"] == "render")

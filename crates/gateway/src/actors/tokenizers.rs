@@ -119,8 +119,12 @@ impl Tokenizers {
         }
         let models = self.models.read().unwrap_or_else(PoisonError::into_inner);
         match model {
-            // An adapter's prompts are its base model's tokens.
-            Some(m) => models.get(self.base_of(m).as_deref().unwrap_or(m)).cloned(),
+            // An adapter's prompts are its base model's tokens (read in place: this runs
+            // for every text request).
+            Some(m) => {
+                let bases = self.bases.read().unwrap_or_else(PoisonError::into_inner);
+                models.get(bases.get(m).map_or(m, String::as_str)).cloned()
+            }
             None if models.len() == 1 => models.values().next().cloned(),
             None => None,
         }

@@ -90,9 +90,18 @@ fn a_request_without_an_adapter_is_not_narrowed() {
 #[test]
 fn engines_that_report_no_adapters_all_have_room() {
     let cfg = PolicyConfig::with_kind(PolicyKind::CacheAware);
-    let ws = fleet(3);
-    let picks = run(&cfg, &mut ws.clone(), &under("sql"), None, 30, true, 5);
-    assert_eq!(counts(&picks).len(), 3, "{picks:?}");
+    // One engine reports room; the two that report nothing are taken to have room too,
+    // and stay candidates.
+    let ws = vec![w(1).load(running(&[], 4, 0)), w(2), w(3)];
+    let d = pick(&cfg, &ws, &under("sql"), Some(&text_matches(20, &[])), 1);
+    assert_eq!(d.candidates.len(), 3, "{d:?}");
+    assert!(d.notes.contains(&DecisionNote::Adapter {
+        fit: AdapterFit::Room
+    }));
+    // One that would have to evict is not.
+    let full = vec![w(1).load(running(&["a"], 1, 0)), w(2), w(3)];
+    let d = pick(&cfg, &full, &under("sql"), Some(&text_matches(20, &[])), 1);
+    assert_eq!(d.candidates.len(), 2, "{d:?}");
 }
 
 #[test]
