@@ -3,11 +3,16 @@
 engines, for a placement rule, and how even one replica's placement is.
 
 A model of the shared-prefix workload (G groups of P requests, shuffled, request i to
-replica i mod N, 4 engines): each replica places a group the first time it sees it and
-keeps it there; a group placed on k engines costs k - 1 extra prefills (copies). Rules:
+replica i mod N, 4 engines), after H single-request conversations (--history, each a new
+prefix on whichever replica it reaches, not counted in the results): each replica places
+a group the first time it sees it and keeps it there; a group placed on k engines costs
+k - 1 extra prefills (copies). Rules:
 
-  least     kvgate's: the best rendezvous-ranked engine among those that started the
-            fewest groups on this replica (exact balance, order-dependent)
+  rotate    kvgate's: the engine whose last new prefix on this replica is the oldest;
+            among engines that never started one, the best rendezvous-ranked
+  least     the best rendezvous-ranked engine among those that started the fewest
+            (kvgate's rule before the rotation: balanced from a fresh start, carries an
+            old gap forward)
   rdv       the rendezvous ranking alone (agreement by construction, balance by chance)
   two       the less loaded of the two best-ranked engines
   oracle    exact balance with the final group count known in advance (an upper bound
@@ -16,7 +21,7 @@ keeps it there; a group placed on k engines costs k - 1 extra prefills (copies).
 Prints, per rule and replica count: copies per run (mean of the seeds) and the share of
 runs whose request split (max / min per engine) is within 1.3.
 
-    python3 scripts/placement-model.py --groups 8 --prompts 16 --seeds 200
+    python3 scripts/placement-model.py --groups 8 --prompts 16 --seeds 200 --history 13
 """
 
 import argparse
@@ -37,9 +42,15 @@ def ranked(key):
 
 def place(rule, placed, key, groups):
     counts = [0] * ENGINES
-    for e in placed.values():
+    last = [-1] * ENGINES
+    # dicts keep insertion order: a later placement is a later start
+    for i, e in enumerate(placed.values()):
         counts[e] += 1
+        last[e] = i
     order = ranked(key)
+    if rule == "rotate":
+        oldest = min(last)
+        return next(e for e in order if last[e] == oldest)
     if rule == "rdv":
         return order[0]
     if rule == "two":
@@ -54,17 +65,19 @@ def place(rule, placed, key, groups):
     raise ValueError(rule)
 
 
-def run(rule, groups, prompts, replicas, seed):
+def run(rule, groups, prompts, replicas, seed, history):
     rng = random.Random(seed)
     plan = [g for g in range(groups) for _ in range(prompts)]
     rng.shuffle(plan)
+    plan = [("h", h) for h in range(history)] + plan
     seen = [dict() for _ in range(replicas)]
     holders = {}
     for i, g in enumerate(plan):
         mine = seen[i % replicas]
         if g not in mine:
             mine[g] = place(rule, mine, (seed, g), groups)
-        holders.setdefault(g, set()).add(mine[g])
+        if not isinstance(g, tuple):
+            holders.setdefault(g, set()).add(mine[g])
     copies = sum(len(h) - 1 for h in holders.values())
     per = [0.0] * ENGINES
     for h in holders.values():
@@ -79,13 +92,17 @@ def main():
     ap.add_argument("--groups", type=int, default=8)
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--seeds", type=int, default=200)
-    ap.add_argument("--rules", default="least,rdv,two,oracle")
+    ap.add_argument("--history", type=int, default=0)
+    ap.add_argument("--rules", default="rotate,least,rdv,two,oracle")
     a = ap.parse_args()
-    print(f"{a.groups} groups x {a.prompts} prompts, {ENGINES} engines, {a.seeds} seeds")
+    print(
+        f"{a.groups} groups x {a.prompts} prompts after {a.history} conversations, "
+        f"{ENGINES} engines, {a.seeds} seeds"
+    )
     print("rule     replicas  copies/run  split<=1.3")
     for rule in a.rules.split(","):
         for n in (1, 2, 4):
-            res = [run(rule, a.groups, a.prompts, n, s) for s in range(a.seeds)]
+            res = [run(rule, a.groups, a.prompts, n, s, a.history) for s in range(a.seeds)]
             copies = sum(r[0] for r in res) / len(res)
             even = sum(r[1] <= 1.3 for r in res) / len(res)
             print(f"{rule:8} {n:8}  {copies:10.2f}  {even:10.2f}")

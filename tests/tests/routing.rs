@@ -407,6 +407,52 @@ async fn each_worker_counts_the_new_prefixes_it_started() {
     let second = "An unrelated instruction block for a different prefix group. ".repeat(12);
     send(format!("{second} Question three?")).await;
     assert!(near(&recent().await, &[1.0, 1.0]), "{:?}", recent().await);
+    let mut last: Vec<u64> = sel
+        .send(GetViews)
+        .await
+        .unwrap()
+        .iter()
+        .map(|v| v.last_start)
+        .collect();
+    last.sort_unstable();
+    assert_eq!(
+        last,
+        [1, 2],
+        "each worker's last start, by the fleet's count"
+    );
+}
+
+#[actix_rt::test]
+async fn new_groups_spread_evenly_after_other_traffic() {
+    // 13 conversations first leave one engine having started 4 and the others 3; 8
+    // groups of 4 after them still land 2 groups, 8 requests, on each engine.
+    let h = with_loads(4, PolicyKind::CacheAware).await;
+    let url = h.url("/v1/completions");
+    let send = |prompt: String| {
+        let url = url.clone();
+        async move {
+            let r = post_json(&url, &json!({"prompt": prompt, "max_tokens": 1})).await;
+            assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+        }
+    };
+    let head = |kind: &str, i: usize| {
+        format!(
+            "{kind} {i}: {}",
+            "a private block of text for this group. ".repeat(16)
+        )
+    };
+    for c in 0..13 {
+        send(format!("{} Hello?", head("conversation", c))).await;
+    }
+    let before = h.split();
+    assert_eq!(before.iter().sum::<u64>(), 13);
+    for turn in 0..4 {
+        for g in 0..8 {
+            send(format!("{} Question {turn}?", head("group", g))).await;
+        }
+    }
+    let during: Vec<u64> = h.split().iter().zip(&before).map(|(a, b)| a - b).collect();
+    assert_eq!(during, [8, 8, 8, 8], "after {before:?}");
 }
 
 #[actix_rt::test]

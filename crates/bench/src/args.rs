@@ -277,6 +277,11 @@ pub(crate) struct WorkloadArgs {
     /// a gateway restarted or added in front of a busy fleet.
     #[arg(long)]
     pub warm_engines: bool,
+    /// Before the measured plan, this many conversations (`--turns` turns each, private
+    /// system prompts of `--system-tokens`) go through the same gateway at the same load,
+    /// uncounted: a gateway that has served other traffic first.
+    #[arg(long, default_value_t = 0)]
+    pub prelude_conversations: usize,
     /// Cap on requests per run.
     #[arg(long, default_value_t = 10_000)]
     pub max_requests: usize,

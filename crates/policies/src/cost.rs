@@ -11,9 +11,11 @@
 //!              the counters at 0 and vLLM has none, so that is the common case); each
 //!              candidate's `prefill_rate` says which, and the decision carries the note
 //!              `prefill_rate_configured` when the default was used
-//! wait(w)    = (queued(w) + D(w)) / (n_ranks(w) · P(w)) + λ · k / (1 − k)     w has a report
+//! wait(w)    = (q(w) + D(w)) / (n_ranks(w) · P(w)) + λ · k / (1 − k)         w has a report
 //!            = B + D(w) / P̄                                                   no report
 //!            = D(w) / P̄                                                       nobody reports
+//! q(w)       = max(0, queued(w) − age(w) · n_ranks(w) · P(w)): the reported queue less
+//!              what w prefilled since the sample, age(w) seconds ago
 //! prefill(w) = m(w) · uncached(w) / P(w),  uncached(w) = prompt tokens − tokens w holds
 //!              (holdings under min_match_tokens, default 64, count as none)
 //! choice     = the lowest cost, except:
@@ -23,11 +25,12 @@
 //!                 idle worker;
 //!              2. affinity: otherwise the cheapest holder within that margin wins, unless
 //!                 the lowest is an idle worker (nothing in flight);
-//!              3. spread: when the choice holds nothing useful, the worker with the
-//!                 fewest recent new prefixes (`WorkerView::recent`, ties within 0.5)
-//!                 among those within PLACEMENT_REACH (3) margins of the lowest, the
-//!                 best ranked by rendezvous hashing of the prompt's head over the
-//!                 workers' URLs first (`placement` module: every replica ranks alike)
+//!              3. spread: when the choice holds nothing useful, the worker whose last
+//!                 new prefix is the oldest (`WorkerView::last_start`, a rotation) among
+//!                 those within PLACEMENT_REACH (3) margins of the lowest; among those
+//!                 that never started one, the best ranked by rendezvous hashing of the
+//!                 prompt's head over the workers' URLs (`placement` module: every
+//!                 replica ranks alike)
 //! worth(w)   = traffic(w's prefix) / (traffic total + 2n) · n, n = |candidates|, from the index's
 //!              decayed lookup counts (`PrefixMatches::traffic`); unknown → rule 1 skipped
 //! m(w)       = 1 + waiting_reqs(w) + dispatched_since_sample(w) + cache_hit_rate(w)
@@ -87,8 +90,9 @@
 //!   index's traffic counts can: a prefix that carries at most one engine's worth of the
 //!   fleet's requests belongs on one engine (breaking it over an idle worker duplicated its
 //!   prefill and split its group for good: 0.95–0.975 of the ideal at lower load), while a busier one must spread (kept on its first holder, every new
-//!   conversation followed it: splits of 0/0/23/41). New prefixes then start where the
-//!   fewest started lately, so groups spread evenly from their first request.
+//!   conversation followed it: splits of 0/0/23/41). New prefixes then start in rotation
+//!   (the worker whose last start is the oldest), so groups spread evenly from their first
+//!   request whatever the gateway served before.
 //!
 //! Paths: `hit` (or `hash` on the hash index) when the chosen worker holds part of the
 //! prompt (at least `min_match_tokens` of it, a hash boundary included), `spill` when it holds none
@@ -111,7 +115,7 @@ use crate::wait::{Few, Pick, argmin_uniform, mean_positive};
 const TRAFFIC_PRIOR_PER_CANDIDATE: f64 = 2.0;
 
 /// How many affinity margins a new prefix may reach past the cheapest worker to land on
-/// the worker that started the fewest lately: where a group starts is where its later
+/// the worker whose turn it is to start one: where a group starts is where its later
 /// requests go, so an uneven start costs for as long as the group lives.
 const PLACEMENT_REACH: f64 = 3.0;
 
@@ -258,6 +262,7 @@ fn annotate(
             c.prefill = Some(prefill);
             c.prefix_traffic = worth[k];
             c.recent = Some(w.recent);
+            c.last_start = Some(w.last_start);
             c.prefill_rate = Some(rates[k]);
         }
     }
@@ -294,12 +299,17 @@ fn session_choice(
 }
 
 /// Where a request that starts a prefix group goes (nobody's prefix decided), as an index
-/// into `set`, and each candidate's rendezvous rank when one was taken. It goes where the
-/// fewest new prefixes started lately, within [`PLACEMENT_REACH`] margins of the cheapest,
-/// instead of wherever an instant's costs point; among those, the rendezvous ranking of
-/// its head decides, so that other replicas, which have not seen this prefix either,
-/// choose the same engine. A holder is not a place to start a prefix: it would be a hit
-/// the affinity rules already declined.
+/// into `set`, and each candidate's rendezvous rank when one was taken. It goes to the
+/// worker whose last new prefix is the oldest ([`WorkerView::last_start`]), within
+/// [`PLACEMENT_REACH`] margins of the cheapest, instead of wherever an instant's costs
+/// point. A rotation, not a count: a count carries an old imbalance forward, and a run of
+/// 8 groups on 4 engines after one uneven start lands 3:2:2:1; the rotation lands any run
+/// of k·n starts k to each. Among workers that never started one (a fresh gateway), the
+/// rendezvous ranking of the prompt's head decides, so that other replicas, which have
+/// not seen this prefix either, choose the same engine. A holder is not a place to start
+/// a prefix: it would be a hit the affinity rules already declined.
+///
+/// [`WorkerView::last_start`]: crate::WorkerView::last_start
 fn place_new_prefix(
     ctx: &Ctx<'_>,
     set: &[usize],
@@ -309,13 +319,10 @@ fn place_new_prefix(
     rng: &mut dyn RngCore,
 ) -> (Option<usize>, Option<Vec<u32>>) {
     let wide = totals[cheapest] * (1.0 + PLACEMENT_REACH * ctx.cfg.affinity_margin.max(0.0));
-    let least = (0..set.len())
-        .filter(|&i| totals[i] <= wide)
-        .map(|i| ctx.fleet.workers[set[i]].recent)
-        .fold(f64::INFINITY, f64::min);
-    let open = |i: usize| {
-        useful[i] == 0 && ctx.fleet.workers[set[i]].recent < least + 0.5 && totals[i] <= wide
-    };
+    let within = |i: usize| useful[i] == 0 && totals[i] <= wide;
+    let last = |i: usize| ctx.fleet.workers[set[i]].last_start;
+    let oldest = (0..set.len()).filter(|&i| within(i)).map(last).min();
+    let open = |i: usize| within(i) && Some(last(i)) == oldest;
     let deepest = set.iter().map(|&w| ctx.matched[w]).max().unwrap_or(0);
     match placement::key(ctx.input.request, deepest, ctx.cfg) {
         Some(key) => {
@@ -382,8 +389,16 @@ fn ttft(ctx: &Ctx<'_>, set: &[usize], rates: &[PrefillRate]) -> Few<(f64, f64)> 
         .zip(rates)
         .map(|(&i, r)| {
             fleet.load(i).map(|l| {
-                let backlog = l.queued + fleet.workers[i].credit.tokens as f64;
-                backlog / (l.ranks * r.tokens_per_sec) + l.kv_term(p.lambda)
+                let rate = l.ranks * r.tokens_per_sec;
+                // The reported queue has been prefilling since the sample: a poll taken
+                // while a group's first prefill ran counts its followers as uncached,
+                // and read as is for a whole interval it drove them off their holder.
+                let since = fleet.workers[i].load.as_ref().map_or(0.0, |s| {
+                    ctx.input.now.saturating_sub(s.sampled_at).as_secs_f64()
+                });
+                let queued = (l.queued - since * rate).max(0.0);
+                let backlog = queued + fleet.workers[i].credit.tokens as f64;
+                backlog / rate + l.kv_term(p.lambda)
             })
         })
         .collect();

@@ -87,6 +87,11 @@ pub struct CandidateScore {
     /// ([`WorkerView::recent`](crate::WorkerView::recent)).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recent: Option<f64>,
+    /// Cost mode only: when the worker last started a new prefix
+    /// ([`WorkerView::last_start`](crate::WorkerView::last_start), 0: never); the spread
+    /// starts the next one on the lowest within its reach.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_start: Option<u64>,
     /// Cost mode only, when the request started a new prefix: the worker's place in the
     /// rendezvous ranking of the prompt's head (0: every replica's first choice).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -129,6 +134,7 @@ impl CandidateScore {
             prefill: None,
             prefix_traffic: None,
             recent: None,
+            last_start: None,
             placement_rank: None,
             prefill_rate: None,
         }
@@ -146,8 +152,8 @@ pub enum CostRule {
     /// A holder of a prefix that carries at most one engine's worth of traffic, within
     /// the affinity margin, even though an idle worker was cheaper.
     PrivatePrefix,
-    /// Nobody's prefix decided: the worker that started the fewest new prefixes lately,
-    /// within a wider reach of the lowest cost than the affinity margin.
+    /// Nobody's prefix decided: the worker whose last new prefix is the oldest (in
+    /// rotation), within a wider reach of the lowest cost than the affinity margin.
     Spread,
     /// The worker the request's session went to last: nobody's prefix decided (within the
     /// spread's reach of the lowest cost), or it matched as much as the choice did.

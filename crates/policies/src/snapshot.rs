@@ -166,10 +166,14 @@ pub struct WorkerView {
     /// New prefixes started on this worker lately: dispatches that went to it holding no
     /// useful part of their prompt ([`Decision::new_prefix`](crate::Decision::new_prefix)),
     /// decayed by the caller (the gateway halves the count every [`RECENT_HALF_LIFE`]
-    /// dispatches to the fleet). The cost mode places a prompt that no prefix decides on
-    /// the worker with the fewest, among those within its margin, so prefix groups spread
-    /// evenly; left at 0 everywhere, such prompts go to the cheapest worker instead.
+    /// dispatches to the fleet). Shown in explain; no rule reads it.
     pub recent: f64,
+    /// When this worker last started a new prefix, as the caller's running count of new
+    /// prefixes started anywhere in the fleet (0: never). The cost mode starts a prefix
+    /// nobody holds on the worker whose last start is the oldest, among those within its
+    /// reach: a fixed rotation, so any run of new prefixes spreads evenly whatever came
+    /// before it. Left at 0 everywhere, the rendezvous ranking places them.
+    pub last_start: u64,
 }
 
 /// Half-life of [`WorkerView::recent`], in dispatches to the whole fleet, as the gateway
@@ -187,6 +191,7 @@ impl WorkerView {
             load: None,
             credit: Credit::default(),
             recent: 0.0,
+            last_start: 0,
         }
     }
 }

@@ -218,7 +218,25 @@ fn settings(
         tokens: Arc::clone(tokens),
         kv_events: a.kv_events,
         warm_engines: a.warm_engines,
+        prelude: prelude(a),
     }
+}
+
+/// The uncounted traffic before the plan (`--prelude-conversations`), if any.
+fn prelude(a: &WorkloadArgs) -> Option<Plan> {
+    (a.prelude_conversations > 0).then(|| {
+        Plan::build(&WorkloadSpec {
+            conversations: a.prelude_conversations,
+            turns: a.turns,
+            system_tokens: a.system_tokens,
+            question_tokens: a.question_tokens,
+            max_tokens: a.max_tokens,
+            private_system: true,
+            // Other prompts than the plan's.
+            seed: a.seed ^ 0x7e1d_e000,
+            ..WorkloadSpec::new(WorkloadKind::MultiTurn)
+        })
+    })
 }
 
 /// The run's setting in words, for the table's heading and the chart's subtitle.
@@ -242,12 +260,16 @@ fn describe(
         n => format!(", {n} gateway replicas"),
     };
     let warm = if a.warm_engines { ", engines warm" } else { "" };
+    let prelude = match a.prelude_conversations {
+        0 => String::new(),
+        n => format!(", after {n} other conversations"),
+    };
     let form = match a.prompt_form {
         PromptForm::Chat => "chat",
         PromptForm::Tokens => "token prompts",
     };
     format!(
-        "{} requests ({form}), {engines} engines x {} slots, pool {} tokens, {load}{start}{replicas}{warm}, seed {}",
+        "{} requests ({form}), {engines} engines x {} slots, pool {} tokens, {load}{start}{replicas}{warm}{prelude}, seed {}",
         plan.len(),
         a.max_running_requests,
         a.pool_tokens,
@@ -264,6 +286,9 @@ fn label(a: &WorkloadArgs, replicas: usize) -> String {
     }];
     if a.warm_engines {
         parts.push("warm engines".to_owned());
+    }
+    if a.prelude_conversations > 0 {
+        parts.push(format!("after {} conversations", a.prelude_conversations));
     }
     if replicas > 1 {
         parts.push(format!("{replicas} replicas"));

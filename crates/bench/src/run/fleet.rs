@@ -146,6 +146,19 @@ fn micros(ns: &mut [u64]) -> Micros {
     }
 }
 
+/// The selector's new-prefix bookkeeping after a dispatch to `i`: `recent` decays and
+/// counts a start, `last_start` takes the fleet's next one.
+fn book_start(workers: &mut [WorkerView], i: usize, new_prefix: bool, keep: f64, starts: &mut u64) {
+    for v in workers.iter_mut() {
+        v.recent *= keep;
+    }
+    if new_prefix {
+        *starts += 1;
+        workers[i].recent += 1.0;
+        workers[i].last_start = *starts;
+    }
+}
+
 /// One fleet's run: decisions (untimed) until the tree is at its budget, then `decisions`
 /// timed ones.
 pub(crate) fn run(s: &DecideSettings) -> DecideReport {
@@ -168,6 +181,7 @@ pub(crate) fn run(s: &DecideSettings) -> DecideReport {
         .map(|_| text(&mut rng, s.head_bytes))
         .collect();
     let keep = 0.5f64.powf(1.0 / RECENT_HALF_LIFE);
+    let mut starts = 0u64;
     // Requests in flight: each booking is released this many decisions later.
     let mut in_flight = std::collections::VecDeque::new();
     let depth = workers.len() * 2;
@@ -212,12 +226,7 @@ pub(crate) fn run(s: &DecideSettings) -> DecideReport {
             .worker
             .and_then(|w| workers.iter().position(|v| v.id == w));
         if let Some(i) = idx {
-            for v in &mut workers {
-                v.recent *= keep;
-            }
-            if d.new_prefix {
-                workers[i].recent += 1.0;
-            }
+            book_start(&mut workers, i, d.new_prefix, keep, &mut starts);
             workers[i].in_flight += 1;
             in_flight.push_back(i);
             if d.record_prefix {

@@ -79,6 +79,9 @@ pub(crate) struct Settings {
     /// Before the gateway starts, each group's warm-up request ([`Plan::warm_up`]) goes
     /// straight to an engine, group g to engine g mod N: traffic of an earlier gateway.
     pub warm_engines: bool,
+    /// Sent through the gateway before the plan at the same arrival, uncounted: traffic
+    /// the gateway served before.
+    pub prelude: Option<Plan>,
 }
 
 /// Who routes the run.
@@ -157,12 +160,11 @@ pub(crate) fn run_target(
     let fleet =
         SimFleet::start_each("127.0.0.1", 0, sims).context("starting the simulated fleet")?;
     let model = s.sims.first().map(|c| c.model.clone()).unwrap_or_default();
-    let warm = if s.warm_engines {
+    let mut warm = if s.warm_engines {
         warm_up(sys, &fleet, &model, plan, s)
     } else {
         Vec::new()
     };
-    let warm_stats = snapshot(&fleet);
     let fronts = match start_fronts(sys, target, &fleet, s, plan) {
         Ok(fronts) => fronts,
         Err(e) => {
@@ -177,6 +179,27 @@ pub(crate) fn run_target(
         form: s.form,
         tokens: &s.tokens,
     };
+    if let Some(prelude) = &s.prelude {
+        let before = sys.block_on(replay(
+            &wire,
+            prelude,
+            s.arrival,
+            s.seed ^ 1,
+            s.max_wall,
+            s.request_timeout,
+        ));
+        let failed = before.records.iter().filter(|r| !r.ok).count();
+        if failed > 0 {
+            eprintln!("    warning: {failed} prelude requests failed");
+        }
+        // After the warm-up in the ideal's order (each replay counts from its own start).
+        let after = warm.iter().map(|r| r.sent_at).max().unwrap_or_default();
+        warm.extend(before.records.into_iter().map(|mut r| {
+            r.sent_at += after + Duration::from_millis(1);
+            r
+        }));
+    }
+    let warm_stats = snapshot(&fleet);
     let run = sys.block_on(replay(
         &wire,
         plan,

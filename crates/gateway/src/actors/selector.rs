@@ -108,6 +108,8 @@ pub struct SelectorActor {
     next_booking: u64,
     /// What `WorkerView::recent` keeps per dispatch: half of it every `RECENT_HALF_LIFE`.
     recent_keep: f64,
+    /// New prefixes started so far: the clock of `WorkerView::last_start`.
+    starts: u64,
     /// Where the time each `Select` waited in the mailbox goes (`/metrics`).
     mailbox_wait: Option<prometheus_client::metrics::histogram::Histogram>,
     /// The chain index fed by engines' KV events: exact holdings for token requests.
@@ -191,6 +193,7 @@ impl SelectorActor {
             pending: false,
             next_booking: 0,
             recent_keep: 0.5f64.powf(1.0 / RECENT_HALF_LIFE),
+            starts: 0,
             mailbox_wait: None,
             events: None,
             events_live: false,

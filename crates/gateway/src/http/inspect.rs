@@ -179,6 +179,7 @@ fn candidate_json(c: &CandidateScore, view: Option<&WorkerView>, chosen: bool) -
         "gated": c.gated,
         "prefix_traffic": c.prefix_traffic,
         "recent": c.recent,
+        "last_start": c.last_start,
         "placement_rank": c.placement_rank,
         "prefill_rate": c.prefill_rate,
         "credit_tokens": view.map(|v| v.credit.tokens),

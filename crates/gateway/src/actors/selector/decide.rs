@@ -163,7 +163,9 @@ impl SelectorActor {
                 v.recent *= self.recent_keep;
             }
             if decision.new_prefix {
+                self.starts += 1;
                 self.views[idx].recent += 1.0;
+                self.views[idx].last_start = self.starts;
             }
         }
         let now = self.now();

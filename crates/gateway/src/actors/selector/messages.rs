@@ -240,6 +240,7 @@ pub(crate) fn worker_state(states: &[WorkerState], worker: WorkerId) -> Option<W
         v.credit.requests += s.view.credit.requests;
         v.eligible |= s.view.eligible;
         v.recent += s.view.recent;
+        v.last_start = v.last_start.max(s.view.last_start);
         v.load = match (v.load.take(), &s.view.load) {
             (Some(mut a), Some(b)) => {
                 a.ranks.extend(b.ranks.iter().cloned());
