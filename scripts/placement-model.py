@@ -60,8 +60,13 @@ def place(rule, placed, key, groups):
         least = min(counts)
         return next(e for e in order if counts[e] == least)
     if rule == "oracle":
+        # the cap is on the workload's groups only, not on the history before them
+        mine = [0] * ENGINES
+        for g, e in placed.items():
+            if not isinstance(g, tuple):
+                mine[e] += 1
         cap = -(-groups // ENGINES)
-        return next(e for e in order if counts[e] < cap)
+        return next(e for e in order if mine[e] < cap)
     raise ValueError(rule)
 
 

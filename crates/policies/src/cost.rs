@@ -239,7 +239,7 @@ pub(crate) fn select(ctx: &Ctx<'_>, rng: &mut dyn RngCore) -> Decision {
 }
 
 /// What the decision shows of each candidate: its prefill, its prefix's traffic, the new
-/// prefixes it started lately, its rate and, when the spread ranked them, its rendezvous
+/// prefixes it started lately and when it last did, its rate and, when the spread ranked them, its rendezvous
 /// rank (with the chosen one's as a note).
 #[expect(
     clippy::too_many_arguments,

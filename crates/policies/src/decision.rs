@@ -230,7 +230,7 @@ pub struct Decision {
     pub rule: Option<CostRule>,
     /// Cost mode only: the chosen worker held no useful part of the prompt, so the
     /// request starts its prefix there (what [`WorkerView::recent`](crate::WorkerView::recent)
-    /// counts).
+    /// counts and [`WorkerView::last_start`](crate::WorkerView::last_start) dates).
     #[serde(default)]
     pub new_prefix: bool,
     /// What else a reader of the decision should know.

@@ -7,8 +7,8 @@
 //! candidates by a hash of the prompt's head and of the workers' URLs (the same strings in
 //! every replica, unlike process-local ids) makes every replica prefer the same engine for
 //! the same conversation or system prompt, with no message between them. The cost mode
-//! then takes the best-ranked candidate among those its balance and load terms allow, so a
-//! single replica's placement stays as even as before and only the tie-break changes.
+//! ranks only among workers that never started a prefix (its rotation decides the rest),
+//! so a single replica's placement stays even and the ranking is the tie-break.
 //!
 //! The key: units `[0, end)` of the prompt, with `end` the first block boundary past the
 //! deepest match any candidate has (a block is `min_match_tokens` tokens, or as many bytes

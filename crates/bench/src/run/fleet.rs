@@ -35,6 +35,9 @@ pub(crate) struct DecideSettings {
     pub seed: u64,
 }
 
+/// When every synthetic load report was taken, and the decisions' clock.
+const SAMPLED_AT: Duration = Duration::from_secs(1);
+
 /// Percentiles of one part of the decision, in µs.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Micros {
@@ -89,7 +92,7 @@ fn views(s: &DecideSettings, rng: &mut SmallRng) -> Vec<WorkerView> {
                     max_total_num_tokens: 200_000,
                     ..RankLoad::default()
                 }],
-                sampled_at: Duration::from_secs(1),
+                sampled_at: SAMPLED_AT,
                 adapters: None,
             });
             out.push(v);
@@ -217,7 +220,8 @@ pub(crate) fn run(s: &DecideSettings) -> DecideReport {
             request: &facts,
             matches: Some(&m),
             seq,
-            now,
+            // The synthetic reports stay as sampled (the cost mode drains a queue by age).
+            now: SAMPLED_AT,
             ring: Some(&ring),
         };
         let d = select(&cfg, &input, &mut rng);

@@ -192,12 +192,7 @@ pub(crate) fn run_target(
         if failed > 0 {
             eprintln!("    warning: {failed} prelude requests failed");
         }
-        // After the warm-up in the ideal's order (each replay counts from its own start).
-        let after = warm.iter().map(|r| r.sent_at).max().unwrap_or_default();
-        warm.extend(before.records.into_iter().map(|mut r| {
-            r.sent_at += after + Duration::from_millis(1);
-            r
-        }));
+        warm.extend(before.records);
     }
     let warm_stats = snapshot(&fleet);
     let run = sys.block_on(replay(

@@ -158,7 +158,8 @@ impl SelectorActor {
         self.holds
             .track(booking, worker, facts, known, decision.record_prefix);
         if self.policy.kind.needs_prefix_matches() {
-            // Only cache_aware reads `recent`; the others skip the pass over the fleet.
+            // Only cache_aware shows `recent` and reads `last_start`; the others skip the
+            // pass over the fleet.
             for v in &mut self.views {
                 v.recent *= self.recent_keep;
             }
