@@ -490,3 +490,51 @@ async fn an_engine_whose_load_routes_hang_delays_no_other_engines_report() {
     )
     .await;
 }
+
+#[actix_rt::test]
+async fn the_selector_books_what_it_sent_until_the_first_token() {
+    // One engine prefilling at 200 tok/s: the request's prefill outlasts the checks.
+    let slow = SimConfig {
+        prefill_tokens_per_sec: 200.0,
+        ..sim()
+    };
+    let h = Harness::start(1, slow, |c| c.policy.kind = PolicyKind::CacheAware);
+    let sel = h.gw.actors().selector.clone();
+    let view = || async { sel.send(GetViews).await.expect("selector")[0].clone() };
+    let own = |v: &WorkerView| v.own.unwrap_or_default();
+    assert!(
+        view().await.own.is_some(),
+        "the gateway keeps its own count"
+    );
+    let url = h.url("/v1/completions");
+    let prompt = "A prompt long enough to take a while to prefill. ".repeat(20);
+    let sent = actix_rt::spawn(async move {
+        post_json(&url, &json!({"prompt": prompt, "max_tokens": 1})).await
+    });
+    let in_flight = |n: u64| {
+        let sel = sel.clone();
+        move || {
+            let sel = sel.clone();
+            async move { sel.send(GetViews).await.is_ok_and(|v| v[0].in_flight == n) }
+        }
+    };
+    wait_for_async(10, "the request in flight", in_flight(1)).await;
+    let booked = own(&view().await).unprefilled_tokens;
+    assert!(booked > 100, "booked {booked} uncached tokens");
+    // A report taken now counts this gateway's one request there.
+    h.gw.actors().poller.do_send(PollNow);
+    let sel2 = sel.clone();
+    wait_for_async(10, "a report with the request in flight", move || {
+        let sel = sel2.clone();
+        async move {
+            sel.send(GetViews)
+                .await
+                .is_ok_and(|v| v[0].own.is_some_and(|o| o.requests_at_sample == 1))
+        }
+    })
+    .await;
+    let r = sent.await.expect("the request");
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    wait_for_async(10, "the booking released", in_flight(0)).await;
+    assert_eq!(own(&view().await).unprefilled_tokens, 0);
+}

@@ -15,7 +15,9 @@
 //!            = B + D(w) / P̄                                                   no report
 //!            = D(w) / P̄                                                       nobody reports
 //! q(w)       = max(0, queued(w) − age(w) · n_ranks(w) · P(w)): the reported queue less
-//!              what w prefilled since the sample, age(w) seconds ago
+//!              what w prefilled since the sample, age(w) seconds ago; q(w) + D(w) is
+//!              capped at this gateway's own unprefilled bookings on w
+//!              (`WorkerView::own`) when every request the report counted was its own
 //! prefill(w) = m(w) · uncached(w) / P(w),  uncached(w) = prompt tokens − tokens w holds
 //!              (holdings under min_match_tokens, default 64, count as none)
 //! choice     = the lowest cost, except:
@@ -397,7 +399,14 @@ fn ttft(ctx: &Ctx<'_>, set: &[usize], rates: &[PrefillRate]) -> Few<(f64, f64)> 
                     ctx.input.now.saturating_sub(s.sampled_at).as_secs_f64()
                 });
                 let queued = (l.queued - since * rate).max(0.0);
-                let backlog = queued + fleet.workers[i].credit.tokens as f64;
+                let mut backlog = queued + fleet.workers[i].credit.tokens as f64;
+                // Every request the engine had was this gateway's: what it booked them at
+                // is the better count (followers of a prefix still prefilling are hits).
+                if let Some(own) = fleet.workers[i].own
+                    && l.requests <= own.requests_at_sample as f64
+                {
+                    backlog = backlog.min(own.unprefilled_tokens as f64);
+                }
                 backlog / rate + l.kv_term(p.lambda)
             })
         })

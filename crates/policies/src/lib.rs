@@ -97,8 +97,8 @@ pub use kvgate_core::WorkerId;
 pub use ledger::CreditLedger;
 pub use ring::HashRing;
 pub use snapshot::{
-    AdapterLoad, Credit, MatchSource, PrefixMatches, PrefixTraffic, RECENT_HALF_LIFE, RankLoad,
-    RequestFacts, RoutingText, WorkerLoad, WorkerView,
+    AdapterLoad, Credit, MatchSource, Own, PrefixMatches, PrefixTraffic, RECENT_HALF_LIFE,
+    RankLoad, RequestFacts, RoutingText, WorkerLoad, WorkerView,
 };
 pub use text::PromptText;
 

@@ -150,6 +150,16 @@ pub struct Credit {
     pub requests: u64,
 }
 
+/// What this gateway itself has on a worker, beyond the engine's report.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Own {
+    /// Uncached tokens, as booked, of this gateway's requests there that have not reached
+    /// their first token.
+    pub unprefilled_tokens: u64,
+    /// This gateway's requests in flight there when the load sample was taken.
+    pub requests_at_sample: u64,
+}
+
 /// A worker as the policy sees it for one decision.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WorkerView {
@@ -174,6 +184,12 @@ pub struct WorkerView {
     /// reach: a fixed rotation, so any run of new prefixes spreads evenly whatever came
     /// before it. Left at 0 everywhere, the rendezvous ranking places them.
     pub last_start: u64,
+    /// What this gateway has there, when the caller keeps it. When every request the
+    /// engine reported was this gateway's, the cost mode prices its queue at no more than
+    /// this gateway's own unprefilled bookings: the engine counts a group's followers as
+    /// uncached until the group's first prefill is cached, the gateway booked them as
+    /// hits. `None`: the report alone.
+    pub own: Option<Own>,
 }
 
 /// Half-life of [`WorkerView::recent`], in dispatches to the whole fleet, as the gateway
@@ -192,6 +208,7 @@ impl WorkerView {
             credit: Credit::default(),
             recent: 0.0,
             last_start: 0,
+            own: None,
         }
     }
 }

@@ -3,7 +3,7 @@
 
 use crate::testkit::*;
 use crate::{
-    CacheMode, CostRule, DecisionNote, DecisionPath, MatchSource, PolicyConfig, PolicyKind,
+    CacheMode, CostRule, DecisionNote, DecisionPath, MatchSource, Own, PolicyConfig, PolicyKind,
     PrefixMatches, PrefixTraffic, RankLoad, RateSource, RequestFacts, SelectInput, WorkerLoad,
     WorkerView,
 };
@@ -562,6 +562,31 @@ fn a_private_prefix_stays_with_its_holder_even_against_an_idle_worker() {
         (d.worker, d.path),
         (Some(id(1)), DecisionPath::Hit),
         "{d:?}"
+    );
+    // Or when the engine's two requests were both this gateway's, booked at 1 000
+    // unprefilled tokens (followers it knows are hits): priced at those.
+    let own = |requests_at_sample| {
+        let mut ws = fleet(20_000);
+        ws[0].own = Some(Own {
+            unprefilled_tokens: 1000,
+            requests_at_sample,
+        });
+        ws
+    };
+    check(
+        &cost_cfg(),
+        &own(2),
+        &tokens(2000),
+        Some(&private),
+        (1, DecisionPath::Hit),
+    );
+    // One of them another gateway's: the report stands.
+    check(
+        &cost_cfg(),
+        &own(1),
+        &tokens(2000),
+        Some(&private),
+        (2, DecisionPath::Spill),
     );
 }
 

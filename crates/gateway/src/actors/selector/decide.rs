@@ -193,6 +193,11 @@ impl SelectorActor {
         }
         v.in_flight += 1;
         v.credit = self.ledger.credit(v.id);
+        if let Some(own) = &mut v.own {
+            own.unprefilled_tokens += decision.credit_tokens;
+            self.unprefilled
+                .insert(booking, (v.id, meta.incarnation, decision.credit_tokens));
+        }
         debug!(worker = %v.url, decision = %decision, probe = probe.is_some(), "selected");
         let booking = Booking {
             selector: me,

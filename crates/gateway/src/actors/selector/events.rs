@@ -19,6 +19,7 @@ impl Handler<Release> for SelectorActor {
     fn handle(&mut self, msg: Release, _: &mut Context<Self>) {
         // Ended before its first byte (failed, or its client left): nobody waits longer.
         self.holds.warmed(msg.booking);
+        self.prefilled(msg.booking);
         let Some(i) = self.views.iter().position(|v| v.id == msg.worker) else {
             return;
         };
@@ -79,6 +80,7 @@ impl Handler<Warmed> for SelectorActor {
 
     fn handle(&mut self, Warmed(msg): Warmed, _: &mut Context<Self>) {
         self.holds.warmed(msg.booking);
+        self.prefilled(msg.booking);
         if let Some(i) = self.views.iter().position(|v| v.id == msg.worker)
             && self.meta[i].incarnation == msg.incarnation
         {
@@ -141,6 +143,9 @@ impl Handler<LoadsPolled> for SelectorActor {
             // credit stays until a report that covers it arrives.
             if let Some(l) = &load {
                 self.ledger.on_report(v.id, Some(l.sampled_at));
+                if let Some(own) = &mut v.own {
+                    own.requests_at_sample = v.in_flight;
+                }
             }
             v.load = load;
             v.credit = self.ledger.credit(v.id);
@@ -204,6 +209,9 @@ impl Handler<LoadPushed> for SelectorActor {
             load.sampled_at = at;
             self.ledger.on_report(v.id, Some(at));
             v.credit = self.ledger.credit(v.id);
+            if let Some(own) = &mut v.own {
+                own.requests_at_sample = v.in_flight;
+            }
         }
     }
 }
@@ -268,5 +276,22 @@ impl Handler<Crash> for SelectorActor {
 
     fn handle(&mut self, _: Crash, _: &mut Context<Self>) {
         panic!("injected panic in a selector handler");
+    }
+}
+
+impl SelectorActor {
+    /// The dispatch `booking` reached its first token or ended: its booked tokens leave its
+    /// worker's `Own::unprefilled_tokens` (once, whichever message comes first).
+    fn prefilled(&mut self, booking: u64) {
+        let Some((worker, incarnation, tokens)) = self.unprefilled.remove(&booking) else {
+            return;
+        };
+        let at = (self.views.iter_mut().zip(&self.meta))
+            .find(|(v, m)| v.id == worker && m.incarnation == incarnation);
+        if let Some((v, _)) = at
+            && let Some(own) = &mut v.own
+        {
+            own.unprefilled_tokens = own.unprefilled_tokens.saturating_sub(tokens);
+        }
     }
 }

@@ -241,6 +241,13 @@ pub(crate) fn worker_state(states: &[WorkerState], worker: WorkerId) -> Option<W
         v.eligible |= s.view.eligible;
         v.recent += s.view.recent;
         v.last_start = v.last_start.max(s.view.last_start);
+        v.own = match (v.own, s.view.own) {
+            (Some(a), Some(b)) => Some(kvgate_policies::Own {
+                unprefilled_tokens: a.unprefilled_tokens + b.unprefilled_tokens,
+                requests_at_sample: a.requests_at_sample + b.requests_at_sample,
+            }),
+            (a, b) => a.or(b),
+        };
         v.load = match (v.load.take(), &s.view.load) {
             (Some(mut a), Some(b)) => {
                 a.ranks.extend(b.ranks.iter().cloned());
