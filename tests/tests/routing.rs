@@ -493,9 +493,11 @@ async fn an_engine_whose_load_routes_hang_delays_no_other_engines_report() {
 
 #[actix_rt::test]
 async fn the_selector_books_what_it_sent_until_the_first_token() {
-    // One engine prefilling at 200 tok/s: the request's prefill outlasts the checks.
+    // One engine prefilling at 200 tok/s and decoding a token per 100 ms: the request's
+    // prefill and then its decoding each outlast the checks made during them.
     let slow = SimConfig {
         prefill_tokens_per_sec: 200.0,
+        decode_step_base: Duration::from_millis(100),
         ..sim()
     };
     let h = Harness::start(1, slow, |c| c.policy.kind = PolicyKind::CacheAware);
@@ -508,33 +510,31 @@ async fn the_selector_books_what_it_sent_until_the_first_token() {
     );
     let url = h.url("/v1/completions");
     let prompt = "A prompt long enough to take a while to prefill. ".repeat(20);
-    let sent = actix_rt::spawn(async move {
-        post_json(&url, &json!({"prompt": prompt, "max_tokens": 1})).await
-    });
-    let in_flight = |n: u64| {
+    let body = json!({"prompt": prompt, "max_tokens": 30, "stream": true});
+    let sent = actix_rt::spawn(async move { post_json(&url, &body).await });
+    let until = |what: &'static str, ok: fn(&WorkerView) -> bool| {
         let sel = sel.clone();
-        move || {
+        wait_for_async(20, what, move || {
             let sel = sel.clone();
-            async move { sel.send(GetViews).await.is_ok_and(|v| v[0].in_flight == n) }
-        }
+            async move { sel.send(GetViews).await.is_ok_and(|v| ok(&v[0])) }
+        })
     };
-    wait_for_async(10, "the request in flight", in_flight(1)).await;
+    until("the request in flight", |v| v.in_flight == 1).await;
     let booked = own(&view().await).unprefilled_tokens;
     assert!(booked > 100, "booked {booked} uncached tokens");
     // A report taken now counts this gateway's one request there.
     h.gw.actors().poller.do_send(PollNow);
-    let sel2 = sel.clone();
-    wait_for_async(10, "a report with the request in flight", move || {
-        let sel = sel2.clone();
-        async move {
-            sel.send(GetViews)
-                .await
-                .is_ok_and(|v| v[0].own.is_some_and(|o| o.requests_at_sample == 1))
-        }
+    until("a report with the request in flight", |v| {
+        v.own.is_some_and(|o| o.requests_at_sample == 1)
+    })
+    .await;
+    // Its first token takes the booking back while it still decodes.
+    until("the first token", |v| {
+        v.in_flight == 1 && v.own.is_some_and(|o| o.unprefilled_tokens == 0)
     })
     .await;
     let r = sent.await.expect("the request");
     assert_eq!(r.status.as_u16(), 200, "{}", r.text());
-    wait_for_async(10, "the booking released", in_flight(0)).await;
+    until("the request ended", |v| v.in_flight == 0).await;
     assert_eq!(own(&view().await).unprefilled_tokens, 0);
 }

@@ -17,7 +17,8 @@
 //! q(w)       = max(0, queued(w) − age(w) · n_ranks(w) · P(w)): the reported queue less
 //!              what w prefilled since the sample, age(w) seconds ago; q(w) + D(w) is
 //!              capped at this gateway's own unprefilled bookings on w
-//!              (`WorkerView::own`) when every request the report counted was its own
+//!              (`WorkerView::own`) when the report counted no more requests than this
+//!              gateway had there at the sample
 //! prefill(w) = m(w) · uncached(w) / P(w),  uncached(w) = prompt tokens − tokens w holds
 //!              (holdings under min_match_tokens, default 64, count as none)
 //! choice     = the lowest cost, except:

@@ -156,7 +156,8 @@ pub struct Own {
     /// Uncached tokens, as booked, of this gateway's requests there that have not reached
     /// their first token.
     pub unprefilled_tokens: u64,
-    /// This gateway's requests in flight there when the load sample was taken.
+    /// This gateway's requests there at the load sample, as near as it can tell: those in
+    /// flight when the report arrived, less those it sent after the sample.
     pub requests_at_sample: u64,
 }
 
@@ -184,8 +185,8 @@ pub struct WorkerView {
     /// reach: a fixed rotation, so any run of new prefixes spreads evenly whatever came
     /// before it. Left at 0 everywhere, the rendezvous ranking places them.
     pub last_start: u64,
-    /// What this gateway has there, when the caller keeps it. When every request the
-    /// engine reported was this gateway's, the cost mode prices its queue at no more than
+    /// What this gateway has there, when the caller keeps it. When the engine reported no
+    /// more requests than this gateway had there, the cost mode prices its queue at no more than
     /// this gateway's own unprefilled bookings: the engine counts a group's followers as
     /// uncached until the group's first prefill is cached, the gateway booked them as
     /// hits. `None`: the report alone.

@@ -516,11 +516,13 @@ impl SelectorActor {
     /// rely on is kept: each worker's in-flight count (their releases will come), its
     /// down watch (they wait on it) and its circuit.
     fn restart(&mut self) {
-        let kept: HashMap<WorkerId, (u64, Meta)> = self
+        // What requests still in flight hold: their count, and the bookings their first
+        // token or end will take back out of `own`.
+        let kept: HashMap<WorkerId, (u64, Option<Own>, Meta)> = self
             .views
             .drain(..)
             .zip(self.meta.drain(..))
-            .map(|(v, m)| (v.id, (v.in_flight, m)))
+            .map(|(v, m)| (v.id, (v.in_flight, v.own, m)))
             .collect();
         self.by_model.clear();
         self.ledger = CreditLedger::new();
@@ -531,10 +533,11 @@ impl SelectorActor {
         }
         let mut kept = kept;
         for (v, m) in self.views.iter_mut().zip(&mut self.meta) {
-            if let Some((in_flight, old)) = kept.remove(&v.id)
+            if let Some((in_flight, own, old)) = kept.remove(&v.id)
                 && old.incarnation == m.incarnation
             {
                 v.in_flight = in_flight;
+                v.own = own;
                 *m = old;
             }
         }

@@ -3,7 +3,7 @@
 //! and what it tells about its view.
 
 use actix::prelude::*;
-use kvgate_policies::WorkerLoad;
+use kvgate_policies::{CreditLedger, WorkerId, WorkerLoad};
 use kvgate_poller::LoadsPolled;
 use tracing::warn;
 
@@ -144,7 +144,7 @@ impl Handler<LoadsPolled> for SelectorActor {
             if let Some(l) = &load {
                 self.ledger.on_report(v.id, Some(l.sampled_at));
                 if let Some(own) = &mut v.own {
-                    own.requests_at_sample = v.in_flight;
+                    own.requests_at_sample = at_sample(v.in_flight, &self.ledger, v.id);
                 }
             }
             v.load = load;
@@ -210,7 +210,7 @@ impl Handler<LoadPushed> for SelectorActor {
             self.ledger.on_report(v.id, Some(at));
             v.credit = self.ledger.credit(v.id);
             if let Some(own) = &mut v.own {
-                own.requests_at_sample = v.in_flight;
+                own.requests_at_sample = at_sample(v.in_flight, &self.ledger, v.id);
             }
         }
     }
@@ -294,4 +294,10 @@ impl SelectorActor {
             own.unprefilled_tokens = own.unprefilled_tokens.saturating_sub(tokens);
         }
     }
+}
+
+/// This gateway's requests on `worker` that a report sampled before the ones the ledger
+/// still credits can have counted: those in flight, less those sent after the sample.
+fn at_sample(in_flight: u64, ledger: &CreditLedger, worker: WorkerId) -> u64 {
+    in_flight.saturating_sub(ledger.credit(worker).requests)
 }
