@@ -1,4 +1,4 @@
-//! KV events end to end: simulated SGLang engines publish their cache changes over ZMQ,
+//! KV events end to end: simulated SGLang (and, where said, vLLM) engines publish their cache changes over ZMQ,
 //! the gateway subscribes (replay included), and token requests go to the engine whose
 //! events say it holds their blocks, including prefixes cached before the gateway started
 //! and never routed by it.
@@ -227,6 +227,78 @@ async fn a_restarted_engine_is_subscribed_afresh_and_its_old_blocks_are_gone() {
     send(2).await;
     until_workers(&gw, "blocks from the new process", |ws| {
         blocks_of(ws, &url) > 0
+    })
+    .await;
+    gw.stop();
+}
+
+#[actix_rt::test]
+async fn a_vllm_engine_cleared_or_restarted_loses_its_blocks() {
+    // The same as above in vLLM's form: no /server_info, so the events endpoint comes
+    // from --kv-events-config; a cleared cache is `AllBlocksCleared`, a restart a
+    // publisher numbering from 0 again.
+    let hosts = ["127.0.0.1"];
+    let (pub_port, replay_port) = (free_port_on(&hosts), free_port_on(&hosts));
+    let vllm = SimConfig {
+        flavor: kvgate_engine_sim::Flavor::Vllm,
+        page_size: 16,
+        kv_events_port: Some(pub_port),
+        kv_events_replay_port: Some(replay_port),
+        kv_events_topic: "kv-events".into(),
+        ..engine()
+    };
+    let mut fleet = SimFleet::start_each(hosts[0], 0, vec![vllm]).expect("fleet");
+    let url = fleet.urls()[0].clone();
+    let dir = tempfile::tempdir().expect("dir");
+    let mut cfg = test_config(&dir);
+    cfg.worker_urls = vec![url.clone()];
+    // A silent publisher is probed after this long: how a restart that publishes nothing
+    // yet is found.
+    cfg.events.kv_events_silence = std::time::Duration::from_millis(300);
+    cfg.poller.interval = std::time::Duration::from_millis(100);
+    cfg.health.interval = std::time::Duration::from_millis(100);
+    cfg.events.kv_events_config = Some(format!(
+        r#"{{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:{pub_port}",
+            "replay_endpoint": "tcp://*:{replay_port}", "topic": "kv-events"}}"#
+    ));
+    let gw = Gateway::start(cfg).expect("gateway");
+    let send = |k: u32| {
+        let url = url.clone();
+        async move {
+            let r = post_json(
+                &format!("{url}/v1/completions"),
+                &json!({"prompt": prefix(k, 64), "max_tokens": 1}),
+            )
+            .await;
+            assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+        }
+    };
+    until_workers(&gw, "live events", |ws| {
+        ws.first().is_some_and(|w| w["events"]["state"] == "live")
+    })
+    .await;
+    send(1).await;
+    until_workers(&gw, "the first blocks", |ws| blocks_of(ws, &url) > 0).await;
+    let r = post_json(&format!("{url}/reset_prefix_cache"), &json!({})).await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    until_workers(&gw, "the cleared cache", |ws| blocks_of(ws, &url) == 0).await;
+    send(2).await;
+    until_workers(&gw, "blocks after the clear", |ws| blocks_of(ws, &url) > 0).await;
+    let before = blocks_of(&workers(&gw).await, &url);
+    // vLLM has no startup_time: a restart is seen as the health checks failing while the
+    // process is down, which ends the subscription; the new process is subscribed afresh.
+    fleet
+        .engine(0)
+        .set_fault(kvgate_engine_sim::Fault::HealthDown);
+    until_workers(&gw, "the engine down", |ws| ws[0]["healthy"] == false).await;
+    fleet.revive(0).expect("revive");
+    until_workers(&gw, "the new process live", |ws| {
+        ws[0]["healthy"] == true && ws[0]["events"]["state"] == "live"
+    })
+    .await;
+    send(3).await;
+    until_workers(&gw, "only the new process's blocks", |ws| {
+        blocks_of(ws, &url) == before
     })
     .await;
     gw.stop();
