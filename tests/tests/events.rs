@@ -1,7 +1,7 @@
-//! KV events end to end: simulated SGLang (and, where said, vLLM) engines publish their cache changes over ZMQ,
-//! the gateway subscribes (replay included), and token requests go to the engine whose
-//! events say it holds their blocks, including prefixes cached before the gateway started
-//! and never routed by it.
+//! KV events end to end: simulated SGLang (and, where said, vLLM) engines publish their
+//! cache changes over ZMQ, the gateway subscribes (replay included), and token requests go
+//! to the engine whose events say it holds their blocks, including prefixes cached before
+//! the gateway started and never routed by it.
 #![expect(
     clippy::disallowed_methods,
     reason = "a long request in flight while the events change; the test awaits it"
