@@ -54,6 +54,16 @@ fn served_by(answer: &Value) -> usize {
     engine_of(answer["id"].as_str().unwrap_or("")).expect("an engine's id")
 }
 
+/// Both workers' events live with blocks, and their tokenizer loaded.
+fn both_ready(ws: &[Value]) -> bool {
+    ws.len() == 2
+        && ws.iter().all(|w| {
+            w["events"]["state"] == "live"
+                && w["events"]["blocks"].as_u64() > Some(0)
+                && w["tokenizer"]["state"] == "ready"
+        })
+}
+
 #[actix_rt::test]
 async fn chats_go_where_the_engines_events_hold_their_tokens() {
     chats_follow_the_events(fixture(false)).await;
@@ -80,15 +90,7 @@ async fn chats_follow_the_events(tokenizer: PathBuf) {
     cfg.seed = Some(5);
     // No --tokenizer-path: the engines' advertised tokenizer_path is a local path.
     let gw = Gateway::start(cfg).expect("gateway");
-    let ws = until_workers(&gw, "live events and a loaded tokenizer", |ws| {
-        ws.len() == 2
-            && ws.iter().all(|w| {
-                w["events"]["state"] == "live"
-                    && w["events"]["blocks"].as_u64() > Some(0)
-                    && w["tokenizer"]["state"] == "ready"
-            })
-    })
-    .await;
+    let ws = until_workers(&gw, "live events and a loaded tokenizer", both_ready).await;
     assert_eq!(
         ws[0]["tokenizer"]["path"],
         *tokenizer.to_string_lossy(),
@@ -240,15 +242,7 @@ async fn each_model_is_tokenized_with_its_own_configured_tokenizer() {
     paths.per_model.insert("m-words".into(), fixture(true));
     cfg.events.tokenizer_path = paths;
     let gw = Gateway::start(cfg).expect("gateway");
-    let ws = until_workers(&gw, "live events and both tokenizers", |ws| {
-        ws.len() == 2
-            && ws.iter().all(|w| {
-                w["events"]["state"] == "live"
-                    && w["events"]["blocks"].as_u64() > Some(0)
-                    && w["tokenizer"]["state"] == "ready"
-            })
-    })
-    .await;
+    let ws = until_workers(&gw, "live events and both tokenizers", both_ready).await;
     for (k, w) in ws.iter().enumerate() {
         let want = fixture(w["models"][0] == "m-words");
         assert_eq!(

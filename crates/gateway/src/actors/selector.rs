@@ -110,9 +110,6 @@ pub struct SelectorActor {
     recent_keep: f64,
     /// New prefixes started so far: the clock of `WorkerView::last_start`.
     starts: u64,
-    /// Dispatches not yet at their first token, by booking: (target, incarnation, booked
-    /// uncached tokens), the parts of `Own::unprefilled_tokens`.
-    unprefilled: HashMap<u64, (WorkerId, u64, u64)>,
     /// Where the time each `Select` waited in the mailbox goes (`/metrics`).
     mailbox_wait: Option<prometheus_client::metrics::histogram::Histogram>,
     /// The chain index fed by engines' KV events: exact holdings for token requests.
@@ -197,7 +194,6 @@ impl SelectorActor {
             next_booking: 0,
             recent_keep: 0.5f64.powf(1.0 / RECENT_HALF_LIFE),
             starts: 0,
-            unprefilled: HashMap::new(),
             mailbox_wait: None,
             events: None,
             events_live: false,

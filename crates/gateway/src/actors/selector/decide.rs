@@ -195,8 +195,6 @@ impl SelectorActor {
         v.credit = self.ledger.credit(v.id);
         if let Some(own) = &mut v.own {
             own.unprefilled_tokens += decision.credit_tokens;
-            self.unprefilled
-                .insert(booking, (v.id, meta.incarnation, decision.credit_tokens));
         }
         debug!(worker = %v.url, decision = %decision, probe = probe.is_some(), "selected");
         let booking = Booking {
@@ -207,6 +205,7 @@ impl SelectorActor {
                 booked_at,
                 credit_tokens: decision.credit_tokens,
                 booking,
+                warmed: false,
                 probe,
                 outcome: Outcome::Neutral,
                 refused: None,

@@ -3,7 +3,7 @@
 //! and what it tells about its view.
 
 use actix::prelude::*;
-use kvgate_policies::{CreditLedger, WorkerId, WorkerLoad};
+use kvgate_policies::{CreditLedger, WorkerId, WorkerLoad, WorkerView};
 use kvgate_poller::LoadsPolled;
 use tracing::warn;
 
@@ -19,7 +19,6 @@ impl Handler<Release> for SelectorActor {
     fn handle(&mut self, msg: Release, _: &mut Context<Self>) {
         // Ended before its first byte (failed, or its client left): nobody waits longer.
         self.holds.warmed(msg.booking);
-        self.prefilled(msg.booking);
         let Some(i) = self.views.iter().position(|v| v.id == msg.worker) else {
             return;
         };
@@ -32,6 +31,9 @@ impl Handler<Release> for SelectorActor {
         let v = &mut self.views[i];
         v.in_flight = v.in_flight.saturating_sub(1);
         v.credit = self.ledger.credit(msg.worker);
+        if !msg.warmed {
+            prefilled(v, msg.credit_tokens);
+        }
         let meta = &mut self.meta[i];
         if msg.outcome == Outcome::Success {
             meta.progress = now;
@@ -80,7 +82,6 @@ impl Handler<Warmed> for SelectorActor {
 
     fn handle(&mut self, Warmed(msg): Warmed, _: &mut Context<Self>) {
         self.holds.warmed(msg.booking);
-        self.prefilled(msg.booking);
         if let Some(i) = self.views.iter().position(|v| v.id == msg.worker)
             && self.meta[i].incarnation == msg.incarnation
         {
@@ -89,6 +90,7 @@ impl Handler<Warmed> for SelectorActor {
             self.ledger
                 .release(msg.worker, msg.booked_at, msg.credit_tokens);
             self.views[i].credit = self.ledger.credit(msg.worker);
+            prefilled(&mut self.views[i], msg.credit_tokens);
         }
     }
 }
@@ -279,20 +281,11 @@ impl Handler<Crash> for SelectorActor {
     }
 }
 
-impl SelectorActor {
-    /// The dispatch `booking` reached its first token or ended: its booked tokens leave its
-    /// worker's `Own::unprefilled_tokens` (once, whichever message comes first).
-    fn prefilled(&mut self, booking: u64) {
-        let Some((worker, incarnation, tokens)) = self.unprefilled.remove(&booking) else {
-            return;
-        };
-        let at = (self.views.iter_mut().zip(&self.meta))
-            .find(|(v, m)| v.id == worker && m.incarnation == incarnation);
-        if let Some((v, _)) = at
-            && let Some(own) = &mut v.own
-        {
-            own.unprefilled_tokens = own.unprefilled_tokens.saturating_sub(tokens);
-        }
+/// A dispatch to `v` reached its first token, or ended before one: its booked tokens
+/// leave `Own::unprefilled_tokens`.
+fn prefilled(v: &mut WorkerView, tokens: u64) {
+    if let Some(own) = &mut v.own {
+        own.unprefilled_tokens = own.unprefilled_tokens.saturating_sub(tokens);
     }
 }
 

@@ -91,9 +91,10 @@ impl Booking {
     /// streamed chunk; only the first call sends.
     pub fn first_byte(&mut self) {
         if std::mem::take(&mut self.prefilling)
-            && let Some(r) = &self.release
+            && let Some(r) = &mut self.release
         {
             self.selector.do_send(Warmed(r.clone()));
+            r.warmed = true;
         }
     }
 }
@@ -198,6 +199,8 @@ pub struct Release {
     pub credit_tokens: u64,
     /// Which dispatch this is, for the requests holding on it.
     pub booking: u64,
+    /// A [`Warmed`] for this dispatch went first: its booked tokens are taken back already.
+    pub warmed: bool,
     /// The half-open period of the worker's circuit it probes, if it is a probe.
     pub probe: Option<u32>,
     pub outcome: Outcome,
