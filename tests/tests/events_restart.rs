@@ -1,13 +1,14 @@
 //! KV events across restarts, end to end: the gateway's chain index outlives a gateway
 //! restart (sled snapshot with each rank's sequence, then replay from there), holdings of
 //! an engine that restarted meanwhile are dropped, and an engine restarted between two
-//! health checks is seen in its publisher's sequence starting again from 0.
+//! health checks is seen in its publisher's sequence starting again from 0, or, when its
+//! first batches went out before the gateway reconnected, in its replay.
 #![expect(
     clippy::expect_used,
     reason = "test code: a helper's panic is a failed test"
 )]
 
-use kvgate_engine_sim::{SimConfig, SimFleet};
+use kvgate_engine_sim::{Flavor, SimConfig, SimFleet};
 use kvgate_gateway::{Gateway, GatewayConfig};
 use kvgate_tests::{
     generate_on, post_json, publishing_engine, test_config, unique_tokens, until_workers,
@@ -160,5 +161,76 @@ async fn an_engine_restarted_between_health_checks_is_seen_in_its_sequence() {
     let c = &e["candidates"][0];
     assert_eq!(c["matched_by"], "kv_events", "{e}");
     assert_eq!(c["matched"].as_u64(), Some(0), "{e}");
+    gw.stop();
+}
+
+#[actix_rt::test]
+async fn a_vllm_engine_restarted_between_health_checks_is_followed_from_its_first_batch() {
+    // A new process on the same ports (vLLM has no startup_time, and health checks are an
+    // hour apart here) publishes its first batch before the gateway's socket reconnects:
+    // nobody receives it live. The reconnection asks the replay for the last batch applied,
+    // which the new process does not have. The silence probe is 30 s away: only the
+    // reconnection can find it within the wait.
+    let port = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port")
+    };
+    let (pub_port, replay_port) = (port(), port());
+    let vllm = SimConfig {
+        flavor: Flavor::Vllm,
+        page_size: 16,
+        kv_events_port: Some(pub_port),
+        kv_events_replay_port: Some(replay_port),
+        kv_events_topic: "kv-events".into(),
+        ..engine(10_000)
+    };
+    let mut fleet = SimFleet::start_each("127.0.0.1", 0, vec![vllm]).expect("fleet");
+    let url = fleet.urls()[0].clone();
+    let dir = tempfile::tempdir().expect("dir");
+    let mut cfg = GatewayConfig {
+        worker_urls: vec![url.clone()],
+        ..test_config(&dir)
+    };
+    cfg.events.kv_events_config = Some(format!(
+        r#"{{"publisher": "zmq", "endpoint": "tcp://*:{pub_port}",
+            "replay_endpoint": "tcp://*:{replay_port}", "topic": "kv-events"}}"#
+    ));
+    let gw = Gateway::start(cfg).expect("gateway");
+    let complete = |k: u32| {
+        let url = url.clone();
+        async move {
+            let r = post_json(
+                &format!("{url}/v1/completions"),
+                &json!({"prompt": prefix(k, 96), "max_tokens": 1}),
+            )
+            .await;
+            assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+        }
+    };
+    until_workers(&gw, "live events", |ws| all_live(ws, 1)).await;
+    complete(1).await;
+    complete(2).await;
+    let two = until_workers(&gw, "two prefixes", |ws| blocks_of(ws, &url) >= 12).await;
+    let per_prefix = blocks_of(&two, &url) / 2;
+    fleet.revive(0).expect("revive");
+    complete(3).await;
+    let ws = until_workers(&gw, "the new process's blocks only", |ws| {
+        events_of(ws, &url)["restarts"] == 1 && blocks_of(ws, &url) == per_prefix
+    })
+    .await;
+    assert_eq!(events_of(&ws, &url)["state"], "live", "{ws:?}");
+    for (k, held) in [(1, 0), (3, 96)] {
+        let e = post_json(
+            &format!("{}/admin/explain/completions", gw.url()),
+            &json!({"prompt": prefix(k, 96), "max_tokens": 1}),
+        )
+        .await
+        .json();
+        let c = &e["candidates"][0];
+        assert_eq!(c["matched_by"], "kv_events", "{e}");
+        assert_eq!(c["matched"].as_u64(), Some(held), "prefix {k}: {e}");
+    }
     gw.stop();
 }

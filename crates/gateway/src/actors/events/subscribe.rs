@@ -5,12 +5,13 @@
 use std::time::Duration;
 
 use actix::prelude::*;
+use futures_util::StreamExt;
 use kvgate_kv_events::{
     EventBatch, ReplayFrame, decode_load_message, decode_message, decode_replay_frame,
     encode_replay_request,
 };
 use kvgate_policies::WorkerId;
-use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
+use zeromq::{Socket, SocketEvent, SocketRecv, SocketSend, ZmqMessage};
 
 use super::LoadPushed;
 use super::{EventsActor, Feed};
@@ -129,6 +130,24 @@ pub(super) struct RankFeed {
     pub(super) silence: Duration,
 }
 
+/// Where a rank's subscription stands.
+#[derive(Clone, Copy, Default)]
+struct Cursor {
+    /// The next sequence wanted.
+    next: u64,
+    /// The stamp (`ts`, as bits) of the batch before `next`, when this task applied it: the
+    /// same publisher sends that batch again on request with this stamp, a new process
+    /// numbering from 0 does not.
+    last_ts: Option<u64>,
+}
+
+impl Cursor {
+    fn applied(&mut self, seq: u64, batch: &EventBatch) {
+        self.next = seq + 1;
+        self.last_ts = Some(batch.ts.to_bits());
+    }
+}
+
 /// One rank's subscription, for as long as the actor keeps it.
 pub(super) async fn subscribe(feed: RankFeed) {
     let RankFeed {
@@ -143,7 +162,10 @@ pub(super) async fn subscribe(feed: RankFeed) {
     } = feed;
     let mut backoff = BACKOFF_FIRST;
     // From 0 for a new subscription; from a snapshot's position for one resumed.
-    let mut next: u64 = from;
+    let mut at = Cursor {
+        next: from,
+        last_ts: None,
+    };
     loop {
         let mut sub = zeromq::SubSocket::new();
         let connected = actix_rt::time::timeout(CONNECT_TIMEOUT, sub.connect(&endpoint)).await;
@@ -163,18 +185,35 @@ pub(super) async fn subscribe(feed: RankFeed) {
             continue;
         }
         backoff = BACKOFF_FIRST;
+        // The socket reconnects on its own; each reconnection is told here.
+        let mut monitor = sub.monitor();
         // Every batch this socket receives was published after it subscribed, so after
         // the batch `floor - 1` that was already applied: a lower sequence on it is a new
         // publisher numbering from 0 again (the engine restarted), not a replayed one.
-        let mut floor = next;
+        let mut floor = at.next;
         let mut last_live: Option<u64> = None;
         // What was published before this subscription took effect comes by replay.
-        catch_up(&me, worker, rank, replay_at.as_deref(), &mut next, None).await;
+        catch_up(&me, worker, rank, replay_at.as_deref(), &mut at, None).await;
         loop {
-            // A SUB socket whose publisher died blocks rather than fails: silence is asked
-            // about instead.
-            let Ok(received) = actix_rt::time::timeout(silence, sub.recv()).await else {
-                silent(&me, worker, rank, replay_at.as_deref(), &mut next, silence).await;
+            let received = tokio::select! {
+                // A SUB socket whose publisher died blocks rather than fails: silence is
+                // asked about instead.
+                r = actix_rt::time::timeout(silence, sub.recv()) => r,
+                Some(event) = monitor.next() => {
+                    // Back after a dropped connection: the publisher may be a new process,
+                    // and what it sent meanwhile reached nobody.
+                    if let (SocketEvent::Connected(..), Some(ep)) = (event, replay_at.as_deref())
+                        && recheck_or_stall(&me, worker, rank, ep, &mut at, None).await
+                    {
+                        (floor, last_live) = (0, None);
+                    }
+                    continue;
+                }
+            };
+            let Ok(received) = received else {
+                if silent(&me, worker, rank, replay_at.as_deref(), &mut at, silence).await {
+                    (floor, last_live) = (0, None);
+                }
                 continue;
             };
             let Ok(m) = received else {
@@ -200,26 +239,26 @@ pub(super) async fn subscribe(feed: RankFeed) {
             last_live = Some(msg.seq);
             if restarted {
                 me.do_send(Feed::Restarted { worker, rank });
-                (next, floor) = (0, 0);
+                (at, floor) = (Cursor::default(), 0);
             }
-            if msg.seq < next {
+            if msg.seq < at.next {
                 continue; // already applied through replay
             }
-            if msg.seq > next {
+            if msg.seq > at.next {
                 catch_up(
                     &me,
                     worker,
                     rank,
                     replay_at.as_deref(),
-                    &mut next,
+                    &mut at,
                     Some(msg.seq),
                 )
                 .await;
-                if msg.seq < next {
+                if msg.seq < at.next {
                     continue;
                 }
             }
-            next = msg.seq + 1;
+            at.applied(msg.seq, &msg.batch);
             me.do_send(Feed::Batch {
                 worker,
                 rank,
@@ -231,26 +270,29 @@ pub(super) async fn subscribe(feed: RankFeed) {
     }
 }
 
-/// Replays from `*next`; with `gap_to`, a live batch of that sequence has arrived past a
+/// Replays from `at.next`; with `gap_to`, a live batch of that sequence has arrived past a
 /// gap. A gap replay cannot cover resets the rank and moves on.
 async fn catch_up(
     me: &Addr<EventsActor>,
     worker: WorkerId,
     rank: u32,
     replay_at: Option<&str>,
-    next: &mut u64,
+    at: &mut Cursor,
     gap_to: Option<u64>,
 ) {
     let replayed = match replay_at {
-        Some(ep) => replay(ep, *next).await.map_err(|f| Some((ep, f))),
+        Some(ep) => replay(ep, at.next).await.map_err(|f| Some((ep, f))),
         None => Err(None),
     };
     match replayed {
-        Ok(batches) => take_replay(me, worker, rank, batches, next, gap_to),
+        Ok(batches) => take_replay(me, worker, rank, batches, at, gap_to),
         Err(failed) => {
             if let Some(g) = gap_to {
                 me.do_send(Feed::Reset { worker, rank });
-                *next = g;
+                *at = Cursor {
+                    next: g,
+                    last_ts: None,
+                };
             }
             // Without replay, live batches alone tell the state.
             me.do_send(Feed::State {
@@ -263,26 +305,26 @@ async fn catch_up(
     }
 }
 
-/// Applies a replay's batches from `*next`; with `gap_to`, past a gap up to that sequence.
-/// The rank is live again after it.
+/// Applies a replay's batches from `at.next`; with `gap_to`, past a gap up to that
+/// sequence. The rank is live again after it.
 fn take_replay(
     me: &Addr<EventsActor>,
     worker: WorkerId,
     rank: u32,
     batches: Vec<(u64, EventBatch)>,
-    next: &mut u64,
+    at: &mut Cursor,
     gap_to: Option<u64>,
 ) {
     me.do_send(Feed::Replayed { worker });
     for (seq, batch) in batches {
-        if seq < *next {
+        if seq < at.next {
             continue;
         }
-        if seq > *next {
+        if seq > at.next {
             // What was missed is gone from the replay buffer too: rebuild from here.
             me.do_send(Feed::Reset { worker, rank });
         }
-        *next = seq + 1;
+        at.applied(seq, &batch);
         me.do_send(Feed::Batch {
             worker,
             rank,
@@ -291,10 +333,13 @@ fn take_replay(
         });
     }
     if let Some(g) = gap_to
-        && *next < g
+        && at.next < g
     {
         me.do_send(Feed::Reset { worker, rank });
-        *next = g;
+        *at = Cursor {
+            next: g,
+            last_ts: None,
+        };
     }
     me.do_send(Feed::State {
         worker,
@@ -304,40 +349,89 @@ fn take_replay(
     });
 }
 
-/// No batch for `silence`. With replay, a request for what came since tells a quiet
-/// publisher (it answers, maybe with batches missed) from a dead one (no answer: the rank
-/// is stalled). Without, silence is judged by the actor against the engine's load.
+/// No batch for `silence`. With replay, a request for the last batch applied and what
+/// came since tells a quiet publisher (it answers, maybe with batches missed) from a dead
+/// one (no answer: the rank is stalled) and from a new process (see [`recheck`]). Without,
+/// silence is judged by the actor against the engine's load. True when the publisher was
+/// found restarted.
 async fn silent(
     me: &Addr<EventsActor>,
     worker: WorkerId,
     rank: u32,
     replay_at: Option<&str>,
-    next: &mut u64,
+    at: &mut Cursor,
     silence: Duration,
-) {
+) -> bool {
     let secs = silence.as_secs_f64();
     let Some(ep) = replay_at else {
         me.do_send(Feed::Silent { worker, rank, secs });
-        return;
+        return false;
     };
-    match replay(ep, *next).await {
-        Ok(batches) => take_replay(me, worker, rank, batches, next, None),
-        Err(f) => {
-            let reason = match f {
-                ReplayFailed::Silent => {
-                    format!("no KV event for {secs} s and no answer to a replay request at {ep}")
-                }
-                f => format!(
-                    "no KV event for {secs} s; {}",
-                    replay_failure(me, worker, ep, f)
-                ),
-            };
-            me.do_send(Feed::State {
-                worker,
-                rank,
-                live: false,
-                reason: Some(reason),
-            });
+    recheck_or_stall(me, worker, rank, ep, at, Some(secs)).await
+}
+
+/// [`recheck`], and a rank marked stalled with the reason when the replay fails; `silent`:
+/// how long nothing came, when that is why it is asked. True when the publisher was found
+/// restarted.
+async fn recheck_or_stall(
+    me: &Addr<EventsActor>,
+    worker: WorkerId,
+    rank: u32,
+    ep: &str,
+    at: &mut Cursor,
+    silent: Option<f64>,
+) -> bool {
+    let f = match recheck(me, worker, rank, ep, at).await {
+        Ok(restarted) => return restarted,
+        Err(f) => f,
+    };
+    let why = match (silent, f) {
+        (Some(secs), ReplayFailed::Silent) => {
+            format!("no KV event for {secs} s and no answer to a replay request at {ep}")
         }
+        (Some(secs), f) => format!(
+            "no KV event for {secs} s; {}",
+            replay_failure(me, worker, ep, f)
+        ),
+        (None, f) => format!("reconnected; {}", replay_failure(me, worker, ep, f)),
+    };
+    me.do_send(Feed::State {
+        worker,
+        rank,
+        live: false,
+        reason: Some(why),
+    });
+    false
+}
+
+/// Asks the replay at `ep` for the last batch applied and every one after it. The publisher
+/// that sent it answers with it first, stamped as before (the rest is applied); a new
+/// process numbering from 0 has no such batch, or another one under its number: the rank
+/// is then counted restarted and rebuilt from the new process's batch 0. A publisher whose
+/// buffer dropped that batch is taken for a new one too: the rank is rebuilt either way.
+/// True when it was found restarted.
+async fn recheck(
+    me: &Addr<EventsActor>,
+    worker: WorkerId,
+    rank: u32,
+    ep: &str,
+    at: &mut Cursor,
+) -> Result<bool, ReplayFailed> {
+    let Some(last) = at.next.checked_sub(1) else {
+        let batches = replay(ep, 0).await?;
+        take_replay(me, worker, rank, batches, at, None);
+        return Ok(false);
+    };
+    let batches = replay(ep, last).await?;
+    let same = batches
+        .first()
+        .is_some_and(|(seq, b)| *seq == last && at.last_ts.is_none_or(|ts| ts == b.ts.to_bits()));
+    if same {
+        take_replay(me, worker, rank, batches, at, None);
+        return Ok(false);
     }
+    me.do_send(Feed::Restarted { worker, rank });
+    *at = Cursor::default();
+    catch_up(me, worker, rank, Some(ep), at, None).await;
+    Ok(true)
 }
