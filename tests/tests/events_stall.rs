@@ -69,6 +69,9 @@ async fn a_publisher_silent_while_its_engine_serves_is_stalled_then_replayed_whe
     tokio::time::sleep(Duration::from_millis(800)).await;
     let ws = until_workers(&gw, "still live", |ws| events(ws)["state"] == "live").await;
     assert!(events(&ws)["replays"].as_u64() >= Some(2), "{ws:?}");
+    // The probe asked for the last batch applied and got it back as it was: the same
+    // process, not a restarted one.
+    assert_eq!(events(&ws)["restarts"], 0, "{ws:?}");
 
     fleet.engine(0).mute_kv_events(true);
     on_engine(&url, 2, 1).await;
@@ -95,6 +98,7 @@ async fn a_publisher_silent_while_its_engine_serves_is_stalled_then_replayed_whe
     })
     .await;
     assert_eq!(events(&ws)["resets"], 0, "{ws:?}");
+    assert_eq!(events(&ws)["restarts"], 0, "{ws:?}");
     assert!(events(&ws)["reason"].is_null(), "{ws:?}");
     gw.stop();
 }
