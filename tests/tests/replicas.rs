@@ -8,7 +8,7 @@ use kvgate_policies::PolicyKind;
 use kvgate_poller::PollNow;
 use serde_json::json;
 
-use kvgate_tests::{Harness, post_json, test_config, wait_for_async};
+use kvgate_tests::{Harness, post_json, test_config, until_workers, wait_for_async};
 
 fn sim() -> SimConfig {
     SimConfig {
@@ -70,6 +70,68 @@ async fn a_burst_split_over_two_replicas_lands_evenly_on_two_engines() {
         );
         second.stop();
     }
+}
+
+#[actix_rt::test]
+async fn another_gateways_requests_in_an_engines_report_keep_this_one_off_it() {
+    // What the burst above cannot show, since a replica alone splits its half evenly too:
+    // one engine is busy with 16 requests another gateway sent (sent here straight to the
+    // engine, which sees no difference), and only the engine's report shows them. With a
+    // gate that holds a worker above the mean, this gateway sends its 16 to the other
+    // engine; counting its own dispatches alone it would put 8 on the busy one.
+    let slow = SimConfig {
+        decode_step_base: std::time::Duration::from_millis(10),
+        ..sim()
+    };
+    // The count gate is cache_aware's; least_load prices queued prefill, not requests.
+    let h = Harness::start(2, slow, |c| {
+        c.policy.kind = PolicyKind::CacheAware;
+        c.policy.balance_rel_threshold = 1.0;
+        c.policy.balance_abs_threshold = 0;
+        c.seed = Some(7);
+        c.poller.interval = std::time::Duration::from_millis(100);
+    });
+    reports(&h.gw).await;
+    let urls = h.fleet.urls();
+    let head = "a system prompt every client of the fleet sends first. ".repeat(20);
+    let ask = |url: String, tail: String, max_tokens: u32| {
+        let body = json!({"prompt": format!("{head}{tail}"), "max_tokens": max_tokens});
+        async move {
+            let r = post_json(&format!("{url}/v1/completions"), &body).await;
+            assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+        }
+    };
+    // One request through this gateway: cache_aware's index now places `head` there.
+    ask(h.gw.url(), "first".into(), 1).await;
+    let held = h
+        .split()
+        .iter()
+        .position(|&n| n == 1)
+        .expect("one engine served it");
+    // The other gateway's 16 requests, answers of about 3 s.
+    let foreign = (0..16).map(|i| ask(urls[held].clone(), format!("other {i}"), 300));
+    let ours = async {
+        until_workers(&h.gw, "the engine's report of 16 running", |ws| {
+            ws.iter()
+                .any(|w| w["url"] == urls[held].as_str() && w["load"]["running"] == 16)
+        })
+        .await;
+        let before = h.split();
+        let burst = (0..16).map(|i| ask(h.gw.url(), format!("mine {i}"), 1));
+        futures_util::future::join_all(burst).await;
+        let after = h.split();
+        (
+            after[held] - before[held],
+            after[1 - held] - before[1 - held],
+        )
+    };
+    let (_, (on_full, on_free)) =
+        futures_util::future::join(futures_util::future::join_all(foreign), ours).await;
+    assert_eq!(
+        (on_full, on_free),
+        (0, 16),
+        "this gateway's 16 onto the busy engine and the idle one"
+    );
 }
 
 #[actix_rt::test]
