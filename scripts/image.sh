@@ -101,6 +101,11 @@ assemble_rootfs() {
   printf 'root:x:0:\nnonroot:x:%s:\n' "$uid" >"$root/etc/group"
   # Engine host names (Service DNS names) resolve through glibc's built-in files and dns.
   printf 'hosts: files dns\n' >"$root/etc/nsswitch.conf"
+  # The CA bundle distroless ships too: https:// engines without --worker-ca-cert are
+  # checked against it.
+  [ -r /etc/ssl/certs/ca-certificates.crt ] \
+    || die "no /etc/ssl/certs/ca-certificates.crt to copy (Debian: apt-get install ca-certificates)"
+  install -D -m 0644 /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/ca-certificates.crt"
   install -d -m 0700 -o "$uid" -g "$uid" "$root$data_dir"
 }
 
@@ -263,6 +268,11 @@ smoke() {
     die "chat answered $code"
   fi
   say "chat completion through the chrooted kvgate: 200"
+  if grep -q 'no system root certificates' "$work/kvgate.log"; then
+    fail_with_log "$work/kvgate.log"
+    die "kvgate found no CA certificates in the image"
+  fi
+  say "CA certificates found"
   code="$(curl -s -o "$work/metrics.txt" -w '%{http_code}' --max-time 5 \
     -H "Authorization: Bearer $key" "$base/metrics")"
   if [ "$code" != 200 ] || ! grep -q '^kvgate_' "$work/metrics.txt"; then

@@ -331,6 +331,11 @@ async fn an_admin_removal_holds_until_the_pod_changes_and_nothing_is_persisted()
 
     let r = delete(&format!("{}/workers/{id}", gw.url())).await;
     assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    // The answer says what happens next.
+    let v = r.json();
+    assert_eq!(v["excluded_until"], "pod_change", "{v}");
+    let message = v["message"].as_str().unwrap_or_default();
+    assert!(message.contains("ml/engine-a"), "{message}");
     assert_eq!(urls(&workers(&gw).await), [at(ips[1])]);
     // The same pod, still Ready, announced again (a relist, a watch started over): kept out.
     api.modify("engine-a", |p| {

@@ -93,11 +93,11 @@ pub(crate) async fn remove(gw: Gateway<'_>, worker: &str) -> anyhow::Result<Answ
     })
 }
 
-/// Where a worker came from: `config`, `api`, or a discovered one's pod (`ns/pod`, its
-/// `source` being `kubernetes`), which says more in the width.
+/// Where a worker came from: `config`, `api`, or, for a discovered one, its source and
+/// pod (`kubernetes:ns/pod`).
 fn source(w: &Value) -> String {
     match (w["namespace"].as_str(), w["pod"].as_str()) {
-        (Some(ns), Some(pod)) => format!("{ns}/{pod}"),
+        (Some(ns), Some(pod)) => format!("{}:{ns}/{pod}", text(&w["source"])),
         _ => text(&w["source"]),
     }
 }

@@ -54,7 +54,7 @@ fn a_discovered_worker_names_its_pod() {
             "http://10.1.0.7:8000",
             "m",
             "draining",
-            "ml/sglang-0",
+            "kubernetes:ml/sglang-0",
             "1"
         ],
         "{t}"

@@ -350,8 +350,17 @@ pub(crate) async fn delete_worker(
     state.keys.admin(&req)?;
     let key = percent_decode(req.match_info().get("key").unwrap_or(""));
     let rec = drain_and_remove(&state, key).await?;
-    Ok(HttpResponse::Ok()
-        .json(json!({"status": "removed", "worker": worker_json(&rec, &[], None, &state.tokenizers.all())})))
+    let mut body = json!({"status": "removed", "worker": worker_json(&rec, &[], None, &state.tokenizers.all())});
+    // Its pod may still be Ready: the caller learns here that discovery will not bring it
+    // straight back, and what will.
+    if let Some(pod) = &rec.kubernetes {
+        body["excluded_until"] = json!("pod_change");
+        body["message"] = json!(format!(
+            "pod {}/{} stays out while it is as it was; it comes back when the pod changes (unready and ready again, or a new IP or uid) or the gateway restarts",
+            pod.namespace, pod.pod
+        ));
+    }
+    Ok(HttpResponse::Ok().json(body))
 }
 
 #[derive(Deserialize)]
