@@ -239,73 +239,76 @@ async fn the_watch_resumes_after_bookmarks_drops_410_and_an_outage() {
     let gw = Gateway::start(discovery_config(&api, &dir, port)).expect("gateway starts");
     until_workers(&gw, "a", |ws| ready(ws) == [at(ips[0])]).await;
 
-    // Changes the selector filters out move the version on; a bookmark carries it, and a
-    // watch cut mid-event resumes from there, not from the list's version.
-    api.create(api.pod("web", "10.9.9.9", true, json!({"app": "web"})));
-    let marked = api.resource_version();
-    api.bookmark();
-    api.drop_watches();
-    let resumed = format!("resourceVersion={marked}");
-    let resumed_from_mark =
-        || (api.requests().iter()).any(|r| r.contains("watch=true") && r.contains(&resumed));
-    for _ in 0..1500 {
-        if resumed_from_mark() {
-            break;
+    // Every step under a steady load that must lose nothing.
+    let load = Load::default();
+    let gw_url = format!("{}/v1/chat/completions", gw.url());
+    let lanes = futures_util::future::join_all((0..3).map(|i| load.lane(gw_url.clone(), i)));
+    let scenario = async {
+        load.more(5).await;
+        // Changes the selector filters out move the version on; a bookmark carries it, and
+        // a watch cut mid-event resumes from there, not from the list's version.
+        api.create(api.pod("web", "10.9.9.9", true, json!({"app": "web"})));
+        let marked = api.resource_version();
+        api.bookmark();
+        api.drop_watches();
+        let resumed = format!("resourceVersion={marked}");
+        let resumed_from_mark =
+            || (api.requests().iter()).any(|r| r.contains("watch=true") && r.contains(&resumed));
+        for _ in 0..1500 {
+            if resumed_from_mark() {
+                break;
+            }
+            actix_rt::time::sleep(Duration::from_millis(20)).await;
         }
-        actix_rt::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(resumed_from_mark(), "{marked}: {:#?}", api.requests());
-    api.create(api.pod("engine-b", ips[1], true, sglang()));
-    until_workers(&gw, "b after the cut", |ws| {
-        ready(ws) == [at(ips[0]), at(ips[1])]
-    })
-    .await;
+        assert!(resumed_from_mark(), "{marked}: {:#?}", api.requests());
+        api.create(api.pod("engine-b", ips[1], true, sglang()));
+        until_workers(&gw, "b after the cut", |ws| {
+            ready(ws) == [at(ips[0]), at(ips[1])]
+        })
+        .await;
+        load.more(5).await;
 
-    // A change lost to compaction, then 410 Gone on the watch: only a new list shows it.
-    let lists = api.lists();
-    api.set_silent(true);
-    api.set_ready("engine-a", false);
-    api.set_silent(false);
-    api.expire();
-    until_workers(&gw, "a gone after the relist", |ws| {
-        urls(ws) == [at(ips[1])]
-    })
-    .await;
-    assert!(api.lists() > lists, "a 410 makes the watcher list again");
+        // A change lost to compaction, then 410 Gone on the watch: only a new list shows it.
+        let lists = api.lists();
+        api.set_silent(true);
+        api.set_ready("engine-a", false);
+        api.set_silent(false);
+        api.expire();
+        until_workers(&gw, "a gone after the relist", |ws| {
+            urls(ws) == [at(ips[1])]
+        })
+        .await;
+        assert!(api.lists() > lists, "a 410 makes the watcher list again");
+        load.more(5).await;
 
-    // The API server gone for seconds: routing and readiness go on with what is known.
-    api.go_away();
-    let chat = format!("{}/v1/chat/completions", gw.url());
-    let body = json!({"model": "kvgate-sim-model", "max_tokens": 4,
-        "messages": [{"role": "user", "content": "while the API is away"}]});
-    let away = Instant::now();
-    let mut answered = 0;
-    while away.elapsed() < Duration::from_secs(3) {
-        let r = kvgate_tests::post_json(&chat, &body).await;
-        assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+        // The API server gone for seconds: routing and readiness go on with what is known.
+        api.go_away();
+        let away = Instant::now();
+        let before = load.ok.get();
+        while away.elapsed() < Duration::from_secs(3) {
+            let ready = get(&format!("{}/readiness", gw.url())).await;
+            assert_eq!(ready.status.as_u16(), 200);
+            actix_rt::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(load.ok.get() > before, "no answer while the API was away");
+        // What changes meanwhile is seen once it is back.
+        api.set_ready("engine-a", true);
+        api.create(api.pod("engine-c", ips[2], true, sglang()));
         assert_eq!(
-            get(&format!("{}/readiness", gw.url()))
-                .await
-                .status
-                .as_u16(),
-            200
+            urls(&workers(&gw).await),
+            [at(ips[1])],
+            "nothing seen while away"
         );
-        answered += 1;
-    }
-    assert!(answered > 0);
-    // What changes meanwhile is seen once it is back.
-    api.set_ready("engine-a", true);
-    api.create(api.pod("engine-c", ips[2], true, sglang()));
-    assert_eq!(
-        urls(&workers(&gw).await),
-        [at(ips[1])],
-        "nothing seen while away"
-    );
-    api.come_back();
-    until_workers(&gw, "converged after the outage", |ws| {
-        ready(ws) == [at(ips[0]), at(ips[1]), at(ips[2])]
-    })
-    .await;
+        api.come_back();
+        until_workers(&gw, "converged after the outage", |ws| {
+            ready(ws) == [at(ips[0]), at(ips[1]), at(ips[2])]
+        })
+        .await;
+        load.more(10).await;
+        load.stop.set(true);
+    };
+    futures_util::future::join(scenario, lanes).await;
+    assert_eq!(load.failures.borrow().as_slice(), [] as [String; 0]);
     gw.stop();
 }
 
