@@ -107,7 +107,7 @@ async fn each_engine_on_one_host_is_followed_at_its_own_event_ports() {
 }
 
 #[actix_rt::test]
-async fn a_discovered_pod_says_where_its_events_are_in_an_annotation() {
+async fn a_discovered_pod_says_where_its_events_are_and_a_late_replica_replays_them() {
     let api = kvgate_tests::kube::FakeApi::start("ml");
     let ip = "127.0.0.9";
     let (port, events, replay) = (
@@ -134,9 +134,15 @@ async fn a_discovered_pod_says_where_its_events_are_in_an_annotation() {
         )
     });
     api.create(pod);
+    // What the engine cached before this replica started (another replica's traffic):
+    // four blocks published to nobody yet.
+    let early = json!({"prompt": unique_tokens(7, 64), "max_tokens": 1});
+    let r = post_json(&format!("http://{ip}:{port}/v1/completions"), &early).await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
     let gw = Gateway::start(cfg).expect("gateway");
-    let ws = until_workers(&gw, "the pod's events live", |ws| {
-        ws.len() == 1 && ws[0]["events"]["state"] == "live"
+    // A replica started late catches up through replay.
+    let ws = until_workers(&gw, "the pod's events live, with what came before", |ws| {
+        ws.len() == 1 && ws[0]["events"]["state"] == "live" && ws[0]["events"]["blocks"] == 4
     })
     .await;
     assert_eq!(ws[0]["source"], "kubernetes", "{ws:?}");
