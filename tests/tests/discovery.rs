@@ -405,3 +405,39 @@ async fn an_unreachable_api_server_stops_neither_start_nor_readiness() {
     assert_eq!(r.status.as_u16(), 200, "{}", r.text());
     gw.stop();
 }
+
+#[actix_rt::test]
+async fn a_pod_at_a_configured_workers_address_leaves_that_worker_as_it_is() {
+    let ips = ["127.0.0.12", "127.0.0.13"];
+    let port = port_free_on(&ips);
+    let at = |ip: &str| format!("http://{ip}:{port}");
+    let _engines: Vec<SimFleet> = ips.iter().map(|ip| engine_at(ip, port)).collect();
+    let api = FakeApi::start("ml");
+    api.create(api.pod("engine-a", ips[0], true, sglang()));
+    api.create(api.pod("engine-b", ips[1], true, sglang()));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut cfg = discovery_config(&api, &dir, port);
+    cfg.worker_urls = vec![at(ips[0])];
+    let gw = Gateway::start(cfg).expect("gateway starts");
+    let ws = until_workers(&gw, "b discovered beside the configured a", |ws| {
+        ready(ws) == [at(ips[1])]
+    })
+    .await;
+    // One worker per address: a stays the configured one.
+    assert_eq!(urls(&ws), [at(ips[0]), at(ips[1])], "{ws:?}");
+    let a = ws.iter().find(|w| w["url"] == at(ips[0])).expect("a");
+    assert_eq!(a["source"], "config", "{a}");
+    assert!(a.get("pod").is_none(), "{a}");
+    // Its pod going unready, then away, does not touch it; b's does.
+    api.set_ready("engine-a", false);
+    api.set_ready("engine-b", false);
+    until_workers(&gw, "b drained and removed", |ws| urls(ws) == [at(ips[0])]).await;
+    api.delete("engine-a");
+    // A marker behind it: once b is back, a's deletion has been seen too.
+    api.set_ready("engine-b", true);
+    let ws = until_workers(&gw, "b back", |ws| ready(ws) == [at(ips[1])]).await;
+    assert_eq!(urls(&ws), [at(ips[0]), at(ips[1])], "{ws:?}");
+    let a = ws.iter().find(|w| w["url"] == at(ips[0])).expect("a");
+    assert_eq!(a["source"], "config", "{a}");
+    gw.stop();
+}
