@@ -45,6 +45,41 @@ pub fn publishing_engine() -> SimConfig {
     }
 }
 
+/// A vLLM engine (no `/server_info`: it advertises nothing) publishing KV events on
+/// `port`, replay on `replay`, topic `kv-events`, in vLLM's own form (hashes as integers,
+/// or as bytes with `hash_bytes`). The gateway learns where from [`vllm_events_config`].
+pub fn vllm_publisher(port: u16, replay: u16, hash_bytes: bool) -> SimConfig {
+    SimConfig {
+        flavor: kvgate_engine_sim::Flavor::Vllm,
+        kv_event_hash_bytes: hash_bytes,
+        page_size: 16,
+        kv_events_port: Some(port),
+        kv_events_replay_port: Some(replay),
+        kv_events_topic: "kv-events".into(),
+        ..publishing_engine()
+    }
+}
+
+/// vLLM's `--kv-events-config` for [`vllm_publisher`]'s ports, as a fleet would be started
+/// with it (no block size: the stored blocks tell it).
+pub fn vllm_events_config(port: u16, replay: u16) -> String {
+    format!(
+        r#"{{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:{port}",
+            "replay_endpoint": "tcp://*:{replay}", "topic": "kv-events"}}"#
+    )
+}
+
+/// A one-token completion of the token prompt `ids` at `url` (an engine or a gateway),
+/// which must answer 200.
+pub async fn complete_on(url: &str, ids: Vec<u32>) {
+    let r = post_json(
+        &format!("{url}/v1/completions"),
+        &serde_json::json!({"prompt": ids, "max_tokens": 1}),
+    )
+    .await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+}
+
 /// A prompt of `n` token ids that no prompt of another `k` starts with.
 pub fn unique_tokens(k: u32, n: u32) -> Vec<u32> {
     (0..n).map(|i| 1000 + k * 5000 + i).collect()

@@ -34,6 +34,18 @@ fn sglang() -> Value {
     json!({"app": "sglang", "pod-template-hash": "7d4b9c"})
 }
 
+/// An engine on each of `ips` at one free port, each behind a Ready pod of the selector:
+/// `engine-a`, `engine-b`, ... in namespace `ml`.
+fn ready_pods(ips: &[&str]) -> (u16, Vec<SimFleet>, FakeApi) {
+    let port = port_free_on(ips);
+    let engines = ips.iter().map(|ip| engine_at(ip, port)).collect();
+    let api = FakeApi::start("ml");
+    for (name, ip) in ('a'..).zip(ips) {
+        api.create(api.pod(&format!("engine-{name}"), ip, true, sglang()));
+    }
+    (port, engines, api)
+}
+
 /// The URLs of the discovered workers that are ready, sorted.
 fn ready(ws: &[Value]) -> Vec<String> {
     let mut urls: Vec<String> = (ws.iter())
@@ -315,12 +327,8 @@ async fn the_watch_resumes_after_bookmarks_drops_410_and_an_outage() {
 #[actix_rt::test]
 async fn an_admin_removal_holds_until_the_pod_changes_and_nothing_is_persisted() {
     let ips = ["127.0.0.10", "127.0.0.11"];
-    let port = port_free_on(&ips);
+    let (port, _engines, api) = ready_pods(&ips);
     let at = |ip: &str| format!("http://{ip}:{port}");
-    let _engines: Vec<SimFleet> = ips.iter().map(|ip| engine_at(ip, port)).collect();
-    let api = FakeApi::start("ml");
-    api.create(api.pod("engine-a", ips[0], true, sglang()));
-    api.create(api.pod("engine-b", ips[1], true, sglang()));
     let dir = tempfile::tempdir().expect("temp dir");
     let gw = Gateway::start(discovery_config(&api, &dir, port)).expect("gateway starts");
     let ws = until_workers(&gw, "a and b", |ws| ready(ws).len() == 2).await;
@@ -409,12 +417,8 @@ async fn an_unreachable_api_server_stops_neither_start_nor_readiness() {
 #[actix_rt::test]
 async fn a_pod_at_a_configured_workers_address_leaves_that_worker_as_it_is() {
     let ips = ["127.0.0.12", "127.0.0.13"];
-    let port = port_free_on(&ips);
+    let (port, _engines, api) = ready_pods(&ips);
     let at = |ip: &str| format!("http://{ip}:{port}");
-    let _engines: Vec<SimFleet> = ips.iter().map(|ip| engine_at(ip, port)).collect();
-    let api = FakeApi::start("ml");
-    api.create(api.pod("engine-a", ips[0], true, sglang()));
-    api.create(api.pod("engine-b", ips[1], true, sglang()));
     let dir = tempfile::tempdir().expect("temp dir");
     let mut cfg = discovery_config(&api, &dir, port);
     cfg.worker_urls = vec![at(ips[0])];

@@ -10,8 +10,8 @@
 use kvgate_engine_sim::{SimConfig, SimFleet, engine_of};
 use kvgate_gateway::Gateway;
 use kvgate_tests::{
-    generate_on, get, post_json, publishing_engine, test_config, unique_tokens, until_workers,
-    workers,
+    complete_on, generate_on, get, post_json, publishing_engine, test_config, unique_tokens,
+    until_workers, vllm_events_config, vllm_publisher, workers,
 };
 use serde_json::{Value, json};
 
@@ -239,14 +239,7 @@ async fn a_vllm_engine_cleared_or_restarted_loses_its_blocks() {
     // publisher numbering from 0 again.
     let hosts = ["127.0.0.1"];
     let (pub_port, replay_port) = (free_port_on(&hosts), free_port_on(&hosts));
-    let vllm = SimConfig {
-        flavor: kvgate_engine_sim::Flavor::Vllm,
-        page_size: 16,
-        kv_events_port: Some(pub_port),
-        kv_events_replay_port: Some(replay_port),
-        kv_events_topic: "kv-events".into(),
-        ..engine()
-    };
+    let vllm = vllm_publisher(pub_port, replay_port, false);
     let mut fleet = SimFleet::start_each(hosts[0], 0, vec![vllm]).expect("fleet");
     let url = fleet.urls()[0].clone();
     let dir = tempfile::tempdir().expect("dir");
@@ -257,22 +250,9 @@ async fn a_vllm_engine_cleared_or_restarted_loses_its_blocks() {
     cfg.events.kv_events_silence = std::time::Duration::from_millis(300);
     cfg.poller.interval = std::time::Duration::from_millis(100);
     cfg.health.interval = std::time::Duration::from_millis(100);
-    cfg.events.kv_events_config = Some(format!(
-        r#"{{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:{pub_port}",
-            "replay_endpoint": "tcp://*:{replay_port}", "topic": "kv-events"}}"#
-    ));
+    cfg.events.kv_events_config = Some(vllm_events_config(pub_port, replay_port));
     let gw = Gateway::start(cfg).expect("gateway");
-    let send = |k: u32| {
-        let url = url.clone();
-        async move {
-            let r = post_json(
-                &format!("{url}/v1/completions"),
-                &json!({"prompt": prefix(k, 64), "max_tokens": 1}),
-            )
-            .await;
-            assert_eq!(r.status.as_u16(), 200, "{}", r.text());
-        }
-    };
+    let send = |k: u32| complete_on(&url, prefix(k, 64));
     until_workers(&gw, "live events", |ws| {
         ws.first().is_some_and(|w| w["events"]["state"] == "live")
     })
@@ -388,14 +368,7 @@ async fn engines_that_advertise_nothing_are_subscribed_from_kv_events_config() {
     // loopback) publish on the same ports, as a fleet started with one --kv-events-config.
     let hosts = ["127.0.0.1", "127.0.0.2"];
     let (pub_port, replay_port) = (free_port_on(&hosts), free_port_on(&hosts));
-    let vllm = SimConfig {
-        flavor: kvgate_engine_sim::Flavor::Vllm,
-        page_size: 16,
-        kv_events_port: Some(pub_port),
-        kv_events_replay_port: Some(replay_port),
-        kv_events_topic: "kv-events".into(),
-        ..engine()
-    };
+    let vllm = vllm_publisher(pub_port, replay_port, false);
     let a = SimFleet::start_each(hosts[0], 0, vec![vllm.clone()]).expect("engine a");
     let b = SimFleet::start_each(hosts[1], 0, vec![vllm]).expect("engine b");
     let urls = vec![a.urls()[0].clone(), b.urls()[0].clone()];
@@ -413,10 +386,7 @@ async fn engines_that_advertise_nothing_are_subscribed_from_kv_events_config() {
     let mut cfg = test_config(&dir);
     cfg.worker_urls = urls.clone();
     // vLLM's own form of the flag, block size not given: the stored blocks tell it.
-    cfg.events.kv_events_config = Some(format!(
-        r#"{{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:{pub_port}",
-            "replay_endpoint": "tcp://*:{replay_port}", "topic": "kv-events"}}"#
-    ));
+    cfg.events.kv_events_config = Some(vllm_events_config(pub_port, replay_port));
     let gw = Gateway::start(cfg).expect("gateway");
     let ws = until_workers(&gw, "live events from config", |ws| {
         ws.len() == 2

@@ -2,10 +2,10 @@
 //! their own, which one shared `--kv-events-config` cannot say. Each is added through the
 //! admin API with its own settings, followed live, and comes back with them after a restart.
 
-use kvgate_engine_sim::{Flavor, SimConfig, SimFleet};
+use kvgate_engine_sim::SimFleet;
 use kvgate_gateway::Gateway;
 use kvgate_tests::{
-    port_free_on, post_json, publishing_engine, test_config, unique_tokens, until_workers,
+    port_free_on, post_json, test_config, unique_tokens, until_workers, vllm_publisher,
 };
 use serde_json::{Value, json};
 
@@ -16,20 +16,6 @@ fn blocks_of(ws: &[Value], url: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// A vLLM engine (no `/server_info`: it advertises nothing) publishing on `port`, replay
-/// on `replay`, in vLLM's own form (hashes as integers, or as bytes with `hash_bytes`).
-fn vllm(port: u16, replay: u16, hash_bytes: bool) -> SimConfig {
-    SimConfig {
-        flavor: Flavor::Vllm,
-        kv_event_hash_bytes: hash_bytes,
-        page_size: 16,
-        kv_events_port: Some(port),
-        kv_events_replay_port: Some(replay),
-        kv_events_topic: "kv-events".into(),
-        ..publishing_engine()
-    }
-}
-
 #[actix_rt::test]
 async fn each_engine_on_one_host_is_followed_at_its_own_event_ports() {
     let host = ["127.0.0.1"];
@@ -38,8 +24,8 @@ async fn each_engine_on_one_host_is_followed_at_its_own_event_ports() {
         host[0],
         0,
         vec![
-            vllm(ports[0], ports[1], false),
-            vllm(ports[2], ports[3], true),
+            vllm_publisher(ports[0], ports[1], false),
+            vllm_publisher(ports[2], ports[3], true),
         ],
     )
     .expect("engines");
@@ -115,8 +101,8 @@ async fn a_discovered_pod_says_where_its_events_are_and_a_late_replica_replays_t
         port_free_on(&[ip]),
         port_free_on(&[ip]),
     );
-    let _engine =
-        SimFleet::start_each(ip, port, vec![vllm(events, replay, false)]).expect("engine");
+    let _engine = SimFleet::start_each(ip, port, vec![vllm_publisher(events, replay, false)])
+        .expect("engine");
     let dir = tempfile::tempdir().expect("dir");
     let mut cfg = test_config(&dir);
     cfg.discovery = kvgate_gateway::DiscoverySection {

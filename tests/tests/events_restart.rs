@@ -8,10 +8,11 @@
     reason = "test code: a helper's panic is a failed test"
 )]
 
-use kvgate_engine_sim::{Flavor, SimConfig, SimFleet};
+use kvgate_engine_sim::{SimConfig, SimFleet};
 use kvgate_gateway::{Gateway, GatewayConfig};
 use kvgate_tests::{
-    generate_on, post_json, publishing_engine, test_config, unique_tokens, until_workers,
+    complete_on, generate_on, post_json, publishing_engine, test_config, unique_tokens,
+    until_workers, vllm_events_config, vllm_publisher,
 };
 use serde_json::{Value, json};
 
@@ -179,12 +180,8 @@ async fn a_vllm_engine_restarted_between_health_checks_is_followed_from_its_firs
     };
     let (pub_port, replay_port) = (port(), port());
     let vllm = SimConfig {
-        flavor: Flavor::Vllm,
-        page_size: 16,
-        kv_events_port: Some(pub_port),
-        kv_events_replay_port: Some(replay_port),
-        kv_events_topic: "kv-events".into(),
-        ..engine(10_000)
+        kv_events_replay_buffer: 10_000,
+        ..vllm_publisher(pub_port, replay_port, false)
     };
     let mut fleet = SimFleet::start_each("127.0.0.1", 0, vec![vllm]).expect("fleet");
     let url = fleet.urls()[0].clone();
@@ -193,22 +190,9 @@ async fn a_vllm_engine_restarted_between_health_checks_is_followed_from_its_firs
         worker_urls: vec![url.clone()],
         ..test_config(&dir)
     };
-    cfg.events.kv_events_config = Some(format!(
-        r#"{{"publisher": "zmq", "endpoint": "tcp://*:{pub_port}",
-            "replay_endpoint": "tcp://*:{replay_port}", "topic": "kv-events"}}"#
-    ));
+    cfg.events.kv_events_config = Some(vllm_events_config(pub_port, replay_port));
     let gw = Gateway::start(cfg).expect("gateway");
-    let complete = |k: u32| {
-        let url = url.clone();
-        async move {
-            let r = post_json(
-                &format!("{url}/v1/completions"),
-                &json!({"prompt": prefix(k, 96), "max_tokens": 1}),
-            )
-            .await;
-            assert_eq!(r.status.as_u16(), 200, "{}", r.text());
-        }
-    };
+    let complete = |k: u32| complete_on(&url, prefix(k, 96));
     until_workers(&gw, "live events", |ws| all_live(ws, 1)).await;
     complete(1).await;
     complete(2).await;
