@@ -69,12 +69,12 @@ pub fn vllm_events_config(port: u16, replay: u16) -> String {
     )
 }
 
-/// A one-token completion of the token prompt `ids` at `url` (an engine or a gateway),
-/// which must answer 200.
-pub async fn complete_on(url: &str, ids: Vec<u32>) {
+/// A one-token completion of `prompt` (text, or token ids) at `url` (an engine or a
+/// gateway), which must answer 200.
+pub async fn complete_on(url: &str, prompt: impl Into<Value>) {
     let r = post_json(
         &format!("{url}/v1/completions"),
-        &serde_json::json!({"prompt": ids, "max_tokens": 1}),
+        &serde_json::json!({"prompt": prompt.into(), "max_tokens": 1}),
     )
     .await;
     assert_eq!(r.status.as_u16(), 200, "{}", r.text());

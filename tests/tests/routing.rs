@@ -15,7 +15,7 @@ use kvgate_policies::{PolicyKind, WorkerView};
 use kvgate_poller::PollNow;
 use std::time::Duration;
 
-use kvgate_tests::{Harness, post_json, sse_events, wait_for, wait_for_async};
+use kvgate_tests::{Harness, complete_on, post_json, sse_events, wait_for, wait_for_async};
 use serde_json::json;
 
 fn sim() -> SimConfig {
@@ -377,14 +377,8 @@ async fn a_streamed_request_gives_back_its_credit_at_its_first_token() {
 async fn each_worker_counts_the_new_prefixes_it_started() {
     let h = with_loads(2, PolicyKind::CacheAware).await;
     let sel = h.gw.actors().selector.clone();
-    let url = h.url("/v1/completions");
-    let send = |prompt: String| {
-        let url = url.clone();
-        async move {
-            let r = post_json(&url, &json!({"prompt": prompt, "max_tokens": 1})).await;
-            assert_eq!(r.status.as_u16(), 200, "{}", r.text());
-        }
-    };
+    let url = h.gw.url();
+    let send = |prompt: String| complete_on(&url, prompt);
     let recent = || async {
         let mut r: Vec<f64> = sel
             .send(GetViews)
@@ -427,14 +421,8 @@ async fn new_groups_spread_evenly_after_other_traffic() {
     // 13 conversations first leave one engine having started 4 and the others 3; 8
     // groups of 4 after them still land 2 groups, 8 requests, on each engine.
     let h = with_loads(4, PolicyKind::CacheAware).await;
-    let url = h.url("/v1/completions");
-    let send = |prompt: String| {
-        let url = url.clone();
-        async move {
-            let r = post_json(&url, &json!({"prompt": prompt, "max_tokens": 1})).await;
-            assert_eq!(r.status.as_u16(), 200, "{}", r.text());
-        }
-    };
+    let url = h.gw.url();
+    let send = |prompt: String| complete_on(&url, prompt);
     let head = |kind: &str, i: usize| {
         format!(
             "{kind} {i}: {}",

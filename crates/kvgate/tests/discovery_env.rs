@@ -1,19 +1,14 @@
 //! The real binary finds the Kubernetes API by kube's standard resolution, here through
 //! `KUBECONFIG` with no kvgate flag naming a kubeconfig (in a pod it is the service
 //! account), and lists pods in `default` when neither a flag nor a pod names a namespace.
-#![expect(
-    clippy::expect_used,
-    reason = "test code: a helper's panic is a failed test"
-)]
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use kvgate_tests::kube::FakeApi;
-use serde_json::{Value, json};
+use serde_json::json;
 
 /// Kills the child when the test ends, however it ends.
 struct Running(Child);
@@ -25,24 +20,8 @@ impl Drop for Running {
     }
 }
 
-/// `GET path` on `addr` with a fresh connection; the body as JSON.
-fn get_json(addr: &str, path: &str) -> Value {
-    let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("timeout");
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .expect("request");
-    let mut text = String::new();
-    s.read_to_string(&mut text).expect("response");
-    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    serde_json::from_str(body).unwrap_or(Value::Null)
-}
-
-#[test]
-fn the_binary_finds_the_api_server_through_kubeconfig() {
+#[actix_rt::test]
+async fn the_binary_finds_the_api_server_through_kubeconfig() {
     let api = FakeApi::start("default");
     api.create(api.pod("engine-a", "127.0.0.2", true, json!({"app": "sglang"})));
     let dir = tempfile::tempdir().expect("temp dir");
@@ -82,7 +61,9 @@ fn the_binary_finds_the_api_server_through_kubeconfig() {
 
     let deadline = Instant::now() + Duration::from_secs(20);
     let worker = loop {
-        let ws = get_json(&addr, "/workers");
+        let ws = kvgate_tests::get(&format!("http://{addr}/workers"))
+            .await
+            .json();
         let found = ws["workers"].as_array().and_then(|ws| {
             ws.iter()
                 .find(|w| w["url"] == "http://127.0.0.2:8000")
@@ -92,7 +73,7 @@ fn the_binary_finds_the_api_server_through_kubeconfig() {
             break w;
         }
         assert!(Instant::now() < deadline, "no discovered worker: {ws}");
-        std::thread::sleep(Duration::from_millis(50));
+        actix_rt::time::sleep(Duration::from_millis(50)).await;
     };
     assert_eq!(worker["source"], "kubernetes", "{worker}");
     assert_eq!(worker["pod"], "engine-a", "{worker}");
